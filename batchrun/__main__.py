@@ -1,0 +1,5 @@
+"""`python -m batchrun`."""
+
+from batchrun.cli import main
+
+main()

@@ -1,0 +1,75 @@
+"""The one exception tree of batchrun, each error carrying its process exit code.
+
+    BatchrunError            exit 1
+    ├── UsageError           exit 2  (a bad flag, limit rule or setting)
+    ├── JobsFileError        exit 2  (a jobs file with bad rows; nothing was sent)
+    ├── RunLocked            exit 3  (another run holds this jobs file)
+    └── StoppedEarly         exit 75 (deadline or signal, jobs left to resume)
+
+`cli.py` converts these to a message on stderr and the exit code, once, at the edge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+EXIT_OK = 0
+EXIT_SOME_FAILED = 1
+EXIT_USAGE = 2
+EXIT_LOCKED = 3
+EXIT_STOPPED = 75  # EX_TEMPFAIL from sysexits.h: "try again later".
+
+
+class BatchrunError(Exception):
+    """Base of every error batchrun reports to its user."""
+
+    exit_code = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class UsageError(BatchrunError):
+    """Raised when a flag, a limit rule or a setting is malformed."""
+
+    exit_code = EXIT_USAGE
+
+
+class JobsFileError(BatchrunError):
+    """Raised when a jobs file cannot be read or holds invalid rows.
+
+    `problems` holds `(line, reason)` pairs; line 0 means the file as a whole.
+    """
+
+    exit_code = EXIT_USAGE
+    shown = 20
+
+    def __init__(
+        self, path: str, problems: Sequence[tuple[int, str]], total: int
+    ) -> None:
+        self.path = path
+        self.problems = list(problems)
+        self.total = total
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        lines = [f"{self.path}: {self.total} invalid row(s); nothing was sent."]
+        for line, reason in self.problems[: self.shown]:
+            where = f"line {line}" if line else "file"
+            lines.append(f"  {where}: {reason}")
+        if self.total > self.shown:
+            lines.append(f"  ... and {self.total - self.shown} more")
+        return "\n".join(lines)
+
+
+class RunLocked(BatchrunError):
+    """Raised when another live process is already working on the same jobs file."""
+
+    exit_code = EXIT_LOCKED
+
+
+class StoppedEarly(BatchrunError):
+    """Raised when a run stops on a deadline or signal with jobs left to resume."""
+
+    exit_code = EXIT_STOPPED

@@ -1,0 +1,97 @@
+"""What the runner reports while it works: frozen event values and the sink protocol.
+
+The runner emits; sinks (the Rich view, plain log lines, tests) only listen. Events
+carry no token and no payload, so no sink can leak either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from batchrun.limits import LimitKey, Rule
+
+
+class Status(StrEnum):
+    """Where a job ends up."""
+
+    DONE = "done"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class RunStarted:
+    """A run begins: how many jobs each key has to send, and under which rule."""
+
+    at: float
+    totals: Mapping[LimitKey, int]
+    rules: Mapping[LimitKey, Rule]
+    pace: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobSent:
+    """A request left: `attempt` counts from 1."""
+
+    at: float
+    key: LimitKey
+    job_id: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequeued:
+    """A job will be tried again after `delay` s; `reason` is "429" or the error."""
+
+    at: float
+    key: LimitKey
+    job_id: str
+    delay: float
+    rate_limited: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobFinished:
+    """A job reached its end: done, or failed with `error`."""
+
+    at: float
+    key: LimitKey
+    job_id: str
+    status: Status
+    attempts: int
+    http_status: int | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SlotWait:
+    """The next request of `key` may not leave before `until` (None: an answer)."""
+
+    at: float
+    key: LimitKey
+    until: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunFinished:
+    """A run ended; `stopped` is True when it stopped early with jobs left."""
+
+    at: float
+    done: int
+    failed: int
+    left: int
+    rate_limited: int
+    retried: int
+    stopped: bool
+
+
+Event = RunStarted | JobSent | JobRequeued | JobFinished | SlotWait | RunFinished
+
+
+class EventSink(Protocol):
+    """Anything that listens to a run's events. `emit` must not block or raise."""
+
+    def emit(self, event: Event) -> None: ...

@@ -1,0 +1,163 @@
+"""Limit rules as values: `Window`, `Rule`, the rule grammar, profiles and the table.
+
+A rule is one or more windows that all hold at once: `15/1m+500/1h` allows at most 15
+requests in any 60 s and at most 500 in any 3600 s. Values are checked when built.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from batchrun.errors import UsageError
+
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_WINDOW = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?|\.\d+)?\s*(ms|s|m|h)\s*$")
+_GRAMMAR_HINT = (
+    "A rule is COUNT/WINDOW, several joined by '+'; WINDOW is a number with unit "
+    "ms, s, m or h (a bare unit means 1 of it). Examples: 30/1m, 15/m+500/1h, 30/2s."
+)
+
+
+class LimitKey(StrEnum):
+    """The budgets requests draw on: one per limited endpoint, and the global one."""
+
+    RUN_QUERY = "run-query"
+    INVITE = "invite"
+    AVATAR = "avatar"
+    GLOBAL = "global"
+
+
+class Profile(StrEnum):
+    """The two published statements of the run-query limit."""
+
+    A = "a"
+    B = "b"
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """At most `count` requests within any interval of `seconds`."""
+
+    count: int
+    seconds: float
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            msg = f"a window must allow at least 1 request, got {self.count}"
+            raise UsageError(msg)
+        if not self.seconds > 0:
+            msg = f"a window must last longer than 0 s, got {self.seconds}"
+            raise UsageError(msg)
+
+    def __str__(self) -> str:
+        return f"{self.count}/{_format_seconds(self.seconds)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """Windows that all hold at once."""
+
+    windows: tuple[Window, ...]
+
+    def __post_init__(self) -> None:
+        if not self.windows:
+            msg = "a rule needs at least one window"
+            raise UsageError(msg)
+
+    def __str__(self) -> str:
+        return "+".join(str(w) for w in self.windows)
+
+    @property
+    def interval(self) -> float:
+        """Seconds between requests at the binding long-run rate (the `spread` pace)."""
+        return max(w.seconds / w.count for w in self.windows)
+
+    @property
+    def longest(self) -> float:
+        """The longest window in seconds: history older than this no longer matters."""
+        return max(w.seconds for w in self.windows)
+
+    @property
+    def deepest(self) -> int:
+        """The largest count: the pacer never needs more history entries than this."""
+        return max(w.count for w in self.windows)
+
+    def scaled(self, factor: float) -> Rule:
+        """This rule with every window divided by `factor` (to compress demo time)."""
+        return Rule(tuple(Window(w.count, w.seconds / factor) for w in self.windows))
+
+
+def parse_rule(text: str) -> Rule:
+    """Parse `COUNT/WINDOW[+COUNT/WINDOW...]`, raising UsageError with a hint."""
+    windows = []
+    for part in text.split("+"):
+        match = _WINDOW.match(part)
+        if match is None:
+            msg = (
+                f"bad limit rule {text!r}: cannot read {part.strip()!r}. "
+                f"{_GRAMMAR_HINT}"
+            )
+            raise UsageError(msg)
+        count, number, unit = match.groups()
+        seconds = float(number or 1) * _UNIT_SECONDS[unit]
+        try:
+            windows.append(Window(int(count), seconds))
+        except UsageError as exc:
+            msg = f"bad limit rule {text!r}: {exc.message}. {_GRAMMAR_HINT}"
+            raise UsageError(msg) from None
+    return Rule(tuple(windows))
+
+
+def parse_override(text: str) -> tuple[LimitKey, Rule]:
+    """Parse one `--limit KEY=RULE` value."""
+    key, sep, rule = text.partition("=")
+    keys = ", ".join(k.value for k in LimitKey)
+    if not sep:
+        msg = (
+            f"bad --limit {text!r}: expected KEY=RULE, e.g. run-query=30/1m "
+            f"(keys: {keys})"
+        )
+        raise UsageError(msg)
+    try:
+        limit_key = LimitKey(key.strip())
+    except ValueError:
+        msg = f"bad --limit {text!r}: unknown key {key.strip()!r} (keys: {keys})"
+        raise UsageError(msg) from None
+    return limit_key, parse_rule(rule)
+
+
+_DEFAULTS: Mapping[LimitKey, str] = {
+    LimitKey.INVITE: "15/5m",
+    LimitKey.AVATAR: "10/5m",
+    LimitKey.GLOBAL: "120/1m",
+}
+_RUN_QUERY: Mapping[Profile, str] = {Profile.A: "30/1m", Profile.B: "15/1m+500/1h"}
+
+
+def limit_table(
+    *,
+    profile: Profile = Profile.B,
+    overrides: Iterable[tuple[LimitKey, Rule]] = (),
+    time_scale: float = 1.0,
+) -> dict[LimitKey, Rule]:
+    """The rule of every key: defaults, the profile's run-query rule, then overrides."""
+    if not time_scale > 0:
+        msg = f"--time-scale must be greater than 0, got {time_scale}"
+        raise UsageError(msg)
+    table = {key: parse_rule(text) for key, text in _DEFAULTS.items()}
+    table[LimitKey.RUN_QUERY] = parse_rule(_RUN_QUERY[profile])
+    table.update(overrides)
+    return {key: rule.scaled(time_scale) for key, rule in table.items()}
+
+
+def _format_seconds(seconds: float) -> str:
+    for unit in ("h", "m", "s"):
+        size = _UNIT_SECONDS[unit]
+        if seconds >= size and (seconds / size).is_integer():
+            return f"{int(seconds / size)}{unit}"
+    if (seconds * 1000).is_integer():
+        return f"{int(seconds * 1000)}ms"
+    return f"{seconds:g}s"
