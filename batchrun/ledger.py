@@ -1,0 +1,77 @@
+"""Where send times live: the `Ledger` protocol and its in-memory implementation.
+
+A ledger records every request of a key from the moment its slot is granted until its
+answer arrives, and grants a slot only if `pacer.earliest_slot` allows it now. Check
+and record happen in one step (`reserve`), so that every sender drawing on one ledger
+shares one budget. The memory ledger serves one process; a SQLite ledger in the state
+folder serves every process of a client on the machine.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from batchrun.limits import Rule
+from batchrun.pacer import Grant, Pace, Usage, Wait, earliest_slot
+
+
+class Ledger(Protocol):
+    """The send log of one client, shared by everything that sends for it."""
+
+    def reserve(self, key: str, rule: Rule, pace: Pace, now: float) -> Grant | Wait:
+        """Atomically grant and record a slot for `key` at `now`, or say when."""
+        ...
+
+    def release(self, ticket: int, now: float) -> None:
+        """Record that the request of `ticket` got its answer (or failed) at `now`."""
+        ...
+
+    def usage(self, key: str, rule: Rule) -> Usage:
+        """The key's history as the pacer sees it (for status and plans)."""
+        ...
+
+
+@dataclass(slots=True)
+class _KeyLog:
+    finished: list[float] = field(default_factory=list)
+    in_flight: int = 0
+    last_start: float | None = None
+
+
+class MemoryLedger:
+    """One process's ledger: per key, the newest completions and the in-flight count.
+
+    Only the last `rule.deepest` completions can bind, so that is all it keeps.
+    """
+
+    def __init__(self) -> None:
+        self._logs: defaultdict[str, _KeyLog] = defaultdict(_KeyLog)
+        self._tickets: dict[int, str] = {}
+        self._next = itertools.count(1)
+
+    def reserve(self, key: str, rule: Rule, pace: Pace, now: float) -> Grant | Wait:
+        log = self._logs[key]
+        del log.finished[: -rule.deepest]
+        slot = earliest_slot(self.usage(key, rule), rule, pace)
+        if slot is None or slot > now:
+            return Wait(slot)
+        log.in_flight += 1
+        log.last_start = now
+        ticket = next(self._next)
+        self._tickets[ticket] = key
+        return Grant(ticket)
+
+    def release(self, ticket: int, now: float) -> None:
+        log = self._logs[self._tickets.pop(ticket)]
+        log.in_flight -= 1
+        # Completions arrive in time order, so this is an append unless the clock
+        # stepped back.
+        bisect.insort(log.finished, now)
+
+    def usage(self, key: str, rule: Rule) -> Usage:
+        log = self._logs[key]
+        return Usage(log.in_flight, log.finished, log.last_start)

@@ -1,0 +1,179 @@
+"""The exact sliding-window pacer: when may the next request of a key leave?
+
+The rule that keeps every reading of the limits safe (fixed or sliding windows,
+counted at arrival, whatever the network latency):
+
+    A request of key K may be sent at time s only if fewer than COUNT earlier
+    requests of K are still in flight or got their answer after s - WINDOW,
+    for every window of K's rule.
+
+Why: two requests that fall in one server window arrived less than WINDOW apart; the
+earlier one arrived before its answer came back, so the later one counted it. Hence
+the earliest send time is `completion of the COUNT-th most recent request + WINDOW`
+(in-flight requests count as the most recent), over all windows. Every request sent
+counts, whatever its answer: a 429 may count on the server too.
+
+`earliest_slot` is that computation as a pure function. `Pacer` grants slots to
+waiting senders in FIFO order per key, sleeping (never polling) until the next slot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+import anyio
+
+from batchrun.clock import Clock
+from batchrun.events import EventSink, SlotWait
+from batchrun.limits import LimitKey, Rule
+
+if TYPE_CHECKING:
+    from batchrun.ledger import Ledger
+
+# Past this many requests, `eta` extrapolates at the long-run rate instead of
+# simulating each one; the greedy schedule is periodic long before that.
+_ETA_SIMULATED = 5000
+
+
+class Pace(StrEnum):
+    """`exact`: as early as the windows allow; `spread`: evenly at the long-run rate."""
+
+    EXACT = "exact"
+    SPREAD = "spread"
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """A key's recent history, as the pacer needs it.
+
+    `finished` holds completion moments in ascending order; only the last
+    `rule.deepest` of them matter. `last_start` is the newest send, for `spread`.
+    """
+
+    in_flight: int
+    finished: Sequence[float]
+    last_start: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A slot was granted and recorded as in flight; `release(ticket)` ends it."""
+
+    ticket: int
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """No slot yet: try again at `until`, or after an answer when `until` is None."""
+
+    until: float | None
+
+
+def earliest_slot(usage: Usage, rule: Rule, pace: Pace = Pace.EXACT) -> float | None:
+    """The earliest moment the next request may leave; None until an answer arrives.
+
+    A moment in the past means "now". With `spread`, requests are also kept
+    `rule.interval` apart, start to start.
+    """
+    slot = -math.inf
+    done = len(usage.finished)
+    for window in rule.windows:
+        needed = window.count - usage.in_flight
+        if needed <= 0:
+            return None
+        if done >= needed:
+            slot = max(slot, usage.finished[done - needed] + window.seconds)
+    if pace is Pace.SPREAD and usage.last_start is not None:
+        slot = max(slot, usage.last_start + rule.interval)
+    return slot
+
+
+def eta(
+    count: int,
+    rule: Rule,
+    *,
+    now: float,
+    pace: Pace = Pace.EXACT,
+    recent: Sequence[float] = (),
+) -> float:
+    """When the last of `count` more requests may leave, at zero latency.
+
+    `recent` holds the send moments of earlier requests (ascending), which still
+    occupy the windows. Used for progress ETAs and as the ideal in tests and benches.
+    """
+    history: deque[float] = deque(recent[-rule.deepest :], maxlen=rule.deepest)
+    moment = now
+    last = history[-1] if history else None
+    for _ in range(min(count, _ETA_SIMULATED)):
+        slot = earliest_slot(Usage(0, history, last), rule, pace)
+        moment = max(moment, slot if slot is not None else moment)
+        history.append(moment)
+        last = moment
+    return moment + max(0, count - _ETA_SIMULATED) * rule.interval
+
+
+class Pacer:
+    """Grants send slots per key, first come first served, as early as the rule allows.
+
+    Waiting is one sleep until the computed slot, or until an answer of the key
+    arrives when in-flight requests fill a window; never polling.
+    """
+
+    def __init__(
+        self,
+        *,
+        rules: Mapping[LimitKey, Rule],
+        ledger: Ledger,
+        clock: Clock,
+        pace: Pace = Pace.EXACT,
+        sink: EventSink | None = None,
+    ) -> None:
+        self._rules = dict(rules)
+        self._ledger = ledger
+        self._clock = clock
+        self._pace = pace
+        self._sink = sink
+        self._turns = {key: anyio.Lock() for key in self._rules}
+        self._answers = {key: anyio.Event() for key in self._rules}
+        self._cool_until = dict.fromkeys(self._rules, -math.inf)
+
+    async def acquire(self, key: LimitKey) -> int:
+        """Wait for the next slot of `key`; return the ticket to `release` later."""
+        async with self._turns[key]:
+            while True:
+                wait = self._try(key)
+                if isinstance(wait, Grant):
+                    return wait.ticket
+                self._emit(SlotWait(self._clock.now(), key, wait.until))
+                await self._sleep(key, wait.until)
+
+    def release(self, key: LimitKey, ticket: int) -> None:
+        """Record the answer of a granted request, waking a sender waiting on it."""
+        self._ledger.release(ticket, self._clock.now())
+        self._answers[key].set()
+        self._answers[key] = anyio.Event()
+
+    def cool_down(self, key: LimitKey, until: float) -> None:
+        """Grant no slot of `key` before `until` (after a 429 from the server)."""
+        self._cool_until[key] = max(self._cool_until[key], until)
+
+    def _try(self, key: LimitKey) -> Grant | Wait:
+        now = self._clock.now()
+        if now < self._cool_until[key]:
+            return Wait(self._cool_until[key])
+        return self._ledger.reserve(key, self._rules[key], self._pace, now)
+
+    async def _sleep(self, key: LimitKey, until: float | None) -> None:
+        if until is None:
+            await self._answers[key].wait()
+        else:
+            await self._clock.sleep_until(until)
+
+    def _emit(self, event: SlotWait) -> None:
+        if self._sink is not None:
+            self._sink.emit(event)

@@ -1,0 +1,250 @@
+"""The pacer: the pure slot rule, a simulation against it, and the async FIFO pacer."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import anyio
+import anyio.lowlevel
+import pytest
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchrun.clock import LoopClock
+from batchrun.events import SlotWait
+from batchrun.ledger import MemoryLedger
+from batchrun.limits import LimitKey, Rule, Window, parse_rule
+from batchrun.pacer import Grant, Pace, Pacer, Usage, earliest_slot, eta
+
+KEY = LimitKey.RUN_QUERY
+# `end + WINDOW - WINDOW` may differ from `end` in the last bit; the simulation's
+# checks allow for that, and nothing physical happens in a nanosecond.
+EPSILON = 1e-9
+
+
+def test_empty_history_allows_now():
+    """With no history, the first request may leave at once."""
+    assert earliest_slot(Usage(0, []), parse_rule("2/1s")) == -math.inf
+
+
+def test_full_window_waits_for_count_th_newest_answer():
+    """With COUNT answers in the window, the slot opens WINDOW after the oldest."""
+    slot = earliest_slot(Usage(0, [10.0, 10.5]), parse_rule("2/1s"))
+    assert slot == pytest.approx(11.0)
+
+
+def test_in_flight_counts_as_newest():
+    """An in-flight request counts as the newest: one answer + one in flight fill 2."""
+    assert earliest_slot(Usage(1, [10.0, 10.5]), parse_rule("2/1s")) == 11.5
+
+
+def test_in_flight_filling_a_window_waits_for_an_answer():
+    """When in-flight requests alone fill a window, only an answer can open a slot."""
+    assert earliest_slot(Usage(2, [1.0]), parse_rule("2/1s")) is None
+
+
+def test_every_window_holds():
+    """The slot is the latest over the windows of a rule."""
+    rule = parse_rule("2/1s+3/10s")
+    assert earliest_slot(Usage(0, [0.0, 5.0, 5.5]), rule) == pytest.approx(10.0)
+
+
+def test_spread_spaces_starts_by_the_binding_interval():
+    """`spread` keeps starts `max(WINDOW/COUNT)` apart: 15/1m+500/1h gives 7.2 s."""
+    rule = parse_rule("15/1m+500/1h")
+    assert earliest_slot(Usage(0, [100.0], 100.0), rule, Pace.SPREAD) == 107.2
+
+
+def test_eta_matches_batches_of_a_single_window():
+    """120 requests at 30/2s leave in four batches: the last at 6 s."""
+    assert eta(120, parse_rule("30/2s"), now=0.0) == pytest.approx(6.0)
+
+
+def test_eta_counts_recent_history():
+    """Requests sent a moment ago still occupy the window."""
+    assert eta(1, parse_rule("2/1s"), now=5.0, recent=[4.5, 4.8]) == pytest.approx(5.5)
+
+
+def test_eta_extrapolates_huge_counts_at_the_long_run_rate():
+    """Past the simulated part, each further request adds one interval."""
+    rule = parse_rule("1/1s")
+    assert eta(6000, rule, now=0.0) == pytest.approx(5999.0)
+
+
+# --- A discrete-event simulation of one key, checked against the rule's definition.
+
+
+@dataclass
+class Sent:
+    ready: float
+    start: float
+    end: float
+
+
+def simulate(rule: Rule, pace: Pace, ready: list[float], latency: list[float]):
+    """Grant every job FIFO through a MemoryLedger, as early as it allows."""
+    ledger, answers, sent = MemoryLedger(), [], []
+    moment = -math.inf
+    for job_ready, job_latency in zip(ready, latency, strict=True):
+        moment = max(moment, job_ready)
+        while True:
+            while answers and answers[0][0] <= moment:
+                end, ticket = heapq.heappop(answers)
+                ledger.release(ticket, end)
+            result = ledger.reserve(KEY, rule, pace, moment)
+            if isinstance(result, Grant):
+                heapq.heappush(answers, (moment + job_latency, result.ticket))
+                sent.append(Sent(job_ready, moment, moment + job_latency))
+                break
+            moment = answers[0][0] if result.until is None else result.until
+    return sent
+
+
+def allowed(rule: Rule, pace: Pace, earlier: list[Sent], moment: float) -> bool:
+    """DESIGN.md's rule, by brute force: fewer than COUNT answers after s - WINDOW."""
+    for window in rule.windows:
+        edge = moment - window.seconds + EPSILON
+        recent = sum(1 for s in earlier if s.end > edge)
+        if recent >= window.count:
+            return False
+    if pace is Pace.SPREAD and earlier:
+        return moment >= earlier[-1].start + rule.interval - EPSILON
+    return True
+
+
+def most_in_any_window(times: list[float], seconds: float) -> int:
+    """The most moments within any half-open interval (t - seconds, t]."""
+    times = sorted(times)
+    best, low = 0, 0
+    for high, moment in enumerate(times):
+        while times[low] <= moment - seconds + EPSILON:
+            low += 1
+        best = max(best, high - low + 1)
+    return best
+
+
+windows = st.builds(
+    Window,
+    count=st.integers(1, 8),
+    seconds=st.floats(0.05, 20, allow_nan=False).map(lambda x: round(x, 3)),
+)
+rules = st.lists(windows, min_size=1, max_size=3).map(lambda w: Rule(tuple(w)))
+
+
+@st.composite
+def workloads(draw):
+    count = draw(st.integers(1, 60))
+    gaps = draw(st.lists(st.floats(0, 3), min_size=count, max_size=count))
+    latency = draw(st.lists(st.floats(0, 2), min_size=count, max_size=count))
+    where = draw(st.lists(st.floats(0, 1), min_size=count, max_size=count))
+    ready = [round(sum(gaps[: i + 1]), 6) for i in range(count)]
+    return ready, latency, where
+
+
+@settings(max_examples=300, deadline=None)
+@given(rule=rules, pace=st.sampled_from(Pace), workload=workloads())
+def test_no_window_is_ever_exceeded_and_every_grant_is_earliest(rule, pace, workload):
+    """Random rules, latencies and arrivals: safe for any arrival, and earliest."""
+    ready, latency, where = workload
+    sent = simulate(rule, pace, ready, latency)
+    # The server may count a request at any moment between its send and its answer.
+    arrivals = [
+        s.start + f * (s.end - s.start) for s, f in zip(sent, where, strict=True)
+    ]
+    for window in rule.windows:
+        for reading in (arrivals, [s.start for s in sent], [s.end for s in sent]):
+            assert most_in_any_window(reading, window.seconds) <= window.count
+    for k, job in enumerate(sent):
+        assert allowed(rule, pace, sent[:k], job.start)
+        floor = max(job.ready, sent[k - 1].start if k else -math.inf)
+        if job.start > floor:
+            assert not allowed(rule, pace, sent[:k], job.start - 1e-6)
+
+
+# --- The async pacer on trio's virtual clock.
+
+
+@pytest.fixture
+def anyio_backend():
+    """Run these tests on trio, whose MockClock jumps over sleeps instantly."""
+    return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
+
+
+class Events:
+    def __init__(self):
+        self.seen = []
+
+    def emit(self, event):
+        self.seen.append(event)
+
+
+def make_pacer(rule: str, *, pace=Pace.EXACT, sink=None) -> Pacer:
+    return Pacer(
+        rules={KEY: parse_rule(rule)},
+        ledger=MemoryLedger(),
+        clock=LoopClock(),
+        pace=pace,
+        sink=sink,
+    )
+
+
+async def send_all(pacer: Pacer, count: int, latency: float) -> list[float]:
+    """Acquire `count` slots in order, each request answered after `latency`."""
+    starts: list[float] = []
+
+    async def one() -> None:
+        ticket = await pacer.acquire(KEY)
+        starts.append(anyio.current_time())
+        await anyio.sleep(latency)
+        pacer.release(KEY, ticket)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(count):
+            tg.start_soon(one)
+            await anyio.lowlevel.checkpoint()
+    return starts
+
+
+async def test_pacer_grants_batches_one_window_after_the_answers():
+    """At 3/1s with 0.1 s latency, batches leave at 0, 1.1 and 2.2 s."""
+    t0 = anyio.current_time()
+    starts = [s - t0 for s in await send_all(make_pacer("3/1s"), 9, 0.1)]
+    assert starts == pytest.approx([0, 0, 0, 1.1, 1.1, 1.1, 2.2, 2.2, 2.2])
+
+
+async def test_pacer_waits_for_answers_when_in_flight_fills_the_window():
+    """Slow answers hold the window: the next batch waits for them, then WINDOW."""
+    t0 = anyio.current_time()
+    starts = [s - t0 for s in await send_all(make_pacer("2/1s"), 4, 5.0)]
+    assert starts == pytest.approx([0, 0, 6.0, 6.0])
+
+
+async def test_pacer_spread_spaces_evenly():
+    """`spread` at 4/2s sends one request every 0.5 s, the exact rule still holding."""
+    t0 = anyio.current_time()
+    pacer = make_pacer("4/2s", pace=Pace.SPREAD)
+    starts = [s - t0 for s in await send_all(pacer, 5, 0.01)]
+    # The fifth waits for the first answer (at 0.01 s) plus the window.
+    assert starts == pytest.approx([0, 0.5, 1.0, 1.5, 2.01])
+
+
+async def test_cool_down_holds_the_key():
+    """After a cool-down, no slot is granted before it ends."""
+    pacer = make_pacer("100/1s")
+    t0 = anyio.current_time()
+    pacer.cool_down(KEY, t0 + 7.0)
+    starts = await send_all(pacer, 2, 0.0)
+    assert [s - t0 for s in starts] == pytest.approx([7.0, 7.0])
+
+
+async def test_waits_are_reported_as_events():
+    """Each wait emits a SlotWait: first for an answer, then for the window."""
+    sink = Events()
+    t0 = anyio.current_time()
+    await send_all(make_pacer("1/1s", sink=sink), 2, 0.5)
+    waits = [e.until for e in sink.seen if isinstance(e, SlotWait)]
+    assert waits[0] is None
+    assert waits[1] - t0 == pytest.approx(1.5)
