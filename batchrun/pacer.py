@@ -142,6 +142,11 @@ class Pacer:
         self._answers = {key: anyio.Event() for key in self._rules}
         self._cool_until = dict.fromkeys(self._rules, -math.inf)
 
+    @property
+    def rules(self) -> Mapping[LimitKey, Rule]:
+        """The rule of every key this pacer grants slots for."""
+        return self._rules
+
     async def acquire(self, key: LimitKey) -> int:
         """Wait for the next slot of `key`; return the ticket to `release` later."""
         async with self._turns[key]:

@@ -1,0 +1,60 @@
+"""The results file: one JSON line per job that reached its end, written as it ends.
+
+A line is flushed as soon as its job finishes, so a crash loses no finished result.
+When a job is tried again in a later run (e.g. after it failed), its newer line comes
+later in the file: readers take the last line of each id.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any, Self
+
+from batchrun.errors import UsageError
+from batchrun.events import Status
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """The end of one job: how it ended, after how many attempts, with what answer."""
+
+    id: str
+    type: str
+    status: Status
+    attempts: int
+    http_status: int | None
+    response: Any = None
+    error: str | None = None
+    note: str | None = None
+    finished_at: float = 0.0
+
+
+def default_results_path(jobs_path: Path) -> Path:
+    """`jobs.csv` → `jobs.results.jsonl`, beside the jobs file."""
+    return jobs_path.with_name(f"{jobs_path.stem}.results.jsonl")
+
+
+class ResultsFile:
+    """Appends results as JSON lines to a file, flushing each one."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._file: IO[str] = path.open("a", encoding="utf-8")
+        except OSError as exc:
+            msg = f"cannot write results to {path}: {exc.strerror}. Choose --results."
+            raise UsageError(msg) from None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._file.close()
+
+    def write(self, result: JobResult) -> None:
+        """Append one result and flush it to the operating system."""
+        line = json.dumps(asdict(result), ensure_ascii=False, default=str)
+        self._file.write(line + "\n")
+        self._file.flush()

@@ -1,0 +1,254 @@
+"""The runner and client together, against respx-scripted answers on a virtual clock."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import anyio
+import httpx
+import pytest
+import respx
+import trio.testing
+
+from batchrun.client import Client
+from batchrun.clock import LoopClock
+from batchrun.events import JobRequeued, JobSent, RunFinished, Status
+from batchrun.jobs import Job, JobType
+from batchrun.ledger import MemoryLedger
+from batchrun.limits import LimitKey, parse_rule
+from batchrun.pacer import Pacer
+from batchrun.results import ResultsFile
+from batchrun.runner import Runner, Settings, Tally
+from tests.fakes import ListRecorder, ListSink
+
+BASE = "https://api.example.test"
+QUERY = f"{BASE}/teams/t1/data/run-query"
+
+
+@pytest.fixture
+def anyio_backend():
+    """Virtual time: backoffs and Retry-After waits cost nothing."""
+    return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
+
+
+def query(job_id: str) -> Job:
+    return Job(job_id, JobType.RUN_QUERY, "t1", {"q": job_id})
+
+
+async def run_jobs(router, jobs, *, rule="100/1s", recorder=None, **settings):
+    """Run `jobs` (all run-query) through a Runner; return (tally, recorder, sink)."""
+    sink, recorder = ListSink(), recorder or ListRecorder()
+    clock = LoopClock()
+    rules = {LimitKey.RUN_QUERY: parse_rule(rule)}
+    pacer = Pacer(rules=rules, ledger=MemoryLedger(), clock=clock, sink=sink)
+    transport = httpx.MockTransport(router.async_handler)
+    client = Client(base_url=BASE, token="s3cret", scope="f", transport=transport)
+    async with client:
+        runner = Runner(
+            sender=client,
+            pacer=pacer,
+            clock=clock,
+            sink=sink,
+            recorder=recorder,
+            settings=Settings(**settings),
+            rng=random.Random(1),
+        )
+        tally = await runner.run(
+            {LimitKey.RUN_QUERY: jobs}, {LimitKey.RUN_QUERY: len(jobs)}
+        )
+    return tally, recorder, sink
+
+
+async def test_2xx_is_done_with_body_kept():
+    """A 2xx marks the job done and keeps the parsed body."""
+    router = respx.Router(assert_all_called=True)
+    router.post(QUERY).respond(200, json={"rows": 3})
+    tally, recorder, _ = await run_jobs(router, [query("a")])
+    assert tally == Tally(done=1, total=1)
+    [result] = recorder.results
+    assert (result.status, result.attempts, result.http_status) == (Status.DONE, 1, 200)
+    assert result.response == {"rows": 3}
+
+
+async def test_request_carries_token_payload_and_idempotency_key():
+    """The request has the bearer token, the JSON payload and an Idempotency-Key."""
+    router = respx.Router()
+    route = router.post(QUERY).respond(200, json={})
+    await run_jobs(router, [query("a")])
+    request = route.calls.last.request
+    assert request.headers["Authorization"] == "Bearer s3cret"
+    assert json.loads(request.content) == {"q": "a"}
+    assert request.headers["Idempotency-Key"].startswith("batchrun-")
+
+
+async def test_429_with_retry_after_waits_that_long_then_retries():
+    """A 429 with Retry-After: 7 requeues the job 7 s later; the retry succeeds."""
+    router = respx.Router()
+    route = router.post(QUERY)
+    route.side_effect = [
+        httpx.Response(429, headers={"Retry-After": "7"}, json={"success": False}),
+        httpx.Response(200, json={}),
+    ]
+    start = anyio.current_time()
+    tally, recorder, sink = await run_jobs(router, [query("a")])
+    sends = [e.at - start for e in sink.of(JobSent)]
+    assert sends == pytest.approx([0, 7])
+    assert tally.rate_limited == 1
+    assert recorder.results[0].attempts == 2
+
+
+async def test_429_cools_the_whole_key_down():
+    """After a 429, the key's other jobs wait for the delay too."""
+    router = respx.Router()
+    route = router.post(QUERY)
+    route.side_effect = [
+        httpx.Response(429, headers={"Retry-After": "5"}),
+        httpx.Response(200, json={}),
+        httpx.Response(200, json={}),
+    ]
+    start = anyio.current_time()
+    _, _, sink = await run_jobs(router, [query("a"), query("b")], concurrency=1)
+    sends = [e.at - start for e in sink.of(JobSent)]
+    assert sends == pytest.approx([0, 5, 5])
+
+
+async def test_429_without_retry_after_backs_off_exponentially():
+    """Consecutive 429s with no Retry-After wait longer each time (with jitter)."""
+    router = respx.Router()
+    route = router.post(QUERY)
+    route.side_effect = [httpx.Response(429)] * 3 + [httpx.Response(200, json={})]
+    _, _, sink = await run_jobs(router, [query("a")], backoff=1.0)
+    delays = [e.delay for e in sink.of(JobRequeued)]
+    assert [0.5 <= delays[0] <= 1, 1 <= delays[1] <= 2, 2 <= delays[2] <= 4] == [
+        True
+    ] * 3
+    assert all(e.rate_limited for e in sink.of(JobRequeued))
+
+
+async def test_5xx_then_2xx_retries_and_succeeds():
+    """A 503 is retried with backoff, and the job ends done after 2 attempts."""
+    router = respx.Router()
+    router.post(QUERY).side_effect = [httpx.Response(503), httpx.Response(200, json={})]
+    tally, recorder, _ = await run_jobs(router, [query("a")])
+    assert (tally.done, tally.retried) == (1, 1)
+    assert recorder.results[0].attempts == 2
+
+
+async def test_other_4xx_fails_without_retry():
+    """A 404 fails the job at once, keeping the status and body."""
+    router = respx.Router()
+    route = router.post(QUERY).respond(404, json={"error": "no team"})
+    tally, recorder, _ = await run_jobs(router, [query("a")])
+    assert route.call_count == 1
+    assert tally == Tally(failed=1, total=1)
+    [result] = recorder.results
+    assert result.error == "HTTP 404 Not Found"
+    assert result.response == {"error": "no team"}
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param(httpx.ReadTimeout("slow"), id="timeout"),
+        pytest.param(httpx.ConnectError("refused"), id="connect-error"),
+    ],
+)
+async def test_transient_errors_fail_after_max_attempts(error):
+    """Timeouts and connection errors retry, then fail after --max-attempts tries."""
+    router = respx.Router()
+    route = router.post(QUERY)
+    route.side_effect = error
+    tally, recorder, _ = await run_jobs(router, [query("a")], max_attempts=3)
+    assert route.call_count == 3
+    assert tally == Tally(failed=1, retried=2, total=1)
+    assert recorder.results[0].attempts == 3
+
+
+async def test_timeout_error_is_named_in_the_result():
+    """A job that timed out says so in its error."""
+    router = respx.Router()
+    router.post(QUERY).side_effect = httpx.ReadTimeout("slow")
+    _, recorder, _ = await run_jobs(router, [query("a")], max_attempts=1)
+    assert recorder.results[0].error == "timeout (ReadTimeout)"
+
+
+async def test_concurrency_bounds_requests_in_flight():
+    """With --concurrency 2, never more than 2 requests are in flight."""
+    in_flight = peak = 0
+
+    async def slow(request):
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await anyio.sleep(1)
+        in_flight -= 1
+        return httpx.Response(200, json={})
+
+    router = respx.Router()
+    router.post(QUERY).side_effect = slow
+    tally, _, _ = await run_jobs(
+        router, [query(str(i)) for i in range(6)], concurrency=2
+    )
+    assert (tally.done, peak) == (6, 2)
+
+
+async def test_pacing_holds_under_the_runner():
+    """The runner's sends keep to the rule: 5 jobs at 2/1s leave at 0, 0, 1, 1, 2."""
+    router = respx.Router()
+    router.post(QUERY).respond(200, json={})
+    start = anyio.current_time()
+    jobs = [query(str(i)) for i in range(5)]
+    _, _, sink = await run_jobs(router, jobs, rule="2/1s")
+    assert [e.at - start for e in sink.of(JobSent)] == pytest.approx([0, 0, 1, 1, 2])
+
+
+async def test_stop_before_run_sends_nothing_and_reports_left():
+    """A runner stopped before it starts sends nothing and says jobs are left."""
+    router = respx.Router()
+    route = router.post(QUERY).respond(200, json={})
+    sink, clock = ListSink(), LoopClock()
+    rules = {LimitKey.RUN_QUERY: parse_rule("1/1s")}
+    pacer = Pacer(rules=rules, ledger=MemoryLedger(), clock=clock)
+    client = Client(
+        base_url=BASE,
+        token=None,
+        scope="f",
+        transport=httpx.MockTransport(router.async_handler),
+    )
+    runner = Runner(
+        sender=client,
+        pacer=pacer,
+        clock=clock,
+        sink=sink,
+        recorder=ListRecorder(),
+        settings=Settings(),
+    )
+    runner.stop()
+    tally = await runner.run(
+        {LimitKey.RUN_QUERY: [query("a")]}, {LimitKey.RUN_QUERY: 1}
+    )
+    assert route.call_count == 0
+    assert sink.of(RunFinished)[0].stopped
+    assert tally.left == 1
+
+
+async def test_results_file_holds_one_json_line_per_job(tmp_path):
+    """Every finished job is one JSON line in the results file."""
+    router = respx.Router()
+    router.post(QUERY).side_effect = [
+        httpx.Response(200, json={"ok": 1}),
+        httpx.Response(400, text="bad query"),
+    ]
+    path = tmp_path / "jobs.results.jsonl"
+    with ResultsFile(path) as results:
+        await run_jobs(
+            router, [query("a"), query("b")], recorder=results, concurrency=1
+        )
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(x["id"], x["status"], x["http_status"]) for x in lines] == [
+        ("a", "done", 200),
+        ("b", "failed", 400),
+    ]
+    assert lines[1]["response"] == "bad query"
+    assert "s3cret" not in path.read_text()
