@@ -55,7 +55,18 @@ def idempotency_key(scope: str, job_id: str) -> str:
 
 def asgi_transport(app: Any) -> httpx.AsyncBaseTransport:
     """A transport that calls an ASGI app in process (the built-in sandbox)."""
-    return httpx.ASGITransport(app=app)
+    return _InProcess(app=app)
+
+
+class _InProcess(httpx.ASGITransport):
+    """An app that breaks off its answer looks like a dropped connection."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await super().handle_async_request(request)
+        except Exception as exc:
+            msg = f"connection dropped ({type(exc).__name__})"
+            raise httpx.RemoteProtocolError(msg, request=request) from exc
 
 
 class Client:

@@ -54,6 +54,8 @@ class JobsFileError(BatchrunError):
         super().__init__(self._render())
 
     def _render(self) -> str:
+        if self.total == 1 and self.problems[0][0] == 0:
+            return f"{self.path}: {self.problems[0][1]}. Nothing was sent."
         lines = [f"{self.path}: {self.total} invalid row(s); nothing was sent."]
         for line, reason in self.problems[: self.shown]:
             where = f"line {line}" if line else "file"

@@ -106,7 +106,7 @@ def eta(
     `recent` holds the send moments of earlier requests (ascending), which still
     occupy the windows. Used for progress ETAs and as the ideal in tests and benches.
     """
-    history: deque[float] = deque(recent[-rule.deepest :], maxlen=rule.deepest)
+    history: deque[float] = deque(recent, maxlen=rule.deepest)
     moment = now
     last = history[-1] if history else None
     for _ in range(min(count, _ETA_SIMULATED)):

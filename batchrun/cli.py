@@ -1,0 +1,356 @@
+"""The command line: flags become settings, errors become messages and exit codes.
+
+Only this module knows about Typer. Every `BatchrunError` is caught once, in
+`_reported`, printed on stderr without a traceback, and turned into its exit code.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+import anyio
+import typer
+
+from batchrun import __version__
+from batchrun.clock import SystemClock
+from batchrun.errors import (
+    EXIT_OK,
+    EXIT_SOME_FAILED,
+    EXIT_STOPPED,
+    BatchrunError,
+    UsageError,
+)
+from batchrun.jobs import Job, read_jobs, summarize
+from batchrun.ledger import MemoryLedger
+from batchrun.limits import LimitKey, Profile, Rule, limit_table, parse_override
+from batchrun.pacer import Pace, Pacer
+from batchrun.results import ResultsFile, default_results_path
+from batchrun.runner import Runner, Settings, Tally
+
+app = typer.Typer(
+    name="batchrun",
+    help="Spread a queue of API jobs over time, inside the API's rate limits.",
+    no_args_is_help=True,
+    add_completion=False,
+    # A traceback with locals could show the token; errors are reported by _reported.
+    pretty_exceptions_enable=False,
+)
+
+_JobsArg = Annotated[
+    Path, typer.Argument(help="The jobs file: CSV, or JSON Lines if it ends in .jsonl.")
+]
+_ProfileOpt = Annotated[
+    Profile,
+    typer.Option(
+        "--profile",
+        help="run-query limit: b = 15/1m+500/1h (the stricter, default), a = 30/1m.",
+    ),
+]
+_LimitOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--limit",
+        metavar="KEY=RULE",
+        help="Replace one key's rule, e.g. run-query=30/1m (repeatable).",
+    ),
+]
+_TimeScaleOpt = Annotated[
+    float,
+    typer.Option(
+        "--time-scale",
+        help="Divide every window by this factor (demos, tests): 30 makes 1m 2s.",
+    ),
+]
+_InjectOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--inject",
+        metavar="FAULT=RATE",
+        help="Sandbox faults: 429=0.05, 5xx=0.1, drop=0.05, slow=0.1 (repeatable).",
+    ),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """Where requests go: a base URL, or the in-process sandbox app."""
+
+    base_url: str
+    token: str | None
+    timeout: float
+    transport: Any = None
+
+
+@app.command()
+def submit(
+    jobs_file: _JobsArg,
+    base_url: Annotated[
+        str | None,
+        typer.Option(envvar="BATCHRUN_BASE_URL", help="The API's base URL."),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="BATCHRUN_TOKEN",
+            show_default=False,
+            help="Bearer token (better: set BATCHRUN_TOKEN). Never printed or stored.",
+        ),
+    ] = None,
+    profile: _ProfileOpt = Profile.B,
+    limit: _LimitOpt = None,
+    pace: Annotated[
+        Pace,
+        typer.Option(
+            help="exact: as early as the windows allow; spread: evenly spaced."
+        ),
+    ] = Pace.EXACT,
+    concurrency: Annotated[
+        int, typer.Option(min=1, help="Most requests in flight at once.")
+    ] = 8,
+    max_attempts: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Give up on a job after this many server errors or timeouts."
+        ),
+    ] = 5,
+    timeout: Annotated[
+        float, typer.Option(min=0.001, help="Seconds to wait for each answer.")
+    ] = 30.0,
+    results: Annotated[
+        Path | None,
+        typer.Option(help="Results file (JSON Lines). Default: JOBS.results.jsonl."),
+    ] = None,
+    sandbox: Annotated[
+        bool, typer.Option("--sandbox", help="Run against the built-in local sandbox.")
+    ] = False,
+    inject: _InjectOpt = None,
+    time_scale: _TimeScaleOpt = 1.0,
+) -> None:
+    """Send every job of JOBS_FILE, paced to stay inside the rate limits."""
+    with _reported():
+        rules = _rules(profile, limit, time_scale)
+        jobs = read_jobs(jobs_file)
+        target = _target(base_url, token, timeout, sandbox, rules, inject or [])
+        settings = Settings(
+            concurrency=concurrency,
+            max_attempts=max_attempts,
+            backoff=1.0 / time_scale,
+            backoff_cap=60.0 / time_scale,
+            pace=pace.value,
+        )
+        path = results or default_results_path(jobs_file)
+        with ResultsFile(path) as recorder:
+            tally = anyio.run(
+                _run,
+                jobs,
+                rules,
+                target,
+                settings,
+                recorder,
+                str(jobs_file.resolve()),
+            )
+        typer.echo(f"Results: {path}")
+    raise typer.Exit(_exit_code(tally))
+
+
+@app.command()
+def validate(jobs_file: _JobsArg) -> None:
+    """Check JOBS_FILE without sending anything: every bad row, or a summary."""
+    with _reported():
+        summary = summarize(read_jobs(jobs_file))
+    per_type = ", ".join(f"{kind.value} {n}" for kind, n in summary.per_type.items())
+    typer.echo(f"{jobs_file}: {summary.total} valid job(s): {per_type or 'none'}")
+    if summary.per_team:
+        teams = sorted(summary.per_team.items(), key=lambda item: (-item[1], item[0]))
+        shown = ", ".join(f"{team} {n}" for team, n in teams[:10])
+        more = f" and {len(teams) - 10} more" if len(teams) > 10 else ""
+        typer.echo(f"  {len(teams)} team(s): {shown}{more}")
+
+
+@app.command("sandbox")
+def sandbox_command(
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(min=0, max=65535, help="Port to listen on.")
+    ] = 8000,
+    profile: _ProfileOpt = Profile.B,
+    limit: _LimitOpt = None,
+    inject: _InjectOpt = None,
+    time_scale: _TimeScaleOpt = 1.0,
+) -> None:
+    """Serve a local copy of the API that enforces the limits exactly."""
+    from batchrun import sandbox
+
+    with _reported():
+        rules = _rules(profile, limit, time_scale)
+        server = sandbox.create_app(
+            rules=rules, faults=sandbox.parse_faults(inject or [])
+        )
+    limits = ", ".join(f"{key.value} {rule}" for key, rule in rules.items())
+    typer.echo(f"Sandbox on http://{host}:{port} ({limits}). Ctrl-C stops it.")
+    sandbox.serve(server, host=host, port=port)
+
+
+def main() -> None:
+    """The `batchrun` entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        typer.echo("Interrupted.", err=True)
+        sys.exit(EXIT_STOPPED)
+    except Exception as exc:
+        if os.environ.get("BATCHRUN_DEBUG"):
+            raise
+        # No traceback: its frames could hold the token. BATCHRUN_DEBUG=1 shows it.
+        typer.echo(f"batchrun: internal error: {type(exc).__name__}: {exc}", err=True)
+        typer.echo(
+            "Please report this (rerun with BATCHRUN_DEBUG=1 for details).", err=True
+        )
+        sys.exit(1)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"batchrun {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Show the version."
+        ),
+    ] = False,
+) -> None:
+    """Spread a queue of API jobs over time so that they never trip the rate limits."""
+
+
+async def _run(
+    jobs: list[Job],
+    rules: dict[LimitKey, Rule],
+    target: _Target,
+    settings: Settings,
+    recorder: ResultsFile,
+    scope: str,
+) -> Tally:
+    from batchrun.client import Client
+    from batchrun.progress import open_progress
+
+    clock = SystemClock()
+    queues: dict[LimitKey, list[Job]] = {}
+    for job in jobs:
+        queues.setdefault(job.key, []).append(job)
+    sink = open_progress(sys.stdout, clock=clock)
+    pacer = Pacer(
+        rules=rules,
+        ledger=MemoryLedger(),
+        clock=clock,
+        pace=Pace(settings.pace),
+        sink=sink,
+    )
+    client = Client(
+        base_url=target.base_url,
+        token=target.token,
+        scope=scope,
+        timeout=target.timeout,
+        connections=settings.concurrency,
+        transport=target.transport,
+    )
+    try:
+        async with client:
+            runner = Runner(
+                sender=client,
+                pacer=pacer,
+                clock=clock,
+                sink=sink,
+                recorder=recorder,
+                settings=settings,
+            )
+            totals = {key: len(q) for key, q in queues.items()}
+            return await runner.run(queues, totals)
+    finally:
+        sink.close()
+
+
+def _rules(
+    profile: Profile, limits: list[str] | None, time_scale: float
+) -> dict[LimitKey, Rule]:
+    overrides = [parse_override(text) for text in limits or []]
+    return limit_table(profile=profile, overrides=overrides, time_scale=time_scale)
+
+
+def _target(
+    base_url: str | None,
+    token: str | None,
+    timeout: float,
+    sandbox: bool,
+    rules: dict[LimitKey, Rule],
+    inject: list[str],
+) -> _Target:
+    if sandbox:
+        from batchrun import sandbox as local
+        from batchrun.client import asgi_transport
+
+        app = local.create_app(rules=rules, faults=local.parse_faults(inject))
+        return _Target("http://sandbox.local", token, timeout, asgi_transport(app))
+    if inject:
+        msg = "--inject only works with --sandbox."
+        raise UsageError(msg)
+    if not base_url:
+        msg = "No API to talk to: give --base-url (or BATCHRUN_BASE_URL), or --sandbox."
+        raise UsageError(msg)
+    _check_base_url(base_url)
+    return _Target(base_url, token, timeout)
+
+
+def _check_base_url(url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        msg = f"--base-url must be an http:// or https:// URL with a host, got {url!r}."
+        raise UsageError(msg)
+    if parts.username or parts.password:
+        msg = (
+            "--base-url must not hold credentials; pass the token with BATCHRUN_TOKEN."
+        )
+        raise UsageError(msg)
+    if parts.scheme == "http" and not _is_loopback(parts.hostname):
+        typer.echo(
+            f"WARNING: {parts.hostname} is reached over plain http://: the token "
+            "travels unencrypted. Use https://.",
+            err=True,
+        )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _exit_code(tally: Tally) -> int:
+    if tally.left:
+        return EXIT_STOPPED
+    return EXIT_SOME_FAILED if tally.failed else EXIT_OK
+
+
+@contextmanager
+def _reported() -> Iterator[None]:
+    """Print a BatchrunError's message on stderr and exit with its code."""
+    try:
+        yield
+    except BatchrunError as exc:
+        typer.echo(f"Error: {exc.message}", err=True)
+        raise typer.Exit(exc.exit_code) from None
