@@ -158,6 +158,6 @@ def _format_seconds(seconds: float) -> str:
         size = _UNIT_SECONDS[unit]
         if seconds >= size and (seconds / size).is_integer():
             return f"{int(seconds / size)}{unit}"
-    if (seconds * 1000).is_integer():
+    if seconds < 1 and (seconds * 1000).is_integer():
         return f"{int(seconds * 1000)}ms"
     return f"{seconds:g}s"
