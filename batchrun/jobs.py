@@ -1,15 +1,19 @@
 """Jobs: the `Job` value, the endpoint table, and reading + validating jobs files.
 
-A jobs file is read line by line; every row is checked before anything is sent
-(CONTRACT.md section 1), and every bad row is reported with its line number.
+A jobs file is streamed line by line and every row is checked before anything is
+sent (CONTRACT.md section 1). Whatever its bytes, reading yields a `Job` or a
+`Problem` naming the physical line (where its record starts, for a CSV record that
+spans lines) and a reason; no other exception escapes `read_jobs`. Memory stays
+bounded: a line or field over `_MAX_ROW` bytes is refused, and only the ids seen so
+far (for duplicates) grow with the file.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 import re
-import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -21,8 +25,10 @@ from urllib.parse import quote
 from batchrun.errors import JobsFileError
 from batchrun.limits import LimitKey
 
+_MAX_ROW = 16 * 2**20
+_MAX_DIGITS = 4300  # sys.int_info.default_max_str_digits
 # Payloads may be large JSON documents; the csv module's default cap is 128 KiB.
-csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+csv.field_size_limit(_MAX_ROW)
 
 
 class JobType(StrEnum):
@@ -97,32 +103,61 @@ class Summary:
     per_team: dict[str, int]
 
 
-# Letters, digits and the unreserved marks of RFC 3986 only; never `.` or `..` alone.
-_TEAM_ID = re.compile(r"^[A-Za-z0-9._~-]+$")
-_TYPES = ", ".join(t.value for t in JobType)
+# Letters, digits and the unreserved marks of RFC 3986 only, so a team id is one
+# path segment as written; `.` and `..` would be path steps, so no all-dots id either.
+_TEAM_ID = re.compile(r"[A-Za-z0-9._~-]+")
+# Control characters garble logs and the terminal; lone surrogates cannot be encoded.
+_UNSAFE_TEXT = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_TYPES = "run-query, invite or avatar"
+_COLUMNS = ("id", "type", "team_id", "payload")
 _REQUIRED = ("id", "type")
-_SHOWN = JobsFileError.shown
+_HEADER_HINT = "the first line must name the columns, e.g. id,type,team_id,payload"
+_JSON_KINDS = {type(None): "null", bool: "a boolean", int: "a number"}
+_JSON_KINDS |= {float: "a number", str: "a string", list: "an array", dict: "an object"}
+_CSV_ERRORS = {
+    "unexpected end of data": 'a quoted field starts here but its closing " is missing',
+    "',' expected after '\"'": (
+        'text follows a closing " (inside a quoted field write a quote as "")'
+    ),
+    "new-line character seen in unquoted field": (
+        "a lone carriage return (\\r) in an unquoted field: "
+        "end lines with \\n or \\r\\n, or quote the field"
+    ),
+    "field larger than field limit": "a field is larger than 16 MiB",
+}
+
+
+class _BadRow(Exception):
+    """Raised by a row check; its one argument is the reason shown to the user."""
+
+
+class _Unreadable(Exception):
+    """Raised when the rest of the file cannot be read; the scan stops there."""
 
 
 def read_jobs(path: Path) -> list[Job]:
-    """Read and validate a whole jobs file; raise JobsFileError naming every bad row."""
+    """Read and validate a whole jobs file.
+
+    Raises:
+        JobsFileError: naming the first bad rows and counting all of them.
+    """
     jobs: list[Job] = []
     problems: list[tuple[int, str]] = []
     total = 0
     for item in scan(path):
-        if isinstance(item, Job):
+        if isinstance(item, Problem):
+            total += 1
+            if len(problems) < JobsFileError.shown:
+                problems.append((item.line, item.reason))
+        elif not total:
             jobs.append(item)
-            continue
-        total += 1
-        if len(problems) < _SHOWN:
-            problems.append((item.line, item.reason))
     if total:
         raise JobsFileError(str(path), problems, total)
     return jobs
 
 
 def summarize(jobs: Iterable[Job]) -> Summary:
-    """Count jobs per type and per team."""
+    """Count jobs per type and per team, types in order of first appearance."""
     per_type: Counter[JobType] = Counter()
     per_team: Counter[str] = Counter()
     for job in jobs:
@@ -138,176 +173,302 @@ def scan(path: Path) -> Iterator[Job | Problem]:
     if isinstance(opened, Problem):
         yield opened
         return
-    seen: dict[str, int] = {}
+    jsonl = path.name.lower().endswith(".jsonl")
     with opened:
-        rows = _jsonl_rows(opened) if path.suffix == ".jsonl" else _csv_rows(opened)
-        for line, fields in rows:
-            yield _unique(_job(line, fields), seen)
+        lines = _Lines(opened)
+        rows = _jsonl_rows(lines) if jsonl else _csv_rows(lines)
+        try:
+            yield from _jobs(rows, text_payload=not jsonl)
+        except _Unreadable as exc:
+            yield Problem(lines.number, str(exc))
+        except OSError as exc:
+            yield Problem(0, f"cannot read it: {exc.strerror or exc}")
 
 
 def _open(path: Path) -> BinaryIO | Problem:
     try:
         if path.is_dir():
             return Problem(0, "this is a folder, not a jobs file")
-        # Bytes, decoded line by line in _Lines, so a bad byte is named by its line.
         return path.open("rb")
     except FileNotFoundError:
         return Problem(0, "no such file")
     except OSError as exc:
         return Problem(0, f"cannot read it: {exc.strerror or exc}")
+    except ValueError as exc:  # e.g. a NUL in the name
+        return Problem(0, f"not a usable file name ({exc})")
 
 
-_Row = tuple[int, "dict[str, Any] | Problem"]
+# A row as read: its line and fields, or why it could not be read at all.
+_Row = tuple[int, dict[str, Any]] | Problem
 
 
-def _csv_rows(file: BinaryIO) -> Iterator[_Row]:
-    lines = _Lines(file)
-    reader = csv.reader(lines)
+def _jobs(rows: Iterator[_Row], *, text_payload: bool) -> Iterator[Job | Problem]:
+    seen: dict[str, int] = {}
+    for row in rows:
+        if isinstance(row, Problem):
+            yield row
+        else:
+            yield _job(*row, seen, text_payload=text_payload)
+
+
+def _job(
+    line: int, fields: dict[str, Any], seen: dict[str, int], *, text_payload: bool
+) -> Job | Problem:
     try:
-        header = _header(reader, lines)
-        if isinstance(header, Problem):
-            yield header.line, header
-            return
-        for record in reader:
-            if any(cell.strip() for cell in record):
-                yield lines.record_start, dict(zip(header, record, strict=False))
-    except (csv.Error, UnicodeDecodeError) as exc:
-        yield lines.number, Problem(lines.number, _unreadable(exc))
-
-
-def _header(reader: Iterator[list[str]], lines: _Lines) -> list[str] | Problem:
-    record = next((r for r in reader if any(c.strip() for c in r)), None)
-    if record is None:
-        return Problem(0, "the file is empty: expected a header row id,type,...")
-    header = [name.strip() for name in record]
-    missing = [name for name in _REQUIRED if name not in header]
-    if missing:
-        found = ",".join(header)[:80]
-        reason = f"header {found!r} lacks column(s) {', '.join(missing)}"
-        return Problem(lines.record_start, reason)
-    return header
-
-
-def _jsonl_rows(file: BinaryIO) -> Iterator[_Row]:
-    lines = _Lines(file)
-    try:
-        for text in lines:
-            if text.strip():
-                yield lines.number, _json_object(lines.number, text)
-    except UnicodeDecodeError as exc:
-        yield lines.number, Problem(lines.number, _unreadable(exc))
-
-
-def _json_object(line: int, text: str) -> dict[str, Any] | Problem:
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        return Problem(line, f"not valid JSON ({_json_error(exc)})")
-    if not isinstance(value, dict):
-        return Problem(line, f"expected a JSON object, got {type(value).__name__}")
-    return value
-
-
-def _job(line: int, fields: dict[str, Any] | Problem) -> Job | Problem:
-    if isinstance(fields, Problem):
-        return fields
-    job_id = _id(fields.get("id"))
-    if isinstance(job_id, Problem):
-        return Problem(line, job_id.reason)
-    kind = _type(fields.get("type"))
-    if isinstance(kind, Problem):
-        return Problem(line, kind.reason)
-    payload = _payload(fields.get("payload"))
-    if isinstance(payload, Problem):
-        return Problem(line, payload.reason)
-    team = _team(fields.get("team_id")) if ENDPOINTS[kind].needs_team else None
-    if isinstance(team, Problem):
-        return Problem(line, team.reason)
+        # The id first, so a later duplicate is named even if this row is bad.
+        job_id = _unique(_id(fields.get("id")), line, seen)
+        kind = _type(fields.get("type"))
+        payload = _payload(fields.get("payload"), text=text_payload)
+        team = _team(fields.get("team_id")) if ENDPOINTS[kind].needs_team else None
+    except _BadRow as exc:
+        return Problem(line, str(exc))
     return Job(job_id, kind, team, payload, line)
 
 
-def _id(value: Any) -> str | Problem:
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        shown = "missing" if value is None else f"a {type(value).__name__}"
-        return Problem(0, f"id is {shown}: every job needs a unique id")
-    text = str(value).strip()
-    return text or Problem(0, "id is empty: every job needs a unique id")
+def _csv_rows(lines: _Lines) -> Iterator[_Row]:
+    records = _records(lines)
+    first = next(records, None)
+    if first is None:
+        yield Problem(0, f"the file is empty: expected a header row ({_HEADER_HINT})")
+        return
+    header = first if isinstance(first, Problem) else _header(*first)
+    if isinstance(header, Problem):
+        yield header
+        return
+    for record in records:
+        if isinstance(record, Problem):
+            yield record
+        else:
+            yield record[0], dict(zip(header, record[1], strict=False))
 
 
-def _type(value: Any) -> JobType | Problem:
-    text = value.strip() if isinstance(value, str) else value
-    try:
-        return JobType(text)
-    except ValueError:
-        shown = "missing" if not text else repr(text)[:60]
-        return Problem(0, f"type is {shown} (expected {_TYPES})")
-
-
-def _payload(value: Any) -> dict[str, Any] | Problem:
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return {}
-    if isinstance(value, str):
+def _records(lines: _Lines) -> Iterator[tuple[int, list[str]] | Problem]:
+    """Non-blank CSV records with the line each starts on."""
+    # strict: an unclosed quote is an error, not a field that swallows the file.
+    reader = csv.reader(lines, strict=True)
+    while True:
+        # The reader pulls lines only as a record needs them, so this is its start.
+        start = lines.number + 1
         try:
-            value = json.loads(value)
-        except (ValueError, RecursionError) as exc:
-            return Problem(0, f"payload is not valid JSON ({_json_error(exc)})")
+            record = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            lines.take_flaw()
+            yield Problem(start, _csv_error(exc))
+            continue
+        flaw = lines.take_flaw()
+        if flaw is not None:
+            yield flaw
+        elif any(cell.strip() for cell in record):
+            yield start, record
+
+
+def _header(line: int, record: list[str]) -> list[str] | Problem:
+    names = [name.strip() for name in record]
+    missing = [name for name in _REQUIRED if name not in names]
+    if missing:
+        found = _shown(",".join(names))
+        reason = f"the header {found} lacks column(s) {', '.join(missing)}"
+        return Problem(line, f"{reason}: {_HEADER_HINT}")
+    counts = Counter(names)
+    twice = [name for name in _COLUMNS if counts[name] > 1]
+    if twice:
+        return Problem(line, f"the header names {', '.join(twice)} more than once")
+    return names
+
+
+def _jsonl_rows(lines: _Lines) -> Iterator[_Row]:
+    for text in lines:
+        flaw = lines.take_flaw()
+        if flaw is not None:
+            yield flaw
+        elif text.strip():
+            yield _json_object(lines.number, text)
+
+
+def _json_object(line: int, text: str) -> _Row:
+    try:
+        value = _loads(text)
+    except (ValueError, RecursionError) as exc:
+        return Problem(line, f"not valid JSON ({_json_error(exc)})")
     if not isinstance(value, dict):
-        return Problem(0, f"payload must be a JSON object, got {type(value).__name__}")
-    return value
+        kind = _json_kind(value)
+        return Problem(line, f"expected one JSON object {{...}} per line, got {kind}")
+    return line, value
 
 
-def _team(value: Any) -> str | Problem:
-    if not isinstance(value, str) or not value.strip():
-        return Problem(0, "team_id is missing (run-query and invite need a team)")
-    if not _TEAM_ID.match(value) or set(value) == {"."}:
-        shown = repr(value)[:60]
-        reason = (
-            f"team_id {shown} may hold only letters, digits, '.', '_', '~' and '-' "
-            "(and is not '.' or '..')"
+def _id(value: Any) -> str:
+    if value is None:
+        msg = "id is missing: every job needs a unique id"
+        raise _BadRow(msg)
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        msg = f"id must be a string or an integer, got {_json_kind(value)}"
+        raise _BadRow(msg)
+    text = str(value).strip()
+    if not text:
+        msg = "id is empty: every job needs a unique id"
+        raise _BadRow(msg)
+    if _UNSAFE_TEXT.search(text):
+        msg = f"id {_shown(text)} holds a control character or a lone surrogate"
+        raise _BadRow(msg)
+    return text
+
+
+def _unique(job_id: str, line: int, seen: dict[str, int]) -> str:
+    first = seen.setdefault(job_id, line)
+    if first != line:
+        msg = f"duplicate id {_shown(job_id)} (first on line {first})"
+        raise _BadRow(msg)
+    return job_id
+
+
+def _type(value: Any) -> JobType:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        msg = f"type is missing (expected {_TYPES})"
+        raise _BadRow(msg)
+    if not isinstance(value, str):
+        msg = f"type must be a string, got {_json_kind(value)}"
+        raise _BadRow(msg)
+    try:
+        return JobType(value.strip())
+    except ValueError:
+        msg = f"unknown type {_shown(value.strip())} (expected {_TYPES})"
+        raise _BadRow(msg) from None
+
+
+def _team(value: Any) -> str:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        msg = "team_id is missing: run-query and invite jobs need a team"
+        raise _BadRow(msg)
+    if not isinstance(value, str):
+        msg = f"team_id must be a string, got {_json_kind(value)}"
+        raise _BadRow(msg)
+    if not _TEAM_ID.fullmatch(value) or not value.strip("."):
+        msg = (
+            f"team_id {_shown(value)} may hold only letters, digits, '.', '_', '~' "
+            "and '-', and must not be only dots"
         )
-        return Problem(0, reason)
+        raise _BadRow(msg)
     return value
 
 
-def _unique(item: Job | Problem, seen: dict[str, int]) -> Job | Problem:
-    if isinstance(item, Problem):
-        return item
-    first = seen.setdefault(item.id, item.line)
-    if first != item.line:
-        return Problem(item.line, f"duplicate id {item.id!r} (first on line {first})")
-    return item
+def _payload(value: Any, *, text: bool) -> dict[str, Any]:
+    """The request body; in CSV it is JSON text, in JSONL already an object."""
+    if value is None or (text and isinstance(value, str) and not value.strip()):
+        return {}
+    if text and isinstance(value, str):
+        try:
+            value = _loads(value)
+        except (ValueError, RecursionError) as exc:
+            msg = f"payload is not valid JSON ({_json_error(exc)})"
+            raise _BadRow(msg) from None
+    if not isinstance(value, dict):
+        msg = f"payload must be a JSON object {{...}}, got {_json_kind(value)}"
+        raise _BadRow(msg)
+    _check_sendable(value)
+    return value
+
+
+def _check_sendable(payload: dict[str, Any]) -> None:
+    # The same encoding httpx applies when sending, so it cannot fail mid-run.
+    try:
+        json.dumps(payload, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        msg = "payload holds a lone surrogate escape (\\ud800-\\udfff), not text"
+        raise _BadRow(msg) from None
+    except RecursionError:
+        msg = "payload is nested too deeply"
+        raise _BadRow(msg) from None
+
+
+def _loads(text: str) -> Any:
+    """Parse strict JSON: NaN, Infinity and numbers Python cannot hold are refused."""
+    return json.loads(
+        text, parse_constant=_no_constant, parse_float=_finite, parse_int=_integer
+    )
+
+
+def _no_constant(name: str) -> Any:
+    msg = f"{name} is not a JSON value"
+    raise ValueError(msg)
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        msg = f"the number {_shown(text)} is too large"
+        raise ValueError(msg)
+    return number
+
+
+def _integer(text: str) -> int:
+    # Python refuses longer integers with a hint about its own settings.
+    digits = len(text.lstrip("-"))
+    if digits > _MAX_DIGITS:
+        msg = f"a number of {digits} digits is too long"
+        raise ValueError(msg)
+    return int(text)
 
 
 def _json_error(exc: Exception) -> str:
-    return exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at character {exc.pos + 1}"
+    return "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
 
 
-def _unreadable(exc: Exception) -> str:
-    if isinstance(exc, UnicodeDecodeError):
-        return "not UTF-8 text (save the file as UTF-8)"
-    return f"not readable as CSV ({exc})"
+def _json_kind(value: Any) -> str:
+    return _JSON_KINDS.get(type(value), type(value).__name__)
+
+
+def _csv_error(exc: csv.Error) -> str:
+    text = str(exc)
+    reason = next((v for k, v in _CSV_ERRORS.items() if text.startswith(k)), None)
+    return reason or f"not readable as CSV ({text})"
+
+
+def _shown(text: str) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= 60 else f"{shown[:56]}...{shown[0]}"
 
 
 class _Lines:
-    """Decodes a file line by line, counting physical lines and CSV record starts."""
+    """Decodes a binary file line by line, counting physical lines.
+
+    Each line is decoded on its own, so a bad byte is named by its line and reading
+    goes on; only `\\n` splits lines (the csv module sees `\\r\\n` as it should).
+    """
 
     def __init__(self, file: BinaryIO) -> None:
         self._file = file
         self.number = 0
-        self.record_start = 1
-        self._between = True
-        self._quotes = 0
+        self._flaw: Problem | None = None
 
     def __iter__(self) -> Iterator[str]:
         return self
 
     def __next__(self) -> str:
-        raw = next(self._file)
+        raw = self._file.readline(_MAX_ROW + 1)
+        if not raw:
+            raise StopIteration
         self.number += 1
-        text = raw.decode("utf-8-sig" if self.number == 1 else "utf-8")
-        if self._between:
-            self.record_start = self.number
-        # A record ends where a line ends outside quotes: an even count of quotes.
-        self._quotes = (0 if self._between else self._quotes) + text.count('"')
-        self._between = self._quotes % 2 == 0
-        return text
+        if len(raw) > _MAX_ROW:
+            msg = "a line is longer than 16 MiB: this does not look like a jobs file"
+            raise _Unreadable(msg)
+        codec = "utf-8-sig" if self.number == 1 else "utf-8"
+        try:
+            return raw.decode(codec)
+        except UnicodeDecodeError as exc:
+            if self._flaw is None:
+                self._flaw = Problem(self.number, _not_utf8(exc))
+            return raw.decode(codec, errors="replace")
+
+    def take_flaw(self) -> Problem | None:
+        """The first undecodable line since the last call, if any."""
+        flaw, self._flaw = self._flaw, None
+        return flaw
+
+
+def _not_utf8(exc: UnicodeDecodeError) -> str:
+    where = f"byte 0x{exc.object[exc.start]:02x}, column {exc.start + 1}"
+    return f"not UTF-8 text ({where}): save the file as UTF-8"

@@ -1,28 +1,32 @@
 """What a person sees of a run: a Rich live view on a terminal, plain lines elsewhere.
 
-Both sinks keep one `_Board` of counts from the runner's events and end with the same
-summary. ETAs come from the limits (`pacer.eta` over the jobs left and the recent
-sends), not from the past rate. This is the only module that imports Rich.
+Both sinks keep a `_Board` of counts built from the runner's events, and both end
+with the same summary on `close()`. ETAs come from the limits (`pacer.eta` over the
+jobs not yet sent and each key's recent sends), never from the past rate. Plain lines
+carry no escape codes. This is the only module that imports Rich.
 """
 
 from __future__ import annotations
 
-import time
+import contextlib
+import math
+import threading
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, TextIO
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
 from batchrun.clock import Clock
 from batchrun.events import (
     Event,
+    EventSink,
     JobFinished,
     JobRequeued,
     JobSent,
@@ -34,52 +38,68 @@ from batchrun.events import (
 from batchrun.limits import LimitKey, Rule
 from batchrun.pacer import Pace, eta
 
-_FAILURES_SHOWN = 20
+# Enough to see a pattern in a cron mail; the results file holds every failure.
+_FAILURES_LISTED = 20
+_FAILURES_RECENT = 3
+_STAMP = "%Y-%m-%d %H:%M:%S"
+_SUMMARY_COLUMNS = ("endpoint", "done", "failed", "left", "429s", "retries")
+_VIEW_COLUMNS = "endpoint,rule,done/total,failed,429s,retries,in flight,next slot,ETA"
+_NONE = "—"
 
 
-class ProgressSink(Protocol):
-    """An event sink that shows a run and prints its summary on `close`."""
+class ProgressSink(EventSink, Protocol):
+    """An event sink that shows a run as it goes and sums it up on `close`."""
 
-    def emit(self, event: Event) -> None: ...
-
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Stop any live display and print the final summary; idempotent."""
+        ...
 
 
 def open_progress(
-    stream: TextIO, *, clock: Clock, live: bool | None = None
+    stream: TextIO,
+    *,
+    live: bool | None = None,
+    clock: Clock,
+    every: float = 10.0,
+    wall: Callable[[], datetime] = datetime.now,
 ) -> ProgressSink:
-    """A live view if `stream` is a terminal (or `live`), plain lines otherwise."""
+    """A Rich live view if `stream` is a terminal, plain timestamped lines otherwise.
+
+    `live` forces either. The live view reads `clock` from its refresh thread, so it
+    must be readable from any thread (SystemClock is). Plain lines: at most one
+    progress line per `every` seconds of event time, stamped with `wall()`.
+    """
+    if every < 0:
+        msg = f"every must be at least 0 s, got {every}"
+        raise ValueError(msg)
     if live is None:
         live = stream.isatty()
     if live:
-        return LiveView(Console(file=stream), clock=clock)
-    return PlainLog(stream, clock=clock)
+        return _LiveView(Console(file=stream, force_terminal=True), clock=clock)
+    return _PlainLog(stream, clock=clock, every=every, wall=wall)
 
 
 def format_duration(seconds: float) -> str:
-    """`850 ms`, `4.2 s`, `3 m 20 s`, `3 h 59 m`."""
-    if seconds < 1:
-        return f"{max(0.0, seconds) * 1000:.0f} ms"
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    whole = round(seconds)
+    """A duration for people: `850 ms`, `4.2 s`, `3 m 20 s`, `3 h 59 m`."""
+    ms = round(max(0.0, seconds) * 1000)
+    if ms < 1000:
+        return f"{ms} ms"
+    if ms < 59_950:
+        return f"{ms / 1000:.1f} s"
+    whole = round(ms / 1000)
     if whole < 3600:
         return f"{whole // 60} m {whole % 60} s"
-    return f"{whole // 3600} h {whole % 3600 // 60} m"
+    minutes = round(whole / 60)
+    return f"{minutes // 60} h {minutes % 60} m"
 
 
 @dataclass(slots=True)
-class _Key:
-    rule: Rule
-    total: int
+class _Counts:
+    total: int = 0
     done: int = 0
     failed: int = 0
     rate_limited: int = 0
     retried: int = 0
-    in_flight: int = 0
-    waiting_until: float | None = None
-    waiting_answer: bool = False
-    sends: deque[float] = field(default_factory=deque)
 
     @property
     def ended(self) -> int:
@@ -90,316 +110,345 @@ class _Key:
         return self.total - self.ended
 
 
-class _Board:
-    """Counts per key, kept from the events; shared by both sinks."""
+@dataclass(slots=True, kw_only=True)
+class _Key(_Counts):
+    rule: Rule
+    sends: deque[float]
+    in_flight: int = 0
+    # From the last SlotWait: None waits for an answer; -inf once a request left.
+    slot: float | None = -math.inf
 
-    def __init__(self, clock: Clock) -> None:
-        self.clock = clock
+    @property
+    def unsent(self) -> int:
+        return max(0, self.left - self.in_flight)
+
+
+def _overall(states: Iterable[_Counts]) -> _Counts:
+    total = _Counts()
+    for s in states:
+        total.total += s.total
+        total.done += s.done
+        total.failed += s.failed
+        total.rate_limited += s.rate_limited
+        total.retried += s.retried
+    return total
+
+
+class _Board:
+    """Counts per key, kept from the events; each sink shows one."""
+
+    def __init__(self) -> None:
         self.keys: dict[LimitKey, _Key] = {}
         self.pace = Pace.EXACT
-        self.started = 0.0
-        self.failures: list[str] = []
-        self.recent_failures: deque[str] = deque(maxlen=3)
-        self.failure_count = 0
+        self.started: float | None = None
         self.finished: RunFinished | None = None
+        self.failures = 0
+        self.recent: deque[str] = deque(maxlen=_FAILURES_RECENT)
 
-    def apply(self, event: Event) -> None:
-        match event:
-            case RunStarted():
-                self._start(event)
-            case JobSent(key=key):
-                self._sent(self.keys[key], event.at)
-            case JobRequeued(key=key, rate_limited=limited):
-                state = self.keys[key]
-                state.rate_limited += limited
-                state.retried += not limited
-            case JobFinished():
-                self._ended(event)
-            case SlotWait(key=key, until=until):
-                self.keys[key].waiting_until = until
-                self.keys[key].waiting_answer = until is None
-            case RunFinished():
-                self.finished = event
+    def apply(self, event: Event) -> _Key | None:
+        """Count `event`; return the state of its key, if the run has jobs of it."""
+        if isinstance(event, RunStarted):
+            self._start(event)
+            return None
+        if isinstance(event, RunFinished):
+            self.finished = event
+            return None
+        state = self.keys.get(event.key)
+        if state is not None:
+            _count(state, event)
+            if isinstance(event, JobFinished) and event.status is Status.FAILED:
+                self.failures += 1
+                self.recent.append(_failure_text(event))
+        return state
 
     def _start(self, event: RunStarted) -> None:
         self.started = event.at
-        self.pace = Pace(event.pace)
+        with contextlib.suppress(ValueError):
+            self.pace = Pace(event.pace)
         self.keys = {
-            key: _Key(
-                event.rules[key], total, sends=deque(maxlen=event.rules[key].deepest)
-            )
+            key: _Key(total=total, rule=rule, sends=deque(maxlen=rule.deepest))
             for key, total in event.totals.items()
-            if total
+            if total > 0 and (rule := event.rules.get(key)) is not None
         }
 
-    def _sent(self, state: _Key, at: float) -> None:
-        state.in_flight += 1
-        state.sends.append(at)
-        state.waiting_until = None
-        state.waiting_answer = False
+    def etas(self, now: float) -> dict[LimitKey, float]:
+        """Seconds from `now` until each key's last unsent job may leave."""
+        return {key: _eta(s, self.pace, now) for key, s in list(self.keys.items())}
 
-    def _ended(self, event: JobFinished) -> None:
-        state = self.keys[event.key]
-        if event.status is Status.DONE:
-            state.done += 1
-        else:
-            state.failed += 1
-            self.failure_count += 1
-            text = _failure_text(event)
-            self.recent_failures.append(text)
-            if len(self.failures) < _FAILURES_SHOWN:
-                self.failures.append(text)
+    def eta(self, now: float) -> float:
+        """Seconds from `now` until the run's last job may leave."""
+        return max(self.etas(now).values(), default=0.0)
 
-    def note_answer(self, event: Event) -> None:
-        """An answer arrived for a sent job, whatever it said."""
-        if isinstance(event, JobRequeued | JobFinished):
-            self.keys[event.key].in_flight -= 1
-
-    def eta(self, key: LimitKey) -> float:
-        """Seconds until the key's last job may leave, from its rule."""
-        state, now = self.keys[key], self.clock.now()
-        pending = state.left - state.in_flight
-        if pending <= 0:
+    def elapsed(self, now: float) -> float:
+        if self.started is None:
             return 0.0
-        moment = eta(pending, state.rule, now=now, pace=self.pace, recent=state.sends)
-        return max(0.0, moment - now)
+        end = self.finished.at if self.finished is not None else now
+        return end - self.started
 
-    def overall_eta(self) -> float:
-        return max((self.eta(key) for key in self.keys), default=0.0)
 
-    def next_slot(self, key: LimitKey) -> str:
-        state = self.keys[key]
-        if not state.left:
-            return "-"
-        if state.waiting_answer:
-            return "after an answer"
-        if state.waiting_until is None:
-            return "now"
-        return f"in {format_duration(state.waiting_until - self.clock.now())}"
+def _count(state: _Key, event: JobSent | JobRequeued | JobFinished | SlotWait) -> None:
+    match event:
+        case JobSent():
+            state.in_flight += 1
+            state.sends.append(event.at)
+            state.slot = -math.inf
+        case JobRequeued():
+            state.in_flight = max(0, state.in_flight - 1)
+            state.rate_limited += event.rate_limited
+            state.retried += not event.rate_limited
+        case JobFinished():
+            state.in_flight = max(0, state.in_flight - 1)
+            state.done += event.status is Status.DONE
+            state.failed += event.status is Status.FAILED
+        case SlotWait():
+            state.slot = event.until
 
-    def totals(self) -> tuple[int, int]:
-        return sum(k.ended for k in self.keys.values()), sum(
-            k.total for k in self.keys.values()
-        )
+
+def _eta(state: _Key, pace: Pace, now: float) -> float:
+    count = state.unsent
+    if count == 0:
+        return 0.0
+    moment = eta(count, state.rule, now=now, pace=pace, recent=state.sends)
+    return max(0.0, moment - now)
 
 
 def _failure_text(event: JobFinished) -> str:
+    status = f"HTTP {event.http_status}" if event.http_status else "unknown error"
+    reason = event.error or status
+    attempts = "attempt" if event.attempts == 1 else "attempts"
     return (
         f"job {event.job_id} ({event.key}) failed after {event.attempts} "
-        f"attempt(s): {event.error or 'error'}"
+        f"{attempts}: {reason}"
     )
 
 
-class _Sink:
-    """Routes events to the board; subclasses show it."""
-
-    def __init__(self, clock: Clock) -> None:
-        self.board = _Board(clock)
-        self._closed = False
-
-    def emit(self, event: Event) -> None:
-        self.board.note_answer(event)
-        self.board.apply(event)
-        self.shown(event)
-
-    def shown(self, event: Event) -> None:
-        """Show what the event changed."""
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self.summarize()
-
-    def summarize(self) -> None:
-        """Print the final summary."""
+def _next_slot(state: _Key, now: float) -> str:
+    if state.left <= 0:
+        return _NONE
+    if state.slot is None:
+        return "after an answer"
+    if state.slot <= now:
+        return "now"
+    return f"in {format_duration(state.slot - now)}"
 
 
-def _summary_rows(board: _Board) -> list[list[str]]:
-    rows = [
-        [
-            str(key),
-            str(s.done),
-            str(s.failed),
-            str(s.left),
-            str(s.rate_limited),
-            str(s.retried),
-        ]
-        for key, s in board.keys.items()
+def _tally(counts: _Counts) -> str:
+    return (
+        f"{counts.done}/{counts.total} done, {counts.failed} failed, "
+        f"{counts.rate_limited} 429s, {counts.retried} retries"
+    )
+
+
+def _summary_rows(board: _Board) -> list[tuple[str, ...]]:
+    named = [*board.keys.items(), ("total", _overall(board.keys.values()))]
+    return [
+        (str(name), *map(str, (c.done, c.failed, c.left, c.rate_limited, c.retried)))
+        for name, c in named
     ]
-    return rows
 
 
-_SUMMARY_HEADER = ["endpoint", "done", "failed", "left", "429s", "retries"]
-
-
-def _closing_lines(board: _Board) -> list[str]:
-    done = sum(s.done for s in board.keys.values())
-    failed = sum(s.failed for s in board.keys.values())
-    left = sum(s.left for s in board.keys.values())
-    elapsed = format_duration(board.clock.now() - board.started)
-    lines = [f"{done} done, {failed} failed, {left} left in {elapsed}."]
+def _closing_lines(board: _Board, now: float) -> list[str]:
+    c = _overall(board.keys.values())
+    elapsed = format_duration(board.elapsed(now))
+    lines = [f"{c.done} done, {c.failed} failed, {c.left} left in {elapsed}."]
     if board.finished is not None and board.finished.stopped:
-        lines.append("Stopped early: run the same command again to resume.")
+        lines.append(
+            f"Stopped early with {c.left} jobs left: "
+            "run the same command again to resume."
+        )
     return lines
 
 
-class PlainLog(_Sink):
-    """Timestamped lines without escape codes, at most one progress line per `every`."""
+class _PlainLog:
+    """Timestamped lines, no escape codes: start, progress, failures, summary."""
 
     def __init__(
         self,
         stream: TextIO,
         *,
         clock: Clock,
-        every: float = 10.0,
-        wall: Callable[[], datetime] = datetime.now,
+        every: float,
+        wall: Callable[[], datetime],
     ) -> None:
-        super().__init__(clock)
         self._stream = stream
+        self._clock = clock
         self._every = every
         self._wall = wall
-        self._last_line = -float("inf")
-        self._keys_ended: set[LimitKey] = set()
+        self._board = _Board()
+        self._last = -math.inf
+        self._requeues = 0
+        self._closed = False
 
-    def shown(self, event: Event) -> None:
+    def emit(self, event: Event) -> None:
+        state = self._board.apply(event)
         if isinstance(event, RunStarted):
-            self._line(self._start_text())
-            self._last_line = event.at
-        elif isinstance(event, JobFinished):
-            self._finished(event)
-        elif isinstance(event, JobSent | JobRequeued) and self._due(event.at):
-            self._progress(event.at)
+            self._last = event.at
+            self._line(self._start_text(event.at))
+        elif state is not None and not isinstance(event, RunFinished):
+            if isinstance(event, JobFinished):
+                self._finished(event, state)
+            elif isinstance(event, JobRequeued):
+                self._requeued(event)
+            if event.at - self._last >= self._every:
+                self._progress(event.at)
 
-    def _finished(self, event: JobFinished) -> None:
-        board = self.board
-        if event.status is Status.FAILED and board.failure_count <= _FAILURES_SHOWN:
-            self._line(board.failures[board.failure_count - 1])
-        state = board.keys[event.key]
-        if not state.left and event.key not in self._keys_ended:
-            self._keys_ended.add(event.key)
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._board.started is not None:
+            self._summary()
+
+    def _start_text(self, at: float) -> str:
+        board = self._board
+        keys = ", ".join(f"{k} {s.total} at {s.rule}" for k, s in board.keys.items())
+        total = _overall(board.keys.values()).total
+        eta_text = format_duration(board.eta(at))
+        return f"starting: {total} jobs — {keys}; pace {board.pace}; ETA {eta_text}"
+
+    def _finished(self, event: JobFinished, state: _Key) -> None:
+        if event.status is Status.FAILED:
+            self._failure(event)
+        if state.left == 0:
             self._line(
                 f"{event.key}: all {state.total} jobs ended "
                 f"({state.done} done, {state.failed} failed)"
             )
-        elif self._due(event.at):
-            self._progress(event.at)
 
-    def _due(self, at: float) -> bool:
-        return at - self._last_line >= self._every
+    def _requeued(self, event: JobRequeued) -> None:
+        self._requeues += 1
+        if self._requeues > _FAILURES_LISTED:
+            return
+        why = "429 (rate limited)" if event.rate_limited else event.reason
+        self._line(
+            f"job {event.job_id} ({event.key}): {why}; requeued, next try in "
+            f"{format_duration(event.delay)}"
+        )
+        if self._requeues == _FAILURES_LISTED:
+            self._line("further requeues are only counted")
+
+    def _failure(self, event: JobFinished) -> None:
+        count = self._board.failures
+        if count <= _FAILURES_LISTED:
+            self._line(_failure_text(event))
+        elif count == _FAILURES_LISTED + 1:
+            self._line(
+                f"more than {_FAILURES_LISTED} failures: further ones are only "
+                "counted here (the results file lists every one)"
+            )
 
     def _progress(self, at: float) -> None:
-        self._last_line = at
-        ended, total = self.board.totals()
-        parts = [
-            f"{key} {s.ended}/{s.total} (429s {s.rate_limited}, retries {s.retried})"
-            for key, s in self.board.keys.items()
-        ]
-        eta_text = format_duration(self.board.overall_eta())
-        self._line(f"{ended}/{total} ended; " + "; ".join(parts) + f"; ETA {eta_text}")
+        self._last = at
+        board = self._board
+        keys = "; ".join(f"{k} {_tally(s)}" for k, s in board.keys.items())
+        eta_text = format_duration(board.eta(at))
+        overall = _tally(_overall(board.keys.values()))
+        self._line(f"progress: {overall} — {keys}; ETA {eta_text}")
 
-    def _start_text(self) -> str:
-        board = self.board
-        _, total = board.totals()
-        keys = ", ".join(f"{k} {s.total} at {s.rule}" for k, s in board.keys.items())
-        eta_text = format_duration(board.overall_eta())
-        return f"starting: {total} jobs: {keys}; pace {board.pace}; ETA {eta_text}"
-
-    def summarize(self) -> None:
-        rows = [_SUMMARY_HEADER, *_summary_rows(self.board)]
-        widths = [max(len(row[i]) for row in rows) for i in range(len(_SUMMARY_HEADER))]
+    def _summary(self) -> None:
+        rows = [_SUMMARY_COLUMNS, *_summary_rows(self._board)]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        self._line("summary:")
         for row in rows:
-            cells = [
-                c.ljust(w) if i == 0 else c.rjust(w)
-                for i, (c, w) in enumerate(zip(row, widths, strict=True))
-            ]
-            self._stream.write("  " + "  ".join(cells) + "\n")
-        for line in _closing_lines(self.board):
-            self._line(line)
-        self._stream.flush()
+            cells = (
+                cell.ljust(width) if i == 0 else cell.rjust(width)
+                for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+            )
+            self._line("  " + "  ".join(cells))
+        for text in _closing_lines(self._board, self._clock.now()):
+            self._line(text)
 
     def _line(self, text: str) -> None:
-        stamp = self._wall().strftime("%Y-%m-%d %H:%M:%S")
-        self._stream.write(f"{stamp} {text}\n")
-        self._stream.flush()
+        stamp = self._wall().strftime(_STAMP)
+        # A closed pipe (`| head`) must not stop the run this log reports on.
+        with contextlib.suppress(OSError, ValueError):
+            self._stream.write(f"{stamp} {text}\n")
+            self._stream.flush()
 
 
-class LiveView(_Sink):
-    """A Rich live view: overall bar, a row per endpoint, recent failures."""
+class _LiveView:
+    """A Rich live view: an overall bar, a row per endpoint, the latest failures."""
 
     def __init__(self, console: Console, *, clock: Clock) -> None:
-        super().__init__(clock)
         self._console = console
-        self._bar = Progress(
-            TextColumn("[bold]batchrun"),
-            BarColumn(),
-            TaskProgressColumn(),
-            TextColumn("{task.fields[detail]}"),
-            console=console,
-            get_time=time.monotonic,
-        )
-        self._task = self._bar.add_task("run", total=None, detail="")
+        self._clock = clock
+        self._board = _Board()
+        self._lock = threading.Lock()
         self._live = Live(
-            get_renderable=self.render,
             console=console,
+            get_renderable=self._render,
             refresh_per_second=4,
             transient=False,
         )
+        self._closed = False
 
-    def shown(self, event: Event) -> None:
-        if isinstance(event, RunStarted):
+    def emit(self, event: Event) -> None:
+        with self._lock:
+            self._board.apply(event)
+        if isinstance(event, RunStarted) and not (
+            self._closed or self._live.is_started
+        ):
             self._live.start()
 
-    def render(self) -> RenderableType:
-        """The current view: refreshed by Rich a few times a second."""
-        board = self.board
-        ended, total = board.totals()
-        elapsed = format_duration(board.clock.now() - board.started)
-        eta_text = format_duration(board.overall_eta())
-        detail = f"{ended}/{total}  elapsed {elapsed}  ETA {eta_text}"
-        self._bar.update(self._task, total=total, completed=ended, detail=detail)
-        parts: list[RenderableType] = [self._bar.get_renderable(), self._table()]
-        parts += [Text(line, style="red") for line in board.recent_failures]
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._live.is_started:
+            self._live.stop()
+        if self._board.started is not None:
+            self._summary()
+
+    def _render(self) -> RenderableType:
+        # Runs on Rich's refresh thread: the board is only read under the lock
+        # that `emit` changes it under.
+        with self._lock:
+            return self._render_board()
+
+    def _render_board(self) -> RenderableType:
+        now = self._clock.now()
+        etas = self._board.etas(now)
+        parts: list[RenderableType] = [self._bar(now, etas), self._table(now, etas)]
+        recent = tuple(self._board.recent)
+        if recent:
+            parts.append(Text("Latest failures:", style="bold red"))
+            parts.extend(Text(f"  {line}", style="red") for line in recent)
         return Group(*parts)
 
-    def _table(self) -> Table:
-        table = Table(box=None, pad_edge=False)
-        for name in (
-            "endpoint",
-            "rule",
-            "done/total",
-            "failed",
-            "429s",
-            "retries",
-            "in flight",
-            "next slot",
-            "ETA",
-        ):
-            table.add_column(
-                name, justify="left" if name in ("endpoint", "rule") else "right"
-            )
-        for key, s in self.board.keys.items():
+    def _bar(self, now: float, etas: dict[LimitKey, float]) -> Table:
+        c = _overall(list(self._board.keys.values()))
+        grid = Table.grid(padding=(0, 1))
+        grid.add_row(
+            ProgressBar(total=max(c.total, 1), completed=c.ended, width=40),
+            f"{c.ended}/{c.total}",
+            f"elapsed {format_duration(self._board.elapsed(now))}",
+            f"ETA {format_duration(max(etas.values(), default=0.0))}",
+        )
+        return grid
+
+    def _table(self, now: float, etas: dict[LimitKey, float]) -> Table:
+        table = Table(box=None, header_style="bold")
+        for i, name in enumerate(_VIEW_COLUMNS.split(",")):
+            table.add_column(name, justify="left" if i < 2 else "right")
+        for key, s in list(self._board.keys.items()):
+            key_eta = format_duration(etas.get(key, 0.0)) if s.left > 0 else _NONE
+            numbers = (s.failed, s.rate_limited, s.retried, s.in_flight)
             table.add_row(
-                str(key),
-                str(s.rule),
+                Text(key),
+                Text(str(s.rule)),
                 f"{s.done}/{s.total}",
-                str(s.failed),
-                str(s.rate_limited),
-                str(s.retried),
-                str(s.in_flight),
-                self.board.next_slot(key),
-                format_duration(self.board.eta(key)),
+                *(str(n) for n in numbers),
+                _next_slot(s, now),
+                key_eta,
             )
         return table
 
-    def summarize(self) -> None:
-        if self._live.is_started:
-            self._live.stop()
-        table = Table(title="Summary", box=None, pad_edge=False)
-        for name in _SUMMARY_HEADER:
+    def _summary(self) -> None:
+        table = Table(title="Summary", box=None, header_style="bold")
+        for name in _SUMMARY_COLUMNS:
             table.add_column(name, justify="left" if name == "endpoint" else "right")
-        for row in _summary_rows(self.board):
+        for row in _summary_rows(self._board):
             table.add_row(*row)
         self._console.print(table)
-        for line in _closing_lines(self.board):
-            self._console.print(line, highlight=False)
+        for line in _closing_lines(self._board, self._clock.now()):
+            self._console.print(Text(line))

@@ -52,8 +52,9 @@ def test_validate_names_bad_rows_and_exits_2(tmp_path):
     path = jobs_file(tmp_path, ["a,fax,t1,", "a,avatar,,"])
     result = runner.invoke(app, ["validate", str(path)])
     assert result.exit_code == 2
-    assert "line 2: type is 'fax'" in result.stderr
-    assert "line 3: duplicate id 'a'" not in result.stderr  # first 'a' was invalid
+    assert "line 2: unknown type 'fax'" in result.stderr
+    # A bad row still claims its id, so both problems show at once.
+    assert "line 3: duplicate id 'a'" in result.stderr
     assert "Traceback" not in result.stderr
 
 

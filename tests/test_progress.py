@@ -1,0 +1,448 @@
+"""The progress sinks: plain log lines, the Rich live view and the closing summary."""
+
+from __future__ import annotations
+
+import io
+import re
+from datetime import datetime
+
+import pytest
+
+from batchrun.events import (
+    JobFinished,
+    JobRequeued,
+    JobSent,
+    RunFinished,
+    RunStarted,
+    SlotWait,
+    Status,
+)
+from batchrun.limits import LimitKey, parse_rule
+from batchrun.pacer import eta
+from batchrun.progress import format_duration, open_progress
+
+RQ, INVITE = LimitKey.RUN_QUERY, LimitKey.INVITE
+STAMP = "2024-05-01 12:00:00"
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+class FakeClock:
+    """A clock that reads whatever the test sets."""
+
+    def __init__(self) -> None:
+        self.time = 0.0
+
+    def now(self) -> float:
+        return self.time
+
+    async def sleep_until(self, moment: float) -> None:
+        self.time = max(self.time, moment)
+
+
+class TTY(io.StringIO):
+    """An in-memory stream that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def stream():
+    return io.StringIO()
+
+
+@pytest.fixture
+def plain(stream, clock):
+    """A plain-lines sink on `stream`, stamped with a fixed wall time."""
+    sink = open_progress(
+        stream, live=False, clock=clock, wall=lambda: datetime(2024, 5, 1, 12)
+    )
+    yield sink
+    sink.close()
+
+
+@pytest.fixture
+def live(stream, clock, monkeypatch):
+    """A live view on `stream`, wide enough that no cell wraps; closed at teardown."""
+    monkeypatch.setenv("COLUMNS", "140")
+    sink = open_progress(stream, live=True, clock=clock)
+    yield sink
+    sink.close()
+
+
+def start(totals=None, rules=None, *, at=0.0, pace="exact"):
+    totals = totals or {RQ: 10}
+    rules = rules or {RQ: "30/2s", INVITE: "15/5m"}
+    parsed = {key: parse_rule(text) for key, text in rules.items()}
+    return RunStarted(at, totals, parsed, pace)
+
+
+def finished(job_id, *, at=1.0, key=RQ, ok=True, attempts=1, error=None):
+    status = Status.DONE if ok else Status.FAILED
+    http = 200 if ok else 404
+    return JobFinished(at, key, job_id, status, attempts, http, error)
+
+
+def send_and_finish(sink, count, *, at=1.0, key=RQ, ok=True, step=0.0):
+    for i in range(count):
+        moment = at + i * step
+        sink.emit(JobSent(moment, key, f"j{i}", 1))
+        sink.emit(finished(f"j{i}", at=moment, key=key, ok=ok, error="HTTP 404"))
+
+
+def lines(stream):
+    return stream.getvalue().splitlines()
+
+
+def texts(stream):
+    """The plain lines without their timestamps."""
+    return [line.removeprefix(f"{STAMP} ") for line in lines(stream)]
+
+
+def last_frame(stream):
+    """The live view as last drawn, before the summary, with escape codes removed."""
+    text = ANSI.sub("", stream.getvalue()).replace("\r", "\n")
+    before = text[: text.rindex("Summary")]
+    return before[before.rindex("elapsed") :]
+
+
+def row(frame, key):
+    lines = (line.strip() for line in frame.splitlines())
+    return next(line for line in lines if line.startswith(str(key)))
+
+
+def test_plain_lines_have_no_escape_codes(plain, stream):
+    """Plain mode writes no ANSI escape code, from the start line to the summary."""
+    plain.emit(start({RQ: 30}))
+    send_and_finish(plain, 25, ok=False, step=1.0)
+    plain.emit(JobRequeued(30.0, RQ, "j9", 2.0, True, "HTTP 429"))
+    plain.emit(RunFinished(31.0, 0, 25, 5, 1, 0, stopped=True))
+    plain.close()
+    assert "\x1b" not in stream.getvalue()
+
+
+def test_plain_lines_start_with_a_local_timestamp(plain, stream):
+    """Every plain line, summary included, starts with `YYYY-MM-DD HH:MM:SS `."""
+    plain.emit(start({RQ: 2}))
+    send_and_finish(plain, 2)
+    plain.close()
+    assert len(lines(stream)) > 5
+    assert all(line.startswith(f"{STAMP} ") for line in lines(stream))
+
+
+def test_start_line_names_jobs_rules_pace_and_eta(plain, stream):
+    """The start line gives the job count, each key's total and rule, pace and ETA."""
+    rules = {RQ: "15/1m+500/1h", INVITE: "15/5m"}
+    plain.emit(start({RQ: 100, INVITE: 20}, rules))
+    # run-query: 15 a minute, so the 100th leaves in the 7th minute; invite: 300 s.
+    assert texts(stream) == [
+        "starting: 120 jobs — run-query 100 at 15/1m+500/1h, invite 20 at 15/5m; "
+        "pace exact; ETA 6 m 0 s"
+    ]
+
+
+def test_start_eta_is_computed_from_the_rule(plain, stream):
+    """60 jobs at 30/2s: 30 leave now, the other 30 when the window frees, at 2 s."""
+    plain.emit(start({RQ: 60}, {RQ: "30/2s"}))
+    expected = format_duration(eta(60, parse_rule("30/2s"), now=0.0))
+    assert expected == "2.0 s"
+    assert texts(stream)[0].endswith(f"ETA {expected}")
+
+
+def test_eta_follows_the_limits_not_the_past_rate(plain, stream):
+    """After 30 sends in 10 s, 60 more at 30/2s take 3 s by the rule, not 20 s."""
+    plain.emit(start({RQ: 90}, {RQ: "30/2s"}, at=90.0))
+    for i in range(30):
+        plain.emit(JobSent(99.0, RQ, f"j{i}", 1))
+    for i in range(30):
+        plain.emit(finished(f"j{i}", at=100.0))
+    rule = parse_rule("30/2s")
+    expected = format_duration(eta(60, rule, now=100.0, recent=[99.0] * 30) - 100.0)
+    assert expected == "3.0 s"
+    [line] = [t for t in texts(stream) if t.startswith("progress:")]
+    assert line.endswith(f"ETA {expected}")
+
+
+def test_progress_line_shape(plain, stream):
+    """A progress line sums up done/total, failed, 429s and retries, then per key."""
+    plain.emit(start({RQ: 3, INVITE: 2}))
+    plain.emit(JobSent(1.0, RQ, "j1", 1))
+    plain.emit(JobRequeued(2.0, RQ, "j1", 1.0, True, "HTTP 429"))
+    plain.emit(JobSent(3.0, INVITE, "i1", 1))
+    plain.emit(JobRequeued(4.0, INVITE, "i1", 1.0, False, "timeout"))
+    plain.emit(JobSent(11.0, RQ, "j1", 2))
+    assert [t for t in texts(stream) if t.startswith("progress:")] == [
+        "progress: 0/5 done, 0 failed, 1 429s, 1 retries — "
+        "run-query 0/3 done, 0 failed, 1 429s, 0 retries; "
+        "invite 0/2 done, 0 failed, 0 429s, 1 retries; ETA 0 ms"
+    ]
+
+
+def test_progress_lines_are_batched(plain, stream):
+    """A thousand jobs ending within 10 s make one progress line, not one each."""
+    plain.emit(start({RQ: 5000}))
+    send_and_finish(plain, 1000, at=10.0, step=0.009)
+    progress = [t for t in texts(stream) if t.startswith("progress:")]
+    assert len(progress) == 1
+
+
+def test_progress_lines_come_every_interval(plain, stream):
+    """Events spread over 35 s make a progress line at 10, 20 and 30 s."""
+    plain.emit(start({RQ: 5000}))
+    send_and_finish(plain, 36, at=0.0, step=1.0)
+    progress = [t for t in texts(stream) if t.startswith("progress:")]
+    assert [p.split(",")[0] for p in progress] == [
+        "progress: 10/5000 done",
+        "progress: 20/5000 done",
+        "progress: 30/5000 done",
+    ]
+
+
+def test_key_finished_line_comes_at_once(plain, stream):
+    """When a key's last job ends, a line says so before the next progress line."""
+    plain.emit(start({RQ: 2, INVITE: 5}))
+    send_and_finish(plain, 1, at=1.0)
+    plain.emit(JobSent(2.0, RQ, "j2", 1))
+    plain.emit(finished("j2", at=2.0, ok=False, attempts=3, error="HTTP 404"))
+    assert texts(stream)[-1] == "run-query: all 2 jobs ended (1 done, 1 failed)"
+    assert not [t for t in texts(stream) if t.startswith("progress:")]
+
+
+def test_failure_line_shape(plain, stream):
+    """A failure line names the job, its key, the attempts and the error."""
+    plain.emit(start({INVITE: 5}))
+    plain.emit(
+        finished("j7", key=INVITE, ok=False, attempts=3, error="HTTP 404 Not Found")
+    )
+    assert texts(stream)[-1] == (
+        "job j7 (invite) failed after 3 attempts: HTTP 404 Not Found"
+    )
+
+
+def test_failure_line_without_error_text_uses_the_status(plain, stream):
+    """A failure with no error text says its HTTP status, in the singular for 1."""
+    plain.emit(start({INVITE: 5}))
+    plain.emit(finished("j1", key=INVITE, ok=False))
+    assert texts(stream)[-1] == "job j1 (invite) failed after 1 attempt: HTTP 404"
+
+
+def test_failures_are_listed_up_to_20_then_counted(plain, stream):
+    """The first 20 failures get a line each; later ones are only counted."""
+    plain.emit(start({RQ: 100}))
+    send_and_finish(plain, 25, ok=False)
+    assert len([t for t in texts(stream) if " failed after " in t]) == 20
+    assert [t for t in texts(stream) if t.startswith("more than 20 failures")]
+    plain.close()
+    assert "25 failed" in texts(stream)[-1]
+
+
+def test_plain_summary_is_an_aligned_table(plain, stream, clock):
+    """close() prints per-key done, failed, left, 429s and retries, totals, elapsed."""
+    plain.emit(start({RQ: 3, INVITE: 1}))
+    plain.emit(JobSent(1.0, RQ, "j1", 1))
+    plain.emit(JobRequeued(1.5, RQ, "j1", 1.0, True, "HTTP 429"))
+    send_and_finish(plain, 2, at=2.0)
+    send_and_finish(plain, 1, at=3.0, key=INVITE, ok=False)
+    plain.emit(RunFinished(4.2, 2, 1, 1, 1, 0, stopped=False))
+    clock.time = 99.0
+    plain.close()
+    assert texts(stream)[-6:] == [
+        "summary:",
+        "  endpoint   done  failed  left  429s  retries",
+        "  run-query     2       0     1     1        0",
+        "  invite        0       1     0     0        0",
+        "  total         2       1     1     1        0",
+        "2 done, 1 failed, 1 left in 4.2 s.",
+    ]
+
+
+def test_elapsed_without_run_finished_reads_the_clock(plain, stream, clock):
+    """If the run never reported its end, elapsed time runs to close()."""
+    plain.emit(start({RQ: 1}))
+    clock.time = 200.0
+    plain.close()
+    assert texts(stream)[-1] == "0 done, 0 failed, 1 left in 3 m 20 s."
+
+
+def test_stopped_run_says_how_to_resume(plain, stream):
+    """A run that stopped early ends with a line saying how to resume it."""
+    plain.emit(start({RQ: 10}))
+    send_and_finish(plain, 2)
+    plain.emit(RunFinished(3.0, 2, 0, 8, 0, 0, stopped=True))
+    plain.close()
+    assert texts(stream)[-1] == (
+        "Stopped early with 8 jobs left: run the same command again to resume."
+    )
+
+
+@pytest.mark.parametrize("mode", ["plain", "live"])
+def test_close_prints_the_summary_once(request, stream, mode):
+    """close() is idempotent: a second call prints nothing more."""
+    sink = request.getfixturevalue(mode)
+    sink.emit(start({RQ: 1}))
+    sink.close()
+    after_first = stream.getvalue()
+    sink.close()
+    assert stream.getvalue() == after_first
+    assert after_first.lower().count("summary") == 1
+
+
+def test_close_before_start_prints_nothing(plain, stream):
+    """A run that never started (an error before it) leaves no empty summary."""
+    plain.close()
+    assert stream.getvalue() == ""
+
+
+def test_events_outside_the_run_are_ignored(plain, stream):
+    """Events before the start or of keys without jobs neither raise nor print."""
+    plain.emit(SlotWait(0.0, RQ, 5.0))
+    plain.emit(start({RQ: 1, INVITE: 0}))
+    plain.emit(SlotWait(20.0, LimitKey.GLOBAL, None))
+    plain.emit(JobSent(20.0, INVITE, "i1", 1))
+    assert len(lines(stream)) == 1
+
+
+def test_broken_stream_does_not_raise(clock):
+    """A closed pipe under the plain log does not stop the run."""
+
+    class Broken(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError
+
+    sink = open_progress(Broken(), live=False, clock=clock)
+    sink.emit(start({RQ: 1}))
+    sink.close()
+
+
+def test_negative_interval_is_refused(stream, clock):
+    """A negative `every` is refused when the sink is built."""
+    with pytest.raises(ValueError, match="every must be at least 0 s"):
+        open_progress(stream, live=False, clock=clock, every=-1.0)
+
+
+def test_terminal_gets_the_live_view(clock):
+    """With `live` unset, a terminal stream gets Rich's view, with escape codes."""
+    stream = TTY()
+    sink = open_progress(stream, clock=clock)
+    sink.emit(start({RQ: 1}))
+    sink.close()
+    assert "\x1b[" in stream.getvalue()
+
+
+def test_pipe_gets_plain_lines(stream, clock):
+    """With `live` unset, a stream that is not a terminal gets plain lines."""
+    sink = open_progress(stream, clock=clock)
+    sink.emit(start({RQ: 1}))
+    assert stream.getvalue().splitlines()[0].endswith("ETA 0 ms")
+    assert "\x1b" not in stream.getvalue()
+
+
+def test_live_row_shows_done_total_and_429s(live, stream):
+    """Each key's row shows its rule, done/total, failed, 429s, retries, in flight."""
+    live.emit(start({RQ: 10, INVITE: 5}))
+    send_and_finish(live, 3)
+    live.emit(JobSent(2.0, RQ, "j3", 1))
+    live.emit(JobRequeued(2.0, RQ, "j3", 1.0, True, "HTTP 429"))
+    live.emit(JobSent(3.0, RQ, "j3", 2))
+    live.emit(JobRequeued(3.0, RQ, "j3", 1.0, True, "HTTP 429"))
+    live.emit(JobSent(4.0, RQ, "j4", 1))
+    live.close()
+    cells = row(last_frame(stream), RQ).split()
+    assert cells[:7] == ["run-query", "30/2s", "3/10", "0", "2", "0", "1"]
+    assert row(last_frame(stream), INVITE).split()[:3] == ["invite", "15/5m", "0/5"]
+
+
+def test_live_eta_is_computed_from_the_rule(live, stream):
+    """The view's ETA for 60 jobs at 30/2s is eta()'s 2.0 s, per key and overall."""
+    live.emit(start({RQ: 60}, {RQ: "30/2s"}))
+    live.close()
+    frame = last_frame(stream)
+    assert row(frame, RQ).endswith("2.0 s")
+    assert "ETA 2.0 s" in frame
+
+
+@pytest.mark.parametrize(
+    ("until", "expected"),
+    [
+        pytest.param(13.2, "in 3.2 s", id="slot-later"),
+        pytest.param(None, "after an answer", id="answer"),
+        pytest.param(9.0, "now", id="slot-passed"),
+    ],
+)
+def test_live_next_slot(live, stream, clock, until, expected):
+    """The next-slot cell reads the latest SlotWait against the clock."""
+    live.emit(start({RQ: 10}))
+    live.emit(SlotWait(5.0, RQ, until))
+    clock.time = 10.0
+    live.close()
+    assert expected in row(last_frame(stream), RQ)
+
+
+def test_live_finished_key_has_no_next_slot(live, stream):
+    """A key whose jobs all ended shows a dash for its next slot and ETA."""
+    live.emit(start({RQ: 2}))
+    send_and_finish(live, 2)
+    live.close()
+    assert row(last_frame(stream), RQ).split()[-2:] == ["—", "—"]
+
+
+def test_live_shows_the_last_three_failures(live, stream):
+    """Under the table, the view lists the three most recent failure reasons."""
+    live.emit(start({RQ: 10}))
+    send_and_finish(live, 5, ok=False)
+    live.close()
+    frame = last_frame(stream)
+    shown = [line.strip() for line in frame.splitlines() if "failed after" in line]
+    assert [line.split()[1] for line in shown] == ["j2", "j3", "j4"]
+
+
+def test_live_summary_and_stopped_line(live, stream):
+    """The live view ends with the summary table and the resume hint."""
+    live.emit(start({RQ: 10}))
+    send_and_finish(live, 4)
+    live.emit(RunFinished(5.0, 4, 0, 6, 0, 0, stopped=True))
+    live.close()
+    text = ANSI.sub("", stream.getvalue())
+    summary = text[text.rindex("Summary") :].splitlines()
+    assert any(line.split() == ["total", "4", "0", "6", "0", "0"] for line in summary)
+    assert summary[-1] == (
+        "Stopped early with 6 jobs left: run the same command again to resume."
+    )
+
+
+@pytest.mark.parametrize(
+    ("seconds", "expected"),
+    [
+        pytest.param(0.85, "850 ms", id="ms"),
+        pytest.param(-0.5, "0 ms", id="negative"),
+        pytest.param(4.2, "4.2 s", id="seconds"),
+        pytest.param(59.97, "1 m 0 s", id="rounds-up-to-a-minute"),
+        pytest.param(200, "3 m 20 s", id="minutes"),
+        pytest.param(14_340, "3 h 59 m", id="hours"),
+        pytest.param(3599.7, "1 h 0 m", id="rounds-up-to-an-hour"),
+    ],
+)
+def test_format_duration(seconds, expected):
+    """Durations read as ms, tenths of seconds, m and s, or h and m."""
+    assert format_duration(seconds) == expected
+
+
+def test_first_requeues_get_a_line_each(plain, stream):
+    """The first 20 requeues are named with their reason and delay, then counted."""
+    plain.emit(start({RQ: 30}))
+    for i in range(25):
+        plain.emit(JobSent(0.0, RQ, f"j{i}", 1))
+        plain.emit(JobRequeued(0.0, RQ, f"j{i}", 1.5, i % 2 == 0, "HTTP 503"))
+    lines = [t for t in texts(stream) if "requeued" in t]
+    assert len(lines) == 20
+    assert (
+        lines[0]
+        == "job j0 (run-query): 429 (rate limited); requeued, next try in 1.5 s"
+    )
+    assert lines[1] == "job j1 (run-query): HTTP 503; requeued, next try in 1.5 s"
+    assert texts(stream)[-1] == "further requeues are only counted"
