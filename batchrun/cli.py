@@ -195,8 +195,12 @@ def sandbox_command(
             rules=rules, faults=sandbox.parse_faults(inject or [])
         )
     limits = ", ".join(f"{key.value} {rule}" for key, rule in rules.items())
-    typer.echo(f"Sandbox on http://{host}:{port} ({limits}). Ctrl-C stops it.")
-    sandbox.serve(server, host=host, port=port)
+
+    def announce(url: str) -> None:
+        typer.echo(f"Sandbox on {url} ({limits}). Ctrl-C stops it.")
+
+    with _reported():
+        sandbox.serve(server, host=host, port=port, announce=announce)
 
 
 def main() -> None:

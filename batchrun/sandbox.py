@@ -426,9 +426,23 @@ def _server(app: Starlette, host: str, port: int, level: str) -> uvicorn.Server:
     return uvicorn.Server(config)
 
 
-def serve(app: Starlette, *, host: str, port: int) -> None:
-    """Serve until Ctrl-C (the `batchrun sandbox` command), logging warnings only."""
-    _server(app, host, port, "warning").run()
+def serve(
+    app: Starlette, *, host: str, port: int, announce: Callable[[str], None]
+) -> None:
+    """Serve until Ctrl-C (the `batchrun sandbox` command), logging warnings only.
+
+    `announce` gets the base URL once the port is bound (port 0 picks a free one).
+    Raises UsageError when the address cannot be bound (e.g. the port is in use).
+    """
+    try:
+        sock = _bound(host, port)
+    except OSError as exc:
+        reason = exc.strerror or exc
+        msg = f"cannot listen on {host}:{port}: {reason}. Try another --port."
+        raise UsageError(msg) from None
+    with sock:
+        announce(_base_url(host, sock.getsockname()[1]))
+        _server(app, host, port, "warning").run(sockets=[sock])
 
 
 @contextlib.contextmanager

@@ -223,3 +223,61 @@ def test_sandbox_faults_show_as_requeued_429s(tmp_path):
     assert result.exit_code == 0
     assert all(r["status"] == "done" for r in results_of(tmp_path))
     assert any(r["attempts"] > 1 for r in results_of(tmp_path))
+
+
+def test_sandbox_on_a_busy_port_exits_2():
+    """`batchrun sandbox` on a port already in use says so and exits 2."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = runner.invoke(app, ["sandbox", "--port", str(port)])
+    assert result.exit_code == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+
+
+def test_internal_errors_print_a_message_not_a_traceback(monkeypatch, capsys):
+    """An unexpected exception becomes one line on stderr and exit 1."""
+    import batchrun.cli as cli
+
+    def broken():
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(cli, "app", broken)
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    err = capsys.readouterr().err
+    assert info.value.code == 1
+    assert "internal error: RuntimeError: boom" in err
+    assert "Traceback" not in err
+
+
+def test_ctrl_c_exits_75(monkeypatch, capsys):
+    """Ctrl-C outside a run exits 75, the contract's 'stopped early'."""
+    import batchrun.cli as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "app", interrupted)
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code == 75
+
+
+def test_python_dash_m_runs_the_cli():
+    """`python -m batchrun` is the same command."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "batchrun", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
+    assert done.returncode == 0
+    assert done.stdout.startswith("batchrun ")

@@ -636,11 +636,15 @@ def test_running_serves_on_loopback_until_the_block_ends():
 
 
 def test_serve_runs_uvicorn_on_the_given_address(monkeypatch):
-    """serve() hands the app, host and port to uvicorn, logging warnings only."""
-    seen = []
-    monkeypatch.setattr(uvicorn.Server, "run", lambda self: seen.append(self.config))
+    """serve() binds the address, announces its URL, and runs uvicorn on the socket."""
+    seen, announced = [], []
+
+    def run(self, sockets=None):
+        seen.append((self.config, sockets[0].getsockname()))
+
+    monkeypatch.setattr(uvicorn.Server, "run", run)
     app = create_app(rules=rules())
-    serve(app, host="127.0.0.1", port=8123)
-    [config] = seen
-    assert (config.app, config.host, config.port) == (app, "127.0.0.1", 8123)
-    assert config.log_level == "warning"
+    serve(app, host="127.0.0.1", port=0, announce=announced.append)
+    [(config, (host, port))] = seen
+    assert (config.app, config.log_level, host) == (app, "warning", "127.0.0.1")
+    assert announced == [f"http://127.0.0.1:{port}"]
