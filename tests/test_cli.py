@@ -243,7 +243,8 @@ def test_internal_errors_print_a_message_not_a_traceback(monkeypatch, capsys):
     import batchrun.cli as cli
 
     def broken():
-        raise RuntimeError("boom")
+        msg = "boom"
+        raise RuntimeError(msg)
 
     monkeypatch.setattr(cli, "app", broken)
     with pytest.raises(SystemExit) as info:
