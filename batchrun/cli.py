@@ -11,29 +11,34 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 from urllib.parse import urlsplit
 
-import anyio
 import typer
 
 from batchrun import __version__
-from batchrun.clock import SystemClock
 from batchrun.errors import (
-    EXIT_OK,
-    EXIT_SOME_FAILED,
     EXIT_STOPPED,
     BatchrunError,
     UsageError,
 )
-from batchrun.jobs import Job, read_jobs, summarize
-from batchrun.ledger import MemoryLedger
-from batchrun.limits import LimitKey, Profile, Rule, limit_table, parse_override
-from batchrun.pacer import Pace, Pacer
-from batchrun.results import ResultsFile, default_results_path
-from batchrun.runner import Runner, Settings, Tally
+from batchrun.jobs import read_jobs, summarize
+from batchrun.limits import (
+    LimitKey,
+    Profile,
+    Rule,
+    limit_table,
+    parse_duration,
+    parse_override,
+)
+from batchrun.pacer import Pace
+from batchrun.results import default_results_path
+from batchrun.runner import Settings
+from batchrun.state import StatePaths
+
+if TYPE_CHECKING:
+    from batchrun.submission import Target
 
 app = typer.Typer(
     name="batchrun",
@@ -79,14 +84,13 @@ _InjectOpt = Annotated[
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class _Target:
-    """Where requests go: a base URL, or the in-process sandbox app."""
-
-    base_url: str
-    token: str | None
-    timeout: float
-    transport: Any = None
+_StateDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="BATCHRUN_STATE_DIR",
+        help="Where runs and the send ledger live. Default: the user's state folder.",
+    ),
+]
 
 
 @app.command()
@@ -133,32 +137,58 @@ def submit(
     ] = False,
     inject: _InjectOpt = None,
     time_scale: _TimeScaleOpt = 1.0,
+    state_dir: _StateDirOpt = None,
+    deadline: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DURATION",
+            help="Stop starting requests after this long (e.g. 55m), then exit 75.",
+        ),
+    ] = None,
+    retry_failed: Annotated[
+        bool, typer.Option("--retry-failed", help="Try failed jobs again.")
+    ] = False,
+    retry_unknown: Annotated[
+        bool,
+        typer.Option(
+            "--retry-unknown",
+            help="Resend invites left unknown by a run that died mid-request.",
+        ),
+    ] = False,
+    restart: Annotated[
+        bool,
+        typer.Option("--restart", help="Forget earlier runs of this file; start over."),
+    ] = False,
 ) -> None:
-    """Send every job of JOBS_FILE, paced to stay inside the rate limits."""
+    """Send every job of JOBS_FILE, paced to stay inside the rate limits.
+
+    Running it again on the same file resumes: done jobs are not sent again.
+    """
+    from batchrun.submission import Submission, submit
+
     with _reported():
         rules = _rules(profile, limit, time_scale)
-        jobs = read_jobs(jobs_file)
         target = _target(base_url, token, timeout, sandbox, rules, inject or [])
-        settings = Settings(
-            concurrency=concurrency,
-            max_attempts=max_attempts,
-            backoff=1.0 / time_scale,
-            backoff_cap=60.0 / time_scale,
-            pace=pace.value,
+        job = Submission(
+            jobs_file=jobs_file,
+            target=target,
+            rules=rules,
+            settings=Settings(
+                concurrency=concurrency,
+                max_attempts=max_attempts,
+                backoff=1.0 / time_scale,
+                backoff_cap=60.0 / time_scale,
+                pace=pace.value,
+            ),
+            results=results or default_results_path(jobs_file),
+            state=StatePaths.resolve(state_dir),
+            deadline=None if deadline is None else parse_duration(deadline),
+            retry_failed=retry_failed,
+            retry_unknown=retry_unknown,
+            restart=restart,
         )
-        path = results or default_results_path(jobs_file)
-        with ResultsFile(path) as recorder:
-            tally = anyio.run(
-                _run,
-                jobs,
-                rules,
-                target,
-                settings,
-                recorder,
-                str(jobs_file.resolve()),
-            )
-        typer.echo(f"Results: {path}")
-    raise typer.Exit(_exit_code(tally))
+        code = submit(job, say=lambda text: typer.echo(text, err=True))
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -239,53 +269,6 @@ def _options(
     """Spread a queue of API jobs over time so that they never trip the rate limits."""
 
 
-async def _run(
-    jobs: list[Job],
-    rules: dict[LimitKey, Rule],
-    target: _Target,
-    settings: Settings,
-    recorder: ResultsFile,
-    scope: str,
-) -> Tally:
-    from batchrun.client import Client
-    from batchrun.progress import open_progress
-
-    clock = SystemClock()
-    queues: dict[LimitKey, list[Job]] = {}
-    for job in jobs:
-        queues.setdefault(job.key, []).append(job)
-    sink = open_progress(sys.stdout, clock=clock)
-    pacer = Pacer(
-        rules=rules,
-        ledger=MemoryLedger(),
-        clock=clock,
-        pace=Pace(settings.pace),
-        sink=sink,
-    )
-    client = Client(
-        base_url=target.base_url,
-        token=target.token,
-        scope=scope,
-        timeout=target.timeout,
-        connections=settings.concurrency,
-        transport=target.transport,
-    )
-    try:
-        async with client:
-            runner = Runner(
-                sender=client,
-                pacer=pacer,
-                clock=clock,
-                sink=sink,
-                recorder=recorder,
-                settings=settings,
-            )
-            totals = {key: len(q) for key, q in queues.items()}
-            return await runner.run(queues, totals)
-    finally:
-        sink.close()
-
-
 def _rules(
     profile: Profile, limits: list[str] | None, time_scale: float
 ) -> dict[LimitKey, Rule]:
@@ -300,13 +283,19 @@ def _target(
     sandbox: bool,
     rules: dict[LimitKey, Rule],
     inject: list[str],
-) -> _Target:
+) -> Target:
     if sandbox:
         from batchrun import sandbox as local
         from batchrun.client import asgi_transport
+        from batchrun.submission import Target
 
         app = local.create_app(rules=rules, faults=local.parse_faults(inject))
-        return _Target("http://sandbox.local", token, timeout, asgi_transport(app))
+        return Target(
+            base_url="http://sandbox.local",
+            token=token,
+            timeout=timeout,
+            transport=asgi_transport(app),
+        )
     if inject:
         msg = "--inject only works with --sandbox."
         raise UsageError(msg)
@@ -314,7 +303,9 @@ def _target(
         msg = "No API to talk to: give --base-url (or BATCHRUN_BASE_URL), or --sandbox."
         raise UsageError(msg)
     _check_base_url(base_url)
-    return _Target(base_url, token, timeout)
+    from batchrun.submission import Target
+
+    return Target(base_url=base_url, token=token, timeout=timeout)
 
 
 def _check_base_url(url: str) -> None:
@@ -342,12 +333,6 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def _exit_code(tally: Tally) -> int:
-    if tally.left:
-        return EXIT_STOPPED
-    return EXIT_SOME_FAILED if tally.failed else EXIT_OK
 
 
 @contextmanager

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import sqlite3
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from batchrun.limits import Rule
@@ -75,3 +78,105 @@ class MemoryLedger:
     def usage(self, key: str, rule: Rule) -> Usage:
         log = self._logs[key]
         return Usage(log.in_flight, log.finished, log.last_start)
+
+
+_LEDGER_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sends (
+    id INTEGER PRIMARY KEY, client TEXT NOT NULL, key TEXT NOT NULL,
+    start REAL NOT NULL, end REAL, expires REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sends_by_end
+    ON sends (client, key, coalesce(end, expires));
+"""
+# History older than this (or than the rule's longest window) is pruned.
+_KEEP = 3600.0
+_PRUNE_EVERY = 1000
+
+
+class SqliteLedger:
+    """The send log of one client, shared by every process on the machine.
+
+    `reserve` reads and records in one `BEGIN IMMEDIATE` transaction, so two
+    processes can never both take the last slot of a window. Times are wall-clock
+    seconds, which processes share. A request whose process died before its answer
+    counts as in flight until `start + hold` (the request timeout), then as answered
+    at that moment.
+    """
+
+    def __init__(
+        self, path: Path, *, client: str, hold: float, now: Callable[[], float]
+    ) -> None:
+        self._db = sqlite3.connect(path, isolation_level=None, timeout=60)
+        path.chmod(0o600)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_LEDGER_SCHEMA)
+        self._client = client
+        self._hold = hold
+        self._now = now
+        self._reserves = 0
+
+    def close(self) -> None:
+        self._db.close()
+
+    def reserve(self, key: str, rule: Rule, pace: Pace, now: float) -> Grant | Wait:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            result = self._reserve(key, rule, pace, now)
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+        return result
+
+    def _reserve(self, key: str, rule: Rule, pace: Pace, now: float) -> Grant | Wait:
+        self._reserves += 1
+        if self._reserves % _PRUNE_EVERY == 1:
+            self._prune(key, now - max(_KEEP, rule.longest))
+        slot = earliest_slot(self._usage(key, rule, now), rule, pace)
+        if slot is None:
+            return Wait(self._soonest_expiry(key, now))
+        if slot > now:
+            return Wait(slot)
+        cursor = self._db.execute(
+            "INSERT INTO sends (client, key, start, expires) VALUES (?, ?, ?, ?)",
+            (self._client, key, now, now + self._hold),
+        )
+        assert cursor.lastrowid is not None
+        return Grant(cursor.lastrowid)
+
+    def release(self, ticket: int, now: float) -> None:
+        self._db.execute("UPDATE sends SET end = ? WHERE id = ?", (now, ticket))
+
+    def usage(self, key: str, rule: Rule) -> Usage:
+        return self._usage(key, rule, self._now())
+
+    def _usage(self, key: str, rule: Rule, now: float) -> Usage:
+        who = (self._client, key)
+        (in_flight, last_start) = self._db.execute(
+            "SELECT count(*) FILTER (WHERE end IS NULL AND expires > ?), max(start) "
+            "FROM sends WHERE client = ? AND key = ?",
+            (now, *who),
+        ).fetchone()
+        rows = self._db.execute(
+            "SELECT coalesce(end, expires) AS ended FROM sends WHERE client = ? "
+            "AND key = ? AND (end IS NOT NULL OR expires <= ?) "
+            "ORDER BY ended DESC LIMIT ?",
+            (*who, now, rule.deepest),
+        ).fetchall()
+        return Usage(in_flight, [r[0] for r in reversed(rows)], last_start)
+
+    def _soonest_expiry(self, key: str, now: float) -> float | None:
+        (soonest,) = self._db.execute(
+            "SELECT min(expires) FROM sends WHERE client = ? AND key = ? "
+            "AND end IS NULL AND expires > ?",
+            (self._client, key, now),
+        ).fetchone()
+        return None if soonest is None else float(soonest)
+
+    def _prune(self, key: str, before: float) -> None:
+        self._db.execute(
+            "DELETE FROM sends WHERE client = ? AND key = ? "
+            "AND coalesce(end, expires) < ?",
+            (self._client, key, before),
+        )

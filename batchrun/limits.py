@@ -15,6 +15,7 @@ from batchrun.errors import UsageError
 
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _WINDOW = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?|\.\d+)?\s*(ms|s|m|h)\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)?\s*(ms|s|m|h)\s*$")
 _GRAMMAR_HINT = (
     "A rule is COUNT/WINDOW, several joined by '+'; WINDOW is a number with unit "
     "ms, s, m or h (a bare unit means 1 of it). Examples: 30/1m, 15/m+500/1h, 30/2s."
@@ -109,6 +110,16 @@ def parse_rule(text: str) -> Rule:
             msg = f"bad limit rule {text!r}: {exc.message}. {_GRAMMAR_HINT}"
             raise UsageError(msg) from None
     return Rule(tuple(windows))
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration like `55m`, `90s`, `1.5h` or `500ms`."""
+    match = _DURATION.match(text)
+    if match is None or not float(match.group(1) or 1) > 0:
+        msg = f"bad duration {text!r}: expected a number with unit ms, s, m or h (55m)"
+        raise UsageError(msg)
+    number, unit = match.groups()
+    return float(number or 1) * _UNIT_SECONDS[unit]
 
 
 def parse_override(text: str) -> tuple[LimitKey, Rule]:

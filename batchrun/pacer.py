@@ -174,10 +174,11 @@ class Pacer:
         return self._ledger.reserve(key, self._rules[key], self._pace, now)
 
     async def _sleep(self, key: LimitKey, until: float | None) -> None:
-        if until is None:
+        # An answer of this key may open a slot sooner (or the ledger may name a
+        # moment only as a bound, e.g. another process's request timing out).
+        delay = math.inf if until is None else until - self._clock.now()
+        with anyio.move_on_after(delay):
             await self._answers[key].wait()
-        else:
-            await self._clock.sleep_until(until)
 
     def _emit(self, event: SlotWait) -> None:
         if self._sink is not None:

@@ -45,9 +45,14 @@ class Sender(Protocol):
 
 
 class Recorder(Protocol):
-    """Keeps the result of every job that reached its end (batchrun.results)."""
+    """Keeps where each job stands (batchrun.state.Journal): told before a request
+    leaves, when a job is requeued, and when it reaches its end."""
 
-    def write(self, result: JobResult) -> None: ...
+    def started(self, job: Job, attempt: int) -> None: ...
+
+    def requeued(self, job: Job, *, maybe_processed: bool) -> None: ...
+
+    def finished(self, result: JobResult) -> None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,6 +187,7 @@ class Runner:
         self, key: LimitKey, queue: _Queue, attempt: _Try, ticket: int
     ) -> None:
         attempt.attempts += 1
+        self._recorder.started(attempt.job, attempt.attempts)
         self._emit(JobSent(self._clock.now(), key, attempt.job.id, attempt.attempts))
         try:
             outcome = await self._sender.send(attempt.job)
@@ -237,6 +243,8 @@ class Runner:
         rate_limited: bool,
     ) -> None:
         now = self._clock.now()
+        # A 429 was not processed; after a 5xx or a timeout the server may have.
+        self._recorder.requeued(attempt.job, maybe_processed=not rate_limited)
         entry = (now + delay, next(self._order), attempt)
         heapq.heappush(queue.retries, entry)
         reason = outcome.error or "retry"
@@ -251,7 +259,7 @@ class Runner:
             self._tally.failed += 1
         now = self._clock.now()
         job = attempt.job
-        self._recorder.write(
+        self._recorder.finished(
             JobResult(
                 id=job.id,
                 type=job.type.value,

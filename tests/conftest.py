@@ -8,11 +8,12 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No BATCHRUN_* setting of the developer's shell leaks into a test."""
+def clean_environ(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """No BATCHRUN_* setting leaks into a test, and state stays in its tmp_path."""
     for name in list(os.environ):
         if name.startswith("BATCHRUN_"):
             monkeypatch.delenv(name)
+    monkeypatch.setenv("BATCHRUN_STATE_DIR", str(tmp_path / "state"))
 
 
 @pytest.fixture

@@ -20,10 +20,18 @@ class ListSink:
 
 
 class ListRecorder:
-    """A results recorder that keeps every result in a list."""
+    """A recorder that keeps every result, and every start and requeue, in lists."""
 
     def __init__(self) -> None:
         self.results: list[JobResult] = []
+        self.log: list[tuple[str, str]] = []
 
-    def write(self, result: JobResult) -> None:
+    def started(self, job, attempt: int) -> None:
+        self.log.append(("started", job.id))
+
+    def requeued(self, job, *, maybe_processed: bool) -> None:
+        self.log.append(("requeued", job.id))
+
+    def finished(self, result: JobResult) -> None:
+        self.log.append(("finished", result.id))
         self.results.append(result)

@@ -20,6 +20,7 @@ from batchrun.limits import LimitKey, parse_rule
 from batchrun.pacer import Pacer
 from batchrun.results import ResultsFile
 from batchrun.runner import Runner, Settings, Tally
+from batchrun.state import Journal, RunStore
 from tests.fakes import ListRecorder, ListSink
 
 BASE = "https://api.example.test"
@@ -241,9 +242,10 @@ async def test_results_file_holds_one_json_line_per_job(tmp_path):
         httpx.Response(400, text="bad query"),
     ]
     path = tmp_path / "jobs.results.jsonl"
-    with ResultsFile(path) as results:
+    with ResultsFile(path) as results, RunStore(":memory:") as store:
+        journal = Journal(store, results)
         await run_jobs(
-            router, [query("a"), query("b")], recorder=results, concurrency=1
+            router, [query("a"), query("b")], recorder=journal, concurrency=1
         )
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [(x["id"], x["status"], x["http_status"]) for x in lines] == [
@@ -252,3 +254,24 @@ async def test_results_file_holds_one_json_line_per_job(tmp_path):
     ]
     assert lines[1]["response"] == "bad query"
     assert "s3cret" not in path.read_text()
+
+
+async def test_state_is_recorded_before_the_send_and_after_the_answer():
+    """The recorder hears of a start before the request leaves, then of its end."""
+    seen = []
+    recorder = ListRecorder()
+
+    async def answer(request):
+        seen.append(list(recorder.log))
+        return httpx.Response(429) if len(seen) == 1 else httpx.Response(200, json={})
+
+    router = respx.Router()
+    router.post(QUERY).side_effect = answer
+    await run_jobs(router, [query("a")], recorder=recorder)
+    assert seen[0] == [("started", "a")]
+    assert recorder.log == [
+        ("started", "a"),
+        ("requeued", "a"),
+        ("started", "a"),
+        ("finished", "a"),
+    ]

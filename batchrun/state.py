@@ -1,0 +1,374 @@
+"""Durable state: the per-file lock, and the SQLite store of one jobs file's run.
+
+A job moves `pending → in_flight → done | failed`, back to `pending` when requeued,
+or to `unknown` when a run died while an unsafe request (an invite) was in flight.
+`in_flight` is written before a request leaves and the outcome right after the
+answer, so a run killed at any moment loses nothing: the next run resends in-flight
+safe jobs and leaves unsafe ones `unknown` until asked (`--retry-unknown`).
+
+Files and folders are private to the user (0600 / 0700); no token is stored, only a
+fingerprint of base URL and token that names the client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import IO, Self
+
+import platformdirs
+
+from batchrun.errors import JobsFileError, RunLocked, UsageError
+from batchrun.jobs import Job, JobType, Problem
+from batchrun.limits import LimitKey
+from batchrun.results import JobResult, ResultsFile
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, line INTEGER NOT NULL, type TEXT NOT NULL,
+    key TEXT NOT NULL, team_id TEXT, payload TEXT NOT NULL, digest TEXT NOT NULL,
+    state TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+    http_status INTEGER, error TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (key, state, line);
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+_PAGE = 500
+_BATCH = 1000
+_SHOWN = JobsFileError.shown
+
+
+class JobState(StrEnum):
+    """Where a job stands in its run."""
+
+    PENDING = "pending"
+    IN_FLIGHT = "in_flight"
+    DONE = "done"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+
+def client_fingerprint(base_url: str, token: str | None) -> str:
+    """Names a client (base URL + token) without revealing the token."""
+    text = f"{base_url.rstrip('/')}\0{token or ''}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def private_dir(path: Path) -> Path:
+    """Create `path` (and parents) readable by the user only."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.chmod(0o700)
+    except OSError as exc:
+        msg = f"cannot use state folder {path}: {exc.strerror or exc}. See --state-dir."
+        raise UsageError(msg) from None
+    return path
+
+
+@dataclass(frozen=True, slots=True)
+class StatePaths:
+    """Where a state folder keeps the ledger, the run stores and the locks."""
+
+    root: Path
+
+    @classmethod
+    def resolve(cls, explicit: Path | None) -> StatePaths:
+        """--state-dir (or BATCHRUN_STATE_DIR), else the user's state folder."""
+        root = explicit or Path(platformdirs.user_state_dir("batchrun"))
+        return cls(private_dir(root.expanduser()))
+
+    @property
+    def ledger(self) -> Path:
+        return self.root / "ledger.db"
+
+    def run_folder(self, jobs_file: Path) -> Path:
+        digest = hashlib.sha256(str(jobs_file.resolve()).encode()).hexdigest()[:16]
+        return private_dir(self.root / "runs" / digest)
+
+    def run_store(self, jobs_file: Path, client: str) -> Path:
+        return self.run_folder(jobs_file) / f"{client}.db"
+
+
+class RunLock:
+    """One run per jobs file: an exclusive flock, which dies with its process."""
+
+    def __init__(self, folder: Path, jobs_file: Path) -> None:
+        self._path = folder / "lock"
+        self._jobs_file = jobs_file
+        self._file: IO[str] | None = None
+
+    def __enter__(self) -> Self:
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+        file = os.fdopen(fd, "r+")
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = file.read().strip() or "another process"
+            file.close()
+            msg = (
+                f"another batchrun ({holder}) is already working on "
+                f"{self._jobs_file}; wait for it to finish, or stop it."
+            )
+            raise RunLocked(msg) from None
+        file.truncate(0)
+        file.write(f"pid {os.getpid()}")
+        file.flush()
+        self._file = file
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._file is not None:
+            self._file.close()  # closing releases the flock
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed job and why."""
+
+    id: str
+    type: str
+    error: str
+
+
+class RunStore:
+    """The jobs of one file for one client, and where each stands."""
+
+    def __init__(self, path: Path | str) -> None:
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        if str(path) != ":memory:":
+            Path(path).chmod(0o600)
+            self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def sync(self, rows: Iterable[Job | Problem], *, path: str, restart: bool) -> None:
+        """Take in the jobs file: new rows queue, changed done rows are refused.
+
+        One transaction: any bad row or conflict leaves the store as it was.
+        """
+        with self._transaction():
+            if restart:
+                self._db.execute("DELETE FROM jobs")
+            self._db.execute(
+                "CREATE TEMP TABLE IF NOT EXISTS incoming (id TEXT PRIMARY KEY, line "
+                "INT, type TEXT, key TEXT, team_id TEXT, payload TEXT, digest TEXT)"
+            )
+            self._db.execute("DELETE FROM incoming")
+            problems, total = self._stage(rows)
+            if not total:
+                problems, total = self._conflicts()
+            if total:
+                raise JobsFileError(path, problems, total)
+            self._merge()
+
+    def _stage(
+        self, rows: Iterable[Job | Problem]
+    ) -> tuple[list[tuple[int, str]], int]:
+        problems: list[tuple[int, str]] = []
+        total = 0
+        batch: list[tuple[object, ...]] = []
+        for row in rows:
+            if isinstance(row, Problem):
+                total += 1
+                if len(problems) < _SHOWN:
+                    problems.append((row.line, row.reason))
+                continue
+            batch.append(_staged(row))
+            if len(batch) >= _BATCH:
+                self._insert_staged(batch)
+        self._insert_staged(batch)
+        return problems, total
+
+    def _insert_staged(self, batch: list[tuple[object, ...]]) -> None:
+        self._db.executemany("INSERT INTO incoming VALUES (?, ?, ?, ?, ?, ?, ?)", batch)
+        batch.clear()
+
+    def _conflicts(self) -> tuple[list[tuple[int, str]], int]:
+        query = (
+            "FROM incoming i JOIN jobs j ON i.id = j.id "
+            "WHERE i.digest != j.digest AND j.state != 'pending'"
+        )
+        (total,) = self._db.execute(f"SELECT count(*) {query}").fetchone()
+        rows = self._db.execute(
+            f"SELECT i.line, i.id, j.state {query} ORDER BY i.line LIMIT {_SHOWN}"
+        ).fetchall()
+        problems = [
+            (
+                line,
+                f"job {job_id!r} is {state} from an earlier run but its row "
+                "changed; restore it, give it a new id, or use --restart",
+            )
+            for line, job_id, state in rows
+        ]
+        return problems, total
+
+    def _merge(self) -> None:
+        self._db.execute(
+            "DELETE FROM jobs WHERE state = 'pending' "
+            "AND id NOT IN (SELECT id FROM incoming)"
+        )
+        self._db.execute(
+            "INSERT INTO jobs (id, line, type, key, team_id, payload, digest, state) "
+            "SELECT id, line, type, key, team_id, payload, digest, 'pending' "
+            "FROM incoming WHERE true ON CONFLICT (id) DO UPDATE SET "
+            "line = excluded.line, type = excluded.type, key = excluded.key, "
+            "team_id = excluded.team_id, payload = excluded.payload, "
+            "digest = excluded.digest"
+        )
+        self._db.execute("DELETE FROM incoming")
+
+    def recover(self, *, retry_failed: bool, retry_unknown: bool) -> None:
+        """Settle what an earlier run left in flight, and requeue what is asked."""
+        unsafe = tuple(
+            t.value for t in JobType if not Job("", t).endpoint.safe_to_repeat
+        )
+        marks = ",".join("?" * len(unsafe))
+        with self._transaction():
+            self._db.execute(
+                f"UPDATE jobs SET state = 'unknown' WHERE state = 'in_flight' "
+                f"AND type IN ({marks})",
+                unsafe,
+            )
+            self._db.execute(
+                "UPDATE jobs SET state = 'pending' WHERE state = 'in_flight'"
+            )
+            for flag, state in ((retry_failed, "failed"), (retry_unknown, "unknown")):
+                if flag:
+                    self._db.execute(
+                        "UPDATE jobs SET state = 'pending', attempts = 0 "
+                        "WHERE state = ?",
+                        (state,),
+                    )
+
+    def pending(self, key: LimitKey) -> Iterator[Job]:
+        """The key's pending jobs in file order, read a page at a time."""
+        after = -1
+        while True:
+            page = self._db.execute(
+                "SELECT id, type, team_id, payload, line FROM jobs WHERE key = ? "
+                "AND state = 'pending' AND line > ? ORDER BY line LIMIT ?",
+                (key.value, after, _PAGE),
+            ).fetchall()
+            for job_id, kind, team, payload, line in page:
+                yield Job(job_id, JobType(kind), team, json.loads(payload), line)
+            if len(page) < _PAGE:
+                return
+            after = page[-1][4]
+
+    def counts(self) -> dict[tuple[LimitKey, JobState], int]:
+        """How many jobs of each key stand in each state."""
+        rows = self._db.execute("SELECT key, state, count(*) FROM jobs GROUP BY 1, 2")
+        return {(LimitKey(k), JobState(s)): n for k, s, n in rows}
+
+    def failures(self, limit: int = 20) -> list[Failure]:
+        """The first failed jobs, in file order, with their errors."""
+        rows = self._db.execute(
+            "SELECT id, type, coalesce(error, '') FROM jobs WHERE state = 'failed' "
+            "ORDER BY line LIMIT ?",
+            (limit,),
+        )
+        return [Failure(*row) for row in rows]
+
+    def get_meta(self, name: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE name = ?", (name,))
+        found = row.fetchone()
+        return None if found is None else str(found[0])
+
+    def set_meta(self, name: str, value: str) -> None:
+        self._db.execute(
+            "INSERT INTO meta VALUES (?, ?) ON CONFLICT (name) DO UPDATE "
+            "SET value = excluded.value",
+            (name, value),
+        )
+
+    # The runner's Recorder: every change is committed before the runner goes on.
+
+    def started(self, job: Job, attempt: int) -> None:
+        self._db.execute(
+            "UPDATE jobs SET state = 'in_flight', attempts = ? WHERE id = ?",
+            (attempt, job.id),
+        )
+
+    def requeued(self, job: Job, *, maybe_processed: bool) -> None:
+        # An unsafe job whose request may have been processed stays in flight, so
+        # that a crash before its retry leaves it unknown rather than resent.
+        if maybe_processed and not job.endpoint.safe_to_repeat:
+            return
+        self._db.execute("UPDATE jobs SET state = 'pending' WHERE id = ?", (job.id,))
+
+    def finished(self, result: JobResult) -> None:
+        self._db.execute(
+            "UPDATE jobs SET state = ?, attempts = ?, http_status = ?, error = ? "
+            "WHERE id = ?",
+            (
+                result.status.value,
+                result.attempts,
+                result.http_status,
+                result.error,
+                result.id,
+            ),
+        )
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+
+def _staged(job: Job) -> tuple[object, ...]:
+    payload = json.dumps(job.payload, sort_keys=True, separators=(",", ":"))
+    content = json.dumps([job.type.value, job.team_id, payload])
+    digest = hashlib.sha256(content.encode()).hexdigest()[:32]
+    return (
+        job.id,
+        job.line,
+        job.type.value,
+        job.key.value,
+        job.team_id,
+        payload,
+        digest,
+    )
+
+
+class Journal:
+    """The runner's recorder: the results file and the run store, kept in step.
+
+    A finished job's result line is written before its state, so a crash between
+    the two can only repeat a result line (readers take the last), never lose one.
+    """
+
+    def __init__(self, store: RunStore, results: ResultsFile) -> None:
+        self._store = store
+        self._results = results
+
+    def started(self, job: Job, attempt: int) -> None:
+        self._store.started(job, attempt)
+
+    def requeued(self, job: Job, *, maybe_processed: bool) -> None:
+        self._store.requeued(job, maybe_processed=maybe_processed)
+
+    def finished(self, result: JobResult) -> None:
+        self._results.write(result)
+        self._store.finished(result)

@@ -1,0 +1,239 @@
+"""One `batchrun submit`: lock the jobs file, take it in, run it, settle the exit code.
+
+    RunLock ─▶ RunStore.sync (validate and import in one streaming pass; exit 2 on
+    any bad row, nothing sent) ─▶ recover (what a killed run left in flight)
+    ─▶ Runner over the store's pending jobs, paced by the client's shared ledger
+    ─▶ exit code from the store's counts.
+
+SIGINT, SIGTERM and `--deadline` stop starting requests and wait for those in
+flight; a second SIGINT stops at once. Either way the store stays consistent.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from batchrun.clock import SystemClock
+from batchrun.errors import EXIT_OK, EXIT_SOME_FAILED, EXIT_STOPPED
+from batchrun.jobs import scan
+from batchrun.ledger import Ledger, MemoryLedger, SqliteLedger
+from batchrun.limits import LimitKey, Rule
+from batchrun.pacer import Pace, Pacer
+from batchrun.results import ResultsFile
+from batchrun.runner import Runner, Settings
+from batchrun.state import (
+    JobState,
+    Journal,
+    RunLock,
+    RunStore,
+    StatePaths,
+    client_fingerprint,
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Target:
+    """Where requests go: a base URL, or the in-process sandbox (`transport`)."""
+
+    base_url: str
+    token: str | None
+    timeout: float
+    transport: Any = None
+
+    @property
+    def client(self) -> str:
+        return client_fingerprint(self.base_url, self.token)
+
+    @property
+    def is_sandbox(self) -> bool:
+        return self.transport is not None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Submission:
+    """Everything one `submit` needs, as settled by the command line."""
+
+    jobs_file: Path
+    target: Target
+    rules: dict[LimitKey, Rule]
+    settings: Settings
+    results: Path
+    state: StatePaths
+    deadline: float | None = None
+    retry_failed: bool = False
+    retry_unknown: bool = False
+    restart: bool = False
+
+
+def submit(job: Submission, *, say: Callable[[str], None]) -> int:
+    """Run one submission; return its exit code (CONTRACT.md section 4)."""
+    with RunLock(job.state.run_folder(job.jobs_file), job.jobs_file):
+        # The in-process sandbox forgets its limits when it stops: so do its runs.
+        where = (
+            ":memory:"
+            if job.target.is_sandbox
+            else job.state.run_store(job.jobs_file, job.target.client)
+        )
+        with RunStore(where) as store:
+            store.sync(
+                scan(job.jobs_file), path=str(job.jobs_file), restart=job.restart
+            )
+            store.recover(
+                retry_failed=job.retry_failed, retry_unknown=job.retry_unknown
+            )
+            store.set_meta("rules", _rules_text(job.rules))
+            store.set_meta("pace", job.settings.pace)
+            _announce(store, say)
+            if _pending(store):
+                with ResultsFile(job.results) as results:
+                    stopped = anyio.run(_run, job, store, Journal(store, results), say)
+                say(f"Results: {job.results}")
+            else:
+                stopped = False
+            return _exit_code(store, stopped=stopped, say=say)
+
+
+async def _run(
+    job: Submission, store: RunStore, journal: Journal, say: Callable[[str], None]
+) -> bool:
+    from batchrun.client import Client
+    from batchrun.progress import open_progress
+
+    clock = SystemClock()
+    sink = open_progress(sys.stdout, clock=clock)
+    pacer = Pacer(
+        rules=job.rules,
+        ledger=_ledger(job),
+        clock=clock,
+        pace=Pace(job.settings.pace),
+        sink=sink,
+    )
+    target = job.target
+    client = Client(
+        base_url=target.base_url,
+        token=target.token,
+        scope=str(job.jobs_file.resolve()),
+        timeout=target.timeout,
+        connections=job.settings.concurrency,
+        transport=target.transport,
+    )
+    try:
+        async with client:
+            runner = Runner(
+                sender=client,
+                pacer=pacer,
+                clock=clock,
+                sink=sink,
+                recorder=journal,
+                settings=job.settings,
+            )
+            return await _supervised(runner, store, job.deadline, say)
+    finally:
+        sink.close()
+
+
+async def _supervised(
+    runner: Runner, store: RunStore, deadline: float | None, say: Callable[[str], None]
+) -> bool:
+    """Run until done, a deadline or a signal; True if it stopped early."""
+    pending = _pending(store)
+    sources = {key: store.pending(key) for key in pending}
+    stopped = False
+
+    def stop(why: str) -> None:
+        nonlocal stopped
+        if not stopped:
+            say(f"{why}: starting no new requests, waiting for those in flight.")
+        stopped = True
+        runner.stop()
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(_on_signals, stop, tasks.cancel_scope, say)
+        if deadline is not None:
+            tasks.start_soon(_after, deadline, stop)
+        await runner.run(sources, pending)
+        tasks.cancel_scope.cancel()
+    return stopped
+
+
+async def _on_signals(
+    stop: Callable[[str], None],
+    everything: anyio.CancelScope,
+    say: Callable[[str], None],
+) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        interrupts = 0
+        async for signum in signals:
+            interrupts += signum == signal.SIGINT
+            if interrupts >= 2:
+                say(
+                    "Second Ctrl-C: stopping now; in-flight jobs are settled on resume."
+                )
+                everything.cancel()
+                return
+            name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+            stop(f"{name} (Ctrl-C again to stop at once)")
+
+
+async def _after(seconds: float, stop: Callable[[str], None]) -> None:
+    await anyio.sleep(seconds)
+    stop("Deadline reached")
+
+
+def _ledger(job: Submission) -> Ledger:
+    if job.target.is_sandbox:
+        return MemoryLedger()
+    return SqliteLedger(
+        job.state.ledger,
+        client=job.target.client,
+        hold=job.target.timeout,
+        now=SystemClock().now,
+    )
+
+
+def _pending(store: RunStore) -> dict[LimitKey, int]:
+    counts = store.counts()
+    pending = {k: n for (k, s), n in counts.items() if s is JobState.PENDING and n}
+    return dict(sorted(pending.items()))
+
+
+def _announce(store: RunStore, say: Callable[[str], None]) -> None:
+    counts = store.counts()
+    total = {s: sum(n for (_, st), n in counts.items() if st is s) for s in JobState}
+    earlier = total[JobState.DONE] + total[JobState.FAILED] + total[JobState.UNKNOWN]
+    if earlier:
+        say(
+            f"Resuming: {total[JobState.DONE]} done earlier, {total[JobState.PENDING]}"
+            f" to send, {total[JobState.FAILED]} failed (--retry-failed retries"
+            f" them), {total[JobState.UNKNOWN]} unknown (--retry-unknown)."
+        )
+    if not total[JobState.PENDING]:
+        say("Nothing to send.")
+
+
+def _exit_code(store: RunStore, *, stopped: bool, say: Callable[[str], None]) -> int:
+    counts = store.counts()
+    by_state = {s: sum(n for (_, st), n in counts.items() if st is s) for s in JobState}
+    left = by_state[JobState.PENDING] + by_state[JobState.IN_FLIGHT]
+    if left and stopped:
+        say(f"Stopped early with {left} job(s) left: run the same command to resume.")
+        return EXIT_STOPPED
+    if by_state[JobState.UNKNOWN]:
+        say(
+            f"{by_state[JobState.UNKNOWN]} invite(s) may or may not have been sent "
+            "when an earlier run died: check them, then --retry-unknown to resend."
+        )
+    if by_state[JobState.FAILED] or by_state[JobState.UNKNOWN]:
+        return EXIT_SOME_FAILED
+    return EXIT_STOPPED if left else EXIT_OK
+
+
+def _rules_text(rules: dict[LimitKey, Rule]) -> str:
+    return ",".join(f"{key.value}={rule}" for key, rule in rules.items())
