@@ -138,6 +138,13 @@ def submit(
     inject: _InjectOpt = None,
     time_scale: _TimeScaleOpt = 1.0,
     state_dir: _StateDirOpt = None,
+    ca_bundle: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="PATH",
+            help="Also trust the CA certificates in this PEM file (a private CA).",
+        ),
+    ] = None,
     deadline: Annotated[
         str | None,
         typer.Option(
@@ -169,6 +176,13 @@ def submit(
     with _reported():
         rules = _rules(profile, limit, time_scale)
         target = _target(base_url, token, timeout, sandbox, rules, inject or [])
+        if ca_bundle is not None:
+            from dataclasses import replace
+
+            from batchrun.client import tls_context
+
+            tls_context(ca_bundle)  # a bad bundle exits 2 before anything starts
+            target = replace(target, ca_bundle=ca_bundle)
         job = Submission(
             jobs_file=jobs_file,
             target=target,

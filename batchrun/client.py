@@ -1,7 +1,10 @@
 """One request per job, and what its answer means: the only module that uses httpx.
 
 `Client.send` never raises for anything the network or the server does: every
-answer, timeout or broken connection becomes an `Outcome` the runner can act on.
+answer, timeout, broken connection or refused certificate becomes an `Outcome` the
+runner can act on. Whatever the server sends, an Outcome stays small and safe to
+store: at most `BODY_LIMIT` bytes of body are read, a body is kept as JSON only if it
+is strict, storable JSON (else as text), and the token never appears in it.
 """
 
 from __future__ import annotations
@@ -10,20 +13,29 @@ import email.utils
 import hashlib
 import json
 import math
+import ssl
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Self
+from pathlib import Path
+from typing import Any, Self, cast
 
+import anyio
 import httpx
 
 from batchrun import __version__
+from batchrun.errors import UsageError
 from batchrun.jobs import Job
 
 # Longest Retry-After honoured; a server asking for more is capped, with a note.
 RETRY_AFTER_CAP = 900.0
-# Bodies longer than this are kept truncated in the results, with a note.
+# Bodies longer than this are kept truncated in the results, with a note; the rest
+# is not read, so a huge answer costs no memory.
 BODY_LIMIT = 64 * 1024
+# A token shorter than this would match ordinary text, so it is not searched for.
+_SHORTEST_SECRET = 8
+_REDACTED = "[token]"
 
 
 class Kind(StrEnum):
@@ -69,8 +81,39 @@ class _InProcess(httpx.ASGITransport):
             raise httpx.RemoteProtocolError(msg, request=request) from exc
 
 
+def tls_context(ca_bundle: Path | None) -> ssl.SSLContext:
+    """The certificates a client trusts: httpx's default store, plus `ca_bundle`.
+
+    Raises:
+        UsageError: when the bundle is missing, unreadable or holds no certificate.
+    """
+    # httpx's own default (certifi, or SSL_CERT_FILE/SSL_CERT_DIR), so adding a
+    # bundle never drops a CA that a run without one would trust.
+    context = httpx.create_ssl_context()
+    if ca_bundle is not None:
+        try:
+            context.load_verify_locations(cafile=ca_bundle)
+        except ssl.SSLError as exc:
+            msg = (
+                f"cannot use CA bundle {ca_bundle}: it holds no PEM certificate "
+                f"({exc.reason}). --ca-bundle takes a PEM file of CA certificates."
+            )
+            raise UsageError(msg) from None
+        except OSError as exc:
+            msg = (
+                f"cannot use CA bundle {ca_bundle}: {exc.strerror or exc}. "
+                "--ca-bundle takes a readable PEM file of CA certificates."
+            )
+            raise UsageError(msg) from None
+    return context
+
+
 class Client:
-    """Sends jobs to one base URL with one token, over a bounded connection pool."""
+    """Sends jobs to one base URL with one token, over a bounded connection pool.
+
+    TLS certificates are always verified; `ca_bundle` adds CAs to trust (a private
+    CA). `timeout` bounds each whole exchange, from sending to the last body byte.
+    """
 
     def __init__(
         self,
@@ -81,16 +124,21 @@ class Client:
         timeout: float = 30.0,
         connections: int = 8,
         transport: httpx.AsyncBaseTransport | None = None,
+        ca_bundle: Path | None = None,
     ) -> None:
         headers = {"User-Agent": f"batchrun/{__version__}"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
+        self._secret = token if token and len(token) >= _SHORTEST_SECRET else None
         self._scope = scope
+        self._timeout = timeout
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers=headers,
             timeout=timeout,
             transport=transport,
+            # True is httpx's default store, the same as tls_context(None).
+            verify=True if ca_bundle is None else tls_context(ca_bundle),
             limits=httpx.Limits(max_connections=connections),
             follow_redirects=False,
         )
@@ -104,26 +152,62 @@ class Client:
     async def send(self, job: Job) -> Outcome:
         """Make the job's request once and classify the answer."""
         headers = {"Idempotency-Key": idempotency_key(self._scope, job.id)}
+        request = self._http.build_request(
+            job.endpoint.method, job.path, json=job.payload, headers=headers
+        )
         try:
-            response = await self._http.request(
-                job.endpoint.method, job.path, json=job.payload, headers=headers
-            )
+            # httpx times each phase (connect, each read); a server dripping its
+            # answer byte by byte must still end within the timeout, as a whole.
+            with anyio.fail_after(self._timeout):
+                response, raw, cut = await self._exchange(request)
+        except TimeoutError:
+            error = f"timeout (no complete answer within {self._timeout:g} s)"
+            return Outcome(Kind.TRANSIENT, error=error)
         except httpx.TimeoutException as exc:
             return Outcome(Kind.TRANSIENT, error=f"timeout ({type(exc).__name__})")
         except httpx.TransportError as exc:
-            return Outcome(Kind.TRANSIENT, error=_describe(exc))
-        return classify(response)
+            return _transport_failure(exc, self._secret)
+        return _classify(response, raw, cut=cut, secret=self._secret)
+
+    async def _exchange(
+        self, request: httpx.Request
+    ) -> tuple[httpx.Response, bytes, bool]:
+        """Send; stop reading the answer once past BODY_LIMIT; say if it was cut."""
+        response = await self._http.send(request, stream=True)
+        chunks: list[bytes] = []
+        size = 0
+        stream = cast(AsyncGenerator[bytes, None], response.aiter_bytes())
+        try:
+            async for chunk in stream:
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > BODY_LIMIT:
+                    break
+        finally:
+            # Shielded: a timeout must still close the stream. An answer left
+            # unread closes its connection rather than returning it to the pool.
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+                await response.aclose()
+        return response, b"".join(chunks), size > BODY_LIMIT
 
 
 def classify(response: httpx.Response) -> Outcome:
     """Turn an answer into an Outcome: 2xx done, 429 requeue, 5xx retry, else fail."""
-    body, note = _body(response)
+    return _classify(response, response.content, cut=False, secret=None)
+
+
+def _classify(
+    response: httpx.Response, raw: bytes, *, cut: bool, secret: str | None
+) -> Outcome:
+    body, note = _body(raw, cut=cut, secret=secret)
     status = response.status_code
     if 200 <= status < 300:
         return Outcome(Kind.DONE, status, body, note=note)
     if status == 429:
         delay, delay_note = parse_retry_after(response.headers.get("Retry-After"))
-        return Outcome(Kind.RATE_LIMITED, status, body, delay, "HTTP 429", delay_note)
+        note = _joined(delay_note, note)
+        return Outcome(Kind.RATE_LIMITED, status, body, delay, "HTTP 429", note)
     error = f"HTTP {status} {response.reason_phrase}".strip()
     kind = Kind.TRANSIENT if status >= 500 or status == 408 else Kind.FAILED
     return Outcome(kind, status, body, error=error, note=note)
@@ -165,21 +249,81 @@ def _seconds_until_date(value: str, now: float | None) -> float | None:
     return moment.timestamp() - (time.time() if now is None else now)
 
 
-def _body(response: httpx.Response) -> tuple[Any, str | None]:
-    raw = response.content
-    note = None
-    if len(raw) > BODY_LIMIT:
-        note = f"body of {len(raw)} bytes truncated to {BODY_LIMIT}"
-        return raw[:BODY_LIMIT].decode("utf-8", "replace"), note
+def _body(raw: bytes, *, cut: bool, secret: str | None) -> tuple[Any, str | None]:
+    """The body to keep: strict JSON parsed, else text; never the token."""
+    notes: list[str] = []
+    if secret and secret.encode() in raw:
+        raw = raw.replace(secret.encode(), _REDACTED.encode())
+        notes.append("the token was echoed in the body and is replaced by [token]")
+    if cut or len(raw) > BODY_LIMIT:
+        size = f"more than {BODY_LIMIT}" if cut else str(len(raw))
+        notes.append(f"body of {size} bytes truncated to {BODY_LIMIT}")
+        return raw[:BODY_LIMIT].decode("utf-8", "replace"), _joined(*notes)
     if not raw:
-        return None, None
+        return None, _joined(*notes)
     try:
-        return json.loads(raw), None
-    except ValueError:
-        return raw.decode("utf-8", "replace"), None
+        return _strict_json(raw), _joined(*notes)
+    except (ValueError, RecursionError):
+        return raw.decode("utf-8", "replace"), _joined(*notes)
 
 
-def _describe(exc: httpx.TransportError) -> str:
+def _strict_json(raw: bytes) -> Any:
+    """JSON that any reader of the results file accepts, or ValueError.
+
+    NaN, Infinity and overflowing numbers are not JSON; lone surrogates
+    ("\\ud800") cannot be written as UTF-8; nesting deep enough to exhaust the
+    stack raises RecursionError. Each would break the results file or the run.
+    """
+    value = json.loads(raw, parse_constant=_not_json, parse_float=_finite)
+    json.dumps(value, ensure_ascii=False).encode()
+    return value
+
+
+def _not_json(name: str) -> Any:
+    msg = f"{name} is not JSON"
+    raise ValueError(msg)
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        msg = f"{text} overflows"
+        raise ValueError(msg)
+    return number
+
+
+def _transport_failure(exc: httpx.TransportError, secret: str | None) -> Outcome:
+    """A connection error is retried, unless the certificate was refused: that
+    answer would be the same on every attempt."""
+    refused = _certificate_error(exc)
+    if refused is not None:
+        why = refused.verify_message or refused.reason or "certificate rejected"
+        error = (
+            f"TLS certificate not trusted: {why}. If the API uses a private CA, "
+            "pass it with --ca-bundle."
+        )
+        return Outcome(Kind.FAILED, error=error)
+    return Outcome(Kind.TRANSIENT, error=_describe(exc, secret))
+
+
+def _certificate_error(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _describe(exc: httpx.TransportError, secret: str | None) -> str:
     detail = str(exc).strip()
+    if secret:
+        detail = detail.replace(secret, _REDACTED)
     name = type(exc).__name__
     return f"{name}: {detail}" if detail else name
+
+
+def _joined(*notes: str | None) -> str | None:
+    return "; ".join(n for n in notes if n) or None

@@ -319,7 +319,10 @@ class _PlainLog:
         self._requeues += 1
         if self._requeues > _FAILURES_LISTED:
             return
-        why = "429 (rate limited)" if event.rate_limited else event.reason
+        why = event.reason
+        if event.rate_limited:
+            extra = why.removeprefix("HTTP 429").lstrip("; ")
+            why = "429 (rate limited)" + (f"; {extra}" if extra else "")
         self._line(
             f"job {event.job_id} ({event.key}): {why}; requeued, next try in "
             f"{format_duration(event.delay)}"

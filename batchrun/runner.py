@@ -247,7 +247,7 @@ class Runner:
         self._recorder.requeued(attempt.job, maybe_processed=not rate_limited)
         entry = (now + delay, next(self._order), attempt)
         heapq.heappush(queue.retries, entry)
-        reason = outcome.error or "retry"
+        reason = "; ".join(filter(None, [outcome.error, outcome.note])) or "retry"
         self._emit(JobRequeued(now, key, attempt.job.id, delay, rate_limited, reason))
 
     def _finish(self, key: LimitKey, attempt: _Try, outcome: Outcome) -> None:

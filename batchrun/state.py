@@ -91,7 +91,7 @@ class StatePaths:
 
     def run_folder(self, jobs_file: Path) -> Path:
         digest = hashlib.sha256(str(jobs_file.resolve()).encode()).hexdigest()[:16]
-        return private_dir(self.root / "runs" / digest)
+        return private_dir(private_dir(self.root / "runs") / digest)
 
     def run_store(self, jobs_file: Path, client: str) -> Path:
         return self.run_folder(jobs_file) / f"{client}.db"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +43,11 @@ class Target:
     """Where requests go: a base URL, or the in-process sandbox (`transport`)."""
 
     base_url: str
-    token: str | None
+    # Kept out of repr, so no message that shows a Target can show the token.
+    token: str | None = field(repr=False)
     timeout: float
     transport: Any = None
+    ca_bundle: Path | None = None
 
     @property
     def client(self) -> str:
@@ -123,6 +125,7 @@ async def _run(
         timeout=target.timeout,
         connections=job.settings.concurrency,
         transport=target.transport,
+        ca_bundle=target.ca_bundle,
     )
     try:
         async with client:

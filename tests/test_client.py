@@ -16,7 +16,9 @@ from batchrun.client import (
     classify,
     idempotency_key,
     parse_retry_after,
+    tls_context,
 )
+from batchrun.errors import UsageError
 from batchrun.jobs import Job, JobType
 from batchrun.limits import limit_table
 from batchrun.sandbox import Faults, create_app
@@ -59,7 +61,18 @@ def test_retry_after_date_in_the_past_means_now():
     assert parse_retry_after(when, now=1_000_000) == (0.0, None)
 
 
-@pytest.mark.parametrize("value", ["soon", "-5", "nan", "inf", "Mon, 99 Foo 2026", ""])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "soon",
+        "-5",
+        "nan",
+        "inf",
+        "Mon, 99 Foo 2026",
+        "",
+        "Mon, 01 Jan 2024 00:00:00 -0000",
+    ],
+)
 def test_malformed_retry_after_is_ignored_with_a_note(value):
     """A Retry-After that means nothing is ignored (backoff applies) and noted."""
     delay, note = parse_retry_after(value)
@@ -94,6 +107,12 @@ def test_huge_body_is_truncated_with_a_note():
     assert f"{BODY_LIMIT + 10} bytes truncated" in outcome.note
 
 
+def test_strict_json_body_is_kept_parsed():
+    """A JSON body, fractions and nesting included, is kept as parsed JSON."""
+    body = {"mean": 1.5, "rows": [[1, "a"], None, True]}
+    assert classify(httpx.Response(200, json=body)).body == body
+
+
 def test_empty_body_is_none():
     """An empty body is kept as null."""
     assert classify(httpx.Response(204)).body is None
@@ -117,3 +136,133 @@ async def test_dropped_connection_in_process_is_transient():
         outcome = await client.send(job)
     assert outcome.kind is Kind.TRANSIENT
     assert "RemoteProtocolError" in outcome.error
+
+
+def test_a_429_keeps_both_its_notes():
+    """A capped Retry-After and a truncated body are both noted on a 429."""
+    response = httpx.Response(
+        429, headers={"Retry-After": "86400"}, content=b"x" * (BODY_LIMIT + 1)
+    )
+    note = classify(response).note
+    assert "capped at 900 s" in note
+    assert "truncated" in note
+
+
+async def test_token_is_scrubbed_from_connection_errors():
+    """A connection error whose text holds the token is recorded without it."""
+    token = "tok-7f3a-client-SECRET"
+
+    def refuse(request):
+        msg = f"proxy refused {request.headers['Authorization']}"
+        raise httpx.ConnectError(msg, request=request)
+
+    async with Client(
+        base_url="https://api.test",
+        token=token,
+        scope="s",
+        transport=httpx.MockTransport(refuse),
+    ) as client:
+        outcome = await client.send(Job("a", JobType.AVATAR))
+    assert outcome.kind is Kind.TRANSIENT
+    assert outcome.error == "ConnectError: proxy refused Bearer [token]"
+
+
+# -- TLS -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def private_ca(tmp_path_factory):
+    """A CA of our own, and its certificate as a PEM file."""
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    path = tmp_path_factory.mktemp("ca") / "ca.pem"
+    ca.cert_pem.write_to_path(path)
+    return ca, path
+
+
+@pytest.fixture(scope="module")
+def https_sandbox(private_ca, tmp_path_factory):
+    """The sandbox served over HTTPS on loopback, with a certificate of the private CA."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    ca, _ = private_ca
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    issued = ca.issue_cert("127.0.0.1")
+    issued.cert_chain_pems[0].write_to_path(cert)
+    issued.private_key_pem.write_to_path(key)
+    config = uvicorn.Config(
+        create_app(rules=limit_table()),
+        ssl_certfile=str(cert),
+        ssl_keyfile=str(key),
+        log_level="critical",
+        lifespan="off",
+    )
+    server = uvicorn.Server(config)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        yield f"https://127.0.0.1:{sock.getsockname()[1]}"
+        server.should_exit = True
+        thread.join(10)
+
+
+async def send_over_tls(url, **options):
+    async with Client(base_url=url, token="t", scope="s", **options) as client:
+        return await client.send(Job("a", JobType.AVATAR))
+
+
+async def test_an_untrusted_certificate_fails_the_job_with_a_hint(https_sandbox):
+    """A certificate no trusted CA signed is refused: failed (no retry), with a hint."""
+    outcome = await send_over_tls(https_sandbox)
+    assert outcome.kind is Kind.FAILED
+    assert outcome.error.startswith("TLS certificate not trusted: ")
+    assert "--ca-bundle" in outcome.error
+
+
+async def test_a_ca_bundle_adds_a_trusted_ca(https_sandbox, private_ca):
+    """With the private CA's bundle, the same server's answer is accepted."""
+    _, bundle = private_ca
+    outcome = await send_over_tls(https_sandbox, ca_bundle=bundle)
+    assert (outcome.kind, outcome.status) == (Kind.DONE, 200)
+
+
+def test_a_ca_bundle_keeps_the_default_cas(private_ca, monkeypatch):
+    """Adding a bundle adds its CA to the default store, dropping none."""
+    # A CA folder's certificates are not listed until used; count certifi's file.
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    _, bundle = private_ca
+    default = len(tls_context(None).get_ca_certs())
+    assert default > 0
+    assert len(tls_context(bundle).get_ca_certs()) == default + 1
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        pytest.param(lambda p: p / "missing.pem", "No such file", id="missing"),
+        pytest.param(lambda p: p, "Is a directory", id="folder"),
+        pytest.param(
+            lambda p: (p / "x.pem", (p / "x.pem").write_text("hello"))[0],
+            "holds no PEM certificate",
+            id="not-pem",
+        ),
+    ],
+)
+def test_an_unusable_ca_bundle_is_a_usage_error(tmp_path, make, reason):
+    """A CA bundle that is missing, a folder or not PEM is refused, naming it."""
+    path = make(tmp_path)
+    with pytest.raises(UsageError) as info:
+        Client(base_url="https://api.test", token=None, scope="s", ca_bundle=path)
+    assert info.value.exit_code == 2
+    assert f"cannot use CA bundle {path}: " in info.value.message
+    assert reason in info.value.message

@@ -437,7 +437,9 @@ def test_first_requeues_get_a_line_each(plain, stream):
     plain.emit(start({RQ: 30}))
     for i in range(25):
         plain.emit(JobSent(0.0, RQ, f"j{i}", 1))
-        plain.emit(JobRequeued(0.0, RQ, f"j{i}", 1.5, i % 2 == 0, "HTTP 503"))
+        limited = i % 2 == 0
+        reason = "HTTP 429" if limited else "HTTP 503"
+        plain.emit(JobRequeued(0.0, RQ, f"j{i}", 1.5, limited, reason))
     lines = [t for t in texts(stream) if "requeued" in t]
     assert len(lines) == 20
     assert (
@@ -446,3 +448,15 @@ def test_first_requeues_get_a_line_each(plain, stream):
     )
     assert lines[1] == "job j1 (run-query): HTTP 503; requeued, next try in 1.5 s"
     assert texts(stream)[-1] == "further requeues are only counted"
+
+
+def test_requeue_line_carries_the_retry_after_note(plain, stream):
+    """A capped Retry-After is said on the requeue line."""
+    plain.emit(start({RQ: 1}))
+    plain.emit(JobSent(0.0, RQ, "j", 1))
+    reason = "HTTP 429; Retry-After of 86400 s capped at 900 s"
+    plain.emit(JobRequeued(0.0, RQ, "j", 900.0, True, reason))
+    assert (
+        "429 (rate limited); Retry-After of 86400 s capped at 900 s"
+        in texts(stream)[-1]
+    )

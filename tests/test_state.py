@@ -1,0 +1,229 @@
+"""The run store, the per-file lock and the shared SQLite ledger."""
+
+from __future__ import annotations
+
+import multiprocessing
+import stat
+
+import pytest
+
+from batchrun.errors import JobsFileError, RunLocked
+from batchrun.events import Status
+from batchrun.jobs import Job, JobType, Problem
+from batchrun.ledger import SqliteLedger
+from batchrun.limits import LimitKey, parse_rule
+from batchrun.pacer import Grant, Pace, Wait
+from batchrun.results import JobResult
+from batchrun.state import RunLock, RunStore, StatePaths, client_fingerprint
+
+RQ = LimitKey.RUN_QUERY
+
+
+def q(job_id, line, payload=None):
+    return Job(job_id, JobType.RUN_QUERY, "t", payload or {}, line)
+
+
+def invite(job_id, line):
+    return Job(job_id, JobType.INVITE, "t", {}, line)
+
+
+def states(store):
+    return {(k.value, s.value): n for (k, s), n in store.counts().items()}
+
+
+def done(job):
+    return JobResult(job.id, job.type.value, Status.DONE, 1, 200)
+
+
+@pytest.fixture
+def store():
+    with RunStore(":memory:") as s:
+        yield s
+
+
+def test_sync_queues_every_row_as_pending(store):
+    """A new file's rows all start pending, in file order."""
+    store.sync([q("a", 2), q("b", 3)], path="f", restart=False)
+    assert [j.id for j in store.pending(RQ)] == ["a", "b"]
+
+
+def test_bad_rows_refuse_the_file_and_change_nothing(store):
+    """Any Problem refuses the whole file (exit 2) and leaves the store as it was."""
+    store.sync([q("a", 2)], path="f", restart=False)
+    with pytest.raises(JobsFileError) as info:
+        store.sync([q("b", 2), Problem(3, "bad type")], path="f", restart=False)
+    assert info.value.problems == [(3, "bad type")]
+    assert [j.id for j in store.pending(RQ)] == ["a"]
+
+
+def test_rerun_skips_done_jobs_and_queues_new_rows(store):
+    """Done jobs stay done on a rerun; rows added since are queued."""
+    store.sync([q("a", 2), q("b", 3)], path="f", restart=False)
+    store.finished(done(q("a", 2)))
+    store.sync([q("a", 2), q("b", 3), q("c", 4)], path="f", restart=False)
+    assert [j.id for j in store.pending(RQ)] == ["b", "c"]
+
+
+def test_changed_done_row_is_refused(store):
+    """A done job whose row changed is refused, naming the line and --restart."""
+    store.sync([q("a", 2)], path="f", restart=False)
+    store.finished(done(q("a", 2)))
+    with pytest.raises(JobsFileError) as info:
+        store.sync([q("a", 5, {"new": 1})], path="f", restart=False)
+    [(line, reason)] = info.value.problems
+    assert line == 5
+    assert "'a' is done" in reason
+    assert "--restart" in reason
+
+
+def test_restart_forgets_earlier_runs(store):
+    """--restart starts the file over: done jobs are pending again."""
+    store.sync([q("a", 2)], path="f", restart=False)
+    store.finished(done(q("a", 2)))
+    store.sync([q("a", 2, {"new": 1})], path="f", restart=True)
+    assert [j.payload for j in store.pending(RQ)] == [{"new": 1}]
+
+
+def test_changed_pending_row_takes_the_new_content(store):
+    """A job not yet sent simply takes the row's new content."""
+    store.sync([q("a", 2)], path="f", restart=False)
+    store.sync([q("a", 2, {"v": 2})], path="f", restart=False)
+    assert [j.payload for j in store.pending(RQ)] == [{"v": 2}]
+
+
+def test_recover_resends_safe_jobs_and_leaves_invites_unknown(store):
+    """In flight at a crash: run-query goes back to pending, an invite to unknown."""
+    store.sync([q("a", 2), invite("i", 3)], path="f", restart=False)
+    store.started(q("a", 2), 1)
+    store.started(invite("i", 3), 1)
+    store.recover(retry_failed=False, retry_unknown=False)
+    assert states(store) == {("run-query", "pending"): 1, ("invite", "unknown"): 1}
+    store.recover(retry_failed=False, retry_unknown=True)
+    assert states(store) == {("run-query", "pending"): 1, ("invite", "pending"): 1}
+
+
+def test_failed_jobs_retry_only_when_asked(store):
+    """Failed jobs stay failed unless --retry-failed."""
+    store.sync([q("a", 2)], path="f", restart=False)
+    store.finished(JobResult("a", "run-query", Status.FAILED, 1, 404, error="HTTP 404"))
+    store.recover(retry_failed=False, retry_unknown=False)
+    assert [f.error for f in store.failures()] == ["HTTP 404"]
+    store.recover(retry_failed=True, retry_unknown=False)
+    assert [j.id for j in store.pending(RQ)] == ["a"]
+
+
+def test_invite_requeued_after_a_5xx_stays_in_flight(store):
+    """An invite that got a 5xx may have been processed: a crash leaves it unknown."""
+    store.sync([invite("i", 2)], path="f", restart=False)
+    store.started(invite("i", 2), 1)
+    store.requeued(invite("i", 2), maybe_processed=True)
+    assert states(store) == {("invite", "in_flight"): 1}
+    store.requeued(invite("i", 2), maybe_processed=False)
+    assert states(store) == {("invite", "pending"): 1}
+
+
+def test_pending_pages_through_many_jobs(store):
+    """Pending jobs stream in pages, all of them, in order."""
+    store.sync([q(f"j{i}", i + 2) for i in range(1203)], path="f", restart=False)
+    ids = [j.id for j in store.pending(RQ)]
+    assert ids == [f"j{i}" for i in range(1203)]
+
+
+def test_state_folder_is_private(tmp_path):
+    """State folders are 0700 and stores 0600."""
+    paths = StatePaths.resolve(tmp_path / "s")
+    db = paths.run_store(tmp_path / "jobs.csv", "c1")
+    RunStore(db).close()
+    for folder in (paths.root, paths.root / "runs", db.parent):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600
+
+
+def test_fingerprint_never_holds_the_token():
+    """The client fingerprint depends on the token but does not contain it."""
+    a = client_fingerprint("https://api", "sekrit-token")
+    assert "sekrit" not in a
+    assert a != client_fingerprint("https://api", "other")
+    assert a == client_fingerprint("https://api/", "sekrit-token")
+
+
+def _hold_lock(folder, ready, release):
+    with RunLock(folder, folder / "jobs.csv"):
+        ready.set()
+        release.wait(10)
+
+
+def test_second_run_of_a_file_is_locked_out_naming_the_holder(tmp_path):
+    """While one process holds the file, another gets RunLocked naming its pid."""
+    ctx = multiprocessing.get_context("spawn")
+    ready, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_lock, args=(tmp_path, ready, release))
+    holder.start()
+    try:
+        assert ready.wait(10)
+        with pytest.raises(RunLocked) as info, RunLock(tmp_path, tmp_path / "jobs.csv"):
+            pass
+        assert f"pid {holder.pid}" in info.value.message
+        assert info.value.exit_code == 3
+    finally:
+        release.set()
+        holder.join(10)
+
+
+def test_lock_of_a_dead_process_does_not_block(tmp_path):
+    """A lock file left by a killed process does not stop the next run."""
+    ctx = multiprocessing.get_context("spawn")
+    ready, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_lock, args=(tmp_path, ready, release))
+    holder.start()
+    assert ready.wait(10)
+    holder.kill()
+    holder.join(10)
+    assert (tmp_path / "lock").exists()
+    with RunLock(tmp_path, tmp_path / "jobs.csv"):
+        pass
+
+
+def ledger(tmp_path, now, client="c", hold=30.0):
+    return SqliteLedger(
+        tmp_path / "ledger.db", client=client, hold=hold, now=lambda: now
+    )
+
+
+def test_sqlite_ledger_shares_one_budget_between_connections(tmp_path):
+    """Two ledgers on one file (two processes) share a client's windows."""
+    rule = parse_rule("2/10s")
+    a, b = ledger(tmp_path, 0.0), ledger(tmp_path, 0.0)
+    first = a.reserve("run-query", rule, Pace.EXACT, 0.0)
+    assert isinstance(first, Grant)
+    a.release(first.ticket, 0.5)
+    assert isinstance(b.reserve("run-query", rule, Pace.EXACT, 1.0), Grant)
+    # b's request is still in flight; a's answered at 0.5 s: next slot 10.5 s,
+    # as both connections see it.
+    assert b.reserve("run-query", rule, Pace.EXACT, 2.0) == Wait(10.5)
+    assert a.reserve("run-query", rule, Pace.EXACT, 2.0) == Wait(10.5)
+
+
+def test_sqlite_ledger_separates_clients(tmp_path):
+    """Another client (base URL + token) has its own budget."""
+    rule = parse_rule("1/10s")
+    assert isinstance(
+        ledger(tmp_path, 0.0, "c1").reserve("k", rule, Pace.EXACT, 0.0), Grant
+    )
+    assert isinstance(
+        ledger(tmp_path, 0.0, "c2").reserve("k", rule, Pace.EXACT, 0.0), Grant
+    )
+    assert isinstance(
+        ledger(tmp_path, 0.0, "c1").reserve("k", rule, Pace.EXACT, 0.0), Wait
+    )
+
+
+def test_request_of_a_dead_process_counts_until_its_timeout(tmp_path):
+    """An unanswered request holds the window until start + timeout, then ends there."""
+    rule = parse_rule("1/10s")
+    dead = ledger(tmp_path, 0.0, hold=30.0)
+    assert isinstance(dead.reserve("k", rule, Pace.EXACT, 0.0), Grant)
+    fresh = ledger(tmp_path, 5.0)
+    assert fresh.reserve("k", rule, Pace.EXACT, 5.0) == Wait(30.0)
+    assert fresh.reserve("k", rule, Pace.EXACT, 35.0) == Wait(40.0)
+    assert isinstance(fresh.reserve("k", rule, Pace.EXACT, 40.0), Grant)
