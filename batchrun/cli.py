@@ -7,6 +7,7 @@ Only this module knows about Typer. Every `BatchrunError` is caught once, in
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -35,9 +36,10 @@ from batchrun.limits import (
 from batchrun.pacer import Pace
 from batchrun.results import default_results_path
 from batchrun.runner import Settings
-from batchrun.state import StatePaths
+from batchrun.state import Failure, StatePaths, client_fingerprint
 
 if TYPE_CHECKING:
+    from batchrun.overview import KeyPlan, Status
     from batchrun.submission import Target
 
 app = typer.Typer(
@@ -93,29 +95,31 @@ _StateDirOpt = Annotated[
 ]
 
 
+_BaseUrlOpt = Annotated[
+    str | None, typer.Option(envvar="BATCHRUN_BASE_URL", help="The API's base URL.")
+]
+_TokenOpt = Annotated[
+    str | None,
+    typer.Option(
+        envvar="BATCHRUN_TOKEN",
+        show_default=False,
+        help="Bearer token (better: set BATCHRUN_TOKEN). Never printed or stored.",
+    ),
+]
+_PaceOpt = Annotated[
+    Pace,
+    typer.Option(help="exact: as early as the windows allow; spread: evenly spaced."),
+]
+
+
 @app.command()
 def submit(
     jobs_file: _JobsArg,
-    base_url: Annotated[
-        str | None,
-        typer.Option(envvar="BATCHRUN_BASE_URL", help="The API's base URL."),
-    ] = None,
-    token: Annotated[
-        str | None,
-        typer.Option(
-            envvar="BATCHRUN_TOKEN",
-            show_default=False,
-            help="Bearer token (better: set BATCHRUN_TOKEN). Never printed or stored.",
-        ),
-    ] = None,
+    base_url: _BaseUrlOpt = None,
+    token: _TokenOpt = None,
     profile: _ProfileOpt = Profile.B,
     limit: _LimitOpt = None,
-    pace: Annotated[
-        Pace,
-        typer.Option(
-            help="exact: as early as the windows allow; spread: evenly spaced."
-        ),
-    ] = Pace.EXACT,
+    pace: _PaceOpt = Pace.EXACT,
     concurrency: Annotated[
         int, typer.Option(min=1, help="Most requests in flight at once.")
     ] = 8,
@@ -217,6 +221,101 @@ def validate(jobs_file: _JobsArg) -> None:
         shown = ", ".join(f"{team} {n}" for team, n in teams[:10])
         more = f" and {len(teams) - 10} more" if len(teams) > 10 else ""
         typer.echo(f"  {len(teams)} team(s): {shown}{more}")
+
+
+@app.command()
+def status(
+    jobs_file: _JobsArg,
+    state_dir: _StateDirOpt = None,
+    base_url: _BaseUrlOpt = None,
+    token: _TokenOpt = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object, for scripts.")
+    ] = False,
+) -> None:
+    """Where the latest run of JOBS_FILE stands: counts, failures, budget, ETA."""
+    from batchrun.overview import status as read_status
+
+    with _reported():
+        paths = StatePaths.resolve(state_dir)
+        client = _client(base_url, token)
+        found = read_status(jobs_file, paths, client)
+    if as_json:
+        typer.echo(json.dumps(_status_json(jobs_file, found), indent=2))
+        return
+    if found.store is None:
+        typer.echo(f"{jobs_file}: no run yet.")
+        return
+    for key, states in found.states.items():
+        counts = ", ".join(f"{n} {state.value}" for state, n in states.items())
+        typer.echo(f"{key.value}: {counts}")
+    for failure in found.failures:
+        typer.echo(f"  failed: {failure.id} ({failure.type}): {failure.error}")
+    _echo_plans(found.keys)
+
+
+@app.command()
+def plan(
+    jobs_file: _JobsArg,
+    profile: _ProfileOpt = Profile.B,
+    limit: _LimitOpt = None,
+    pace: _PaceOpt = Pace.EXACT,
+    state_dir: _StateDirOpt = None,
+    base_url: _BaseUrlOpt = None,
+    token: _TokenOpt = None,
+) -> None:
+    """How long the jobs of JOBS_FILE not yet done take (nothing is sent)."""
+    from batchrun.overview import plan as make_plan
+
+    with _reported():
+        rules = _rules(profile, limit, 1.0)
+        client = _client(base_url, token) or client_fingerprint("", None)
+        plans = make_plan(jobs_file, rules, pace, StatePaths.resolve(state_dir), client)
+    if not plans:
+        typer.echo("Nothing to send.")
+    _echo_plans(plans)
+
+
+def _echo_plans(plans: list[KeyPlan]) -> None:
+    from batchrun.progress import format_duration
+
+    for item in plans:
+        used = ", ".join(f"{n} of {window}" for window, n in item.used)
+        typer.echo(
+            f"{item.jobs:,} {item.key.value} jobs at {item.rule}: "
+            f"{format_duration(item.seconds)} (in use now: {used})"
+        )
+    if len(plans) > 1:
+        longest = max(item.seconds for item in plans)
+        typer.echo(f"all: {format_duration(longest)}")
+
+
+def _status_json(jobs_file: Path, found: Status) -> dict[str, object]:
+    return {
+        "file": str(jobs_file),
+        "states": {
+            k.value: {s.value: n for s, n in v.items()} for k, v in found.states.items()
+        },
+        "failures": [_failure_json(f) for f in found.failures],
+        "keys": [
+            {
+                "key": p.key.value,
+                "jobs_left": p.jobs,
+                "rule": str(p.rule),
+                "in_use": dict(p.used),
+                "eta_seconds": round(p.seconds, 3),
+            }
+            for p in found.keys
+        ],
+    }
+
+
+def _failure_json(failure: Failure) -> dict[str, str]:
+    return {"id": failure.id, "type": failure.type, "error": failure.error}
+
+
+def _client(base_url: str | None, token: str | None) -> str | None:
+    return None if base_url is None else client_fingerprint(base_url, token)
 
 
 @app.command("sandbox")

@@ -286,6 +286,13 @@ class RunStore:
         )
         return [Failure(*row) for row in rows]
 
+    def ids_in(self, states: Iterable[JobState]) -> set[str]:
+        """The ids of the jobs in any of `states`."""
+        wanted = [s.value for s in states]
+        marks = ",".join("?" * len(wanted))
+        rows = self._db.execute(f"SELECT id FROM jobs WHERE state IN ({marks})", wanted)
+        return {row[0] for row in rows}
+
     def get_meta(self, name: str) -> str | None:
         row = self._db.execute("SELECT value FROM meta WHERE name = ?", (name,))
         found = row.fetchone()

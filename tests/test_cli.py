@@ -25,12 +25,24 @@ def results_of(tmp_path):
     return [json.loads(line) for line in text.splitlines()]
 
 
-@pytest.mark.parametrize("command", ["submit", "validate", "sandbox"])
+COMMANDS = ["submit", "validate", "status", "plan", "sandbox"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_has_help(command):
     """Each command explains itself with --help."""
     result = runner.invoke(app, [command, "--help"])
     assert result.exit_code == 0
     assert "Usage" in result.stdout
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_is_in_the_readme(command):
+    """The README names every command."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert f"`batchrun {command}" in readme
 
 
 def test_version():

@@ -1,0 +1,139 @@
+"""`status` and `plan`: their numbers against hand-computed cases."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from typer.testing import CliRunner
+
+from batchrun.cli import app
+from batchrun.events import Status
+from batchrun.jobs import scan
+from batchrun.ledger import SqliteLedger
+from batchrun.limits import parse_rule
+from batchrun.pacer import Pace
+from batchrun.results import JobResult
+from batchrun.state import RunStore, StatePaths, client_fingerprint
+
+runner = CliRunner()
+URL = "https://api.example.test"
+
+
+def jobs_file(tmp_path, queries=0, invites=0):
+    rows = [f"q{i},run-query,t," for i in range(queries)]
+    rows += [f"i{i},invite,t," for i in range(invites)]
+    path = tmp_path / "jobs.csv"
+    path.write_text("id,type,team_id,payload\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_plan_of_a_fresh_file_comes_from_the_rules(tmp_path):
+    """40 invites at 15/5m take 10 m (15, 15, 10); 2,000 queries at b take 3 h 33 m."""
+    result = runner.invoke(app, ["plan", str(jobs_file(tmp_path, 2000, 40))])
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("40 invite jobs at 15/5m: 10 m 0 s")
+    # 500 per hour: four hours' batches, the last of 500 taking 33 m 20 s at 15/1m.
+    assert lines[1].startswith("2,000 run-query jobs at 15/1m+500/1h: 3 h 33 m")
+    assert lines[2] == "all: 3 h 33 m"
+
+
+def test_plan_spread_spaces_by_the_binding_interval(tmp_path):
+    """With --pace spread, 40 invites at 15/5m are 20 s apart: 39 x 20 s = 13 m."""
+    result = runner.invoke(
+        app, ["plan", str(jobs_file(tmp_path, 0, 40)), "--pace", "spread"]
+    )
+    assert result.stdout.startswith("40 invite jobs at 15/5m: 13 m 0 s")
+
+
+def test_plan_counts_the_ledger_in_use_now(tmp_path):
+    """15 queries sent by another run a moment ago hold 15/1m: the next 15 wait 1 m."""
+    paths = StatePaths.resolve(tmp_path / "state")
+    client = client_fingerprint(URL, "tok")
+    ledger = SqliteLedger(paths.ledger, client=client, hold=30, now=time.time)
+    rule = parse_rule("15/1m+500/1h")
+    for _ in range(15):
+        grant = ledger.reserve("run-query", rule, Pace.EXACT, time.time())
+        ledger.release(grant.ticket, time.time())
+    ledger.close()
+    result = runner.invoke(
+        app,
+        [
+            "plan",
+            str(jobs_file(tmp_path, 15)),
+            "--base-url",
+            URL,
+            "--token",
+            "tok",
+            "--state-dir",
+            str(paths.root),
+        ],
+    )
+    assert "15 run-query jobs at 15/1m+500/1h: 1 m 0 s" in result.stdout
+    assert "in use now: 15 of 15/1m, 15 of 500/1h" in result.stdout
+
+
+def test_plan_skips_jobs_already_done(tmp_path):
+    """Done jobs of an earlier run are not planned again."""
+    path = jobs_file(tmp_path, 20)
+    paths = StatePaths.resolve(tmp_path / "state")
+    client = client_fingerprint(URL, None)
+    with RunStore(paths.run_store(path, client)) as store:
+        store.sync(scan(path), path=str(path), restart=False)
+        for i in range(5):
+            store.finished(JobResult(f"q{i}", "run-query", Status.DONE, 1, 200))
+    result = runner.invoke(
+        app, ["plan", str(path), "--base-url", URL, "--state-dir", str(paths.root)]
+    )
+    # 15 left at 15/1m all leave at once.
+    assert result.stdout.startswith("15 run-query jobs at 15/1m+500/1h: 0 ms")
+
+
+def test_status_reports_states_failures_and_eta(tmp_path):
+    """status --json: counts per endpoint and state, failures, and the ETA left."""
+    path = jobs_file(tmp_path, 20, 2)
+    paths = StatePaths.resolve(tmp_path / "state")
+    with RunStore(paths.run_store(path, client_fingerprint(URL, None))) as store:
+        store.sync(scan(path), path=str(path), restart=False)
+        store.set_meta("rules", "run-query=2/1m,invite=15/5m")
+        store.set_meta("pace", "exact")
+        for i in range(3):
+            store.finished(JobResult(f"q{i}", "run-query", Status.DONE, 1, 200))
+        store.finished(
+            JobResult("i0", "invite", Status.FAILED, 1, 404, error="HTTP 404")
+        )
+    result = runner.invoke(app, ["status", str(path), "--json"])
+    report = json.loads(result.stdout)
+    assert report["states"] == {
+        "invite": {"failed": 1, "pending": 1},
+        "run-query": {"done": 3, "pending": 17},
+    }
+    assert report["failures"] == [{"id": "i0", "type": "invite", "error": "HTTP 404"}]
+    by_key = {k["key"]: k for k in report["keys"]}
+    # 17 left at 2/1m: pairs at 0, 1, ..., 8 minutes.
+    assert by_key["run-query"]["eta_seconds"] == 480.0
+    assert by_key["invite"]["jobs_left"] == 1
+
+
+def test_status_of_a_file_never_run(tmp_path):
+    """A file with no run says so."""
+    result = runner.invoke(app, ["status", str(jobs_file(tmp_path, 1))])
+    assert result.exit_code == 0
+    assert "no run yet" in result.stdout
+
+
+def test_status_text_lists_states_and_failures(tmp_path):
+    """status without --json prints a line per endpoint and each failure."""
+    path = jobs_file(tmp_path, 2)
+    paths = StatePaths.resolve(tmp_path / "state")
+    with RunStore(paths.run_store(path, client_fingerprint(URL, None))) as store:
+        store.sync(scan(path), path=str(path), restart=False)
+        store.set_meta("rules", "run-query=2/1m")
+        store.finished(
+            JobResult("q0", "run-query", Status.FAILED, 3, 503, error="HTTP 503")
+        )
+    result = runner.invoke(app, ["status", str(path)])
+    assert "run-query: 1 failed, 1 pending" in result.stdout
+    assert "failed: q0 (run-query): HTTP 503" in result.stdout
+    assert "1 run-query jobs at 2/1m: 0 ms" in result.stdout
