@@ -167,8 +167,13 @@ def summarize(jobs: Iterable[Job]) -> Summary:
     return Summary(per_type.total(), dict(per_type), dict(per_team))
 
 
-def scan(path: Path) -> Iterator[Job | Problem]:
-    """Stream a CSV or JSONL jobs file, yielding each valid Job or a Problem."""
+def scan(path: Path, *, check_duplicates: bool = True) -> Iterator[Job | Problem]:
+    """Stream a CSV or JSONL jobs file, yielding each valid Job or a Problem.
+
+    Duplicate ids are found with a set of the ids seen, unless the caller finds
+    them itself (`check_duplicates=False`: the run store does, in SQLite, so that
+    a huge file is taken in with memory that does not grow with it).
+    """
     opened = _open(path)
     if isinstance(opened, Problem):
         yield opened
@@ -178,7 +183,7 @@ def scan(path: Path) -> Iterator[Job | Problem]:
         lines = _Lines(opened)
         rows = _jsonl_rows(lines) if jsonl else _csv_rows(lines)
         try:
-            yield from _jobs(rows, text_payload=not jsonl)
+            yield from _jobs(rows, text_payload=not jsonl, unique=check_duplicates)
         except _Unreadable as exc:
             yield Problem(lines.number, str(exc))
         except OSError as exc:
@@ -202,8 +207,10 @@ def _open(path: Path) -> BinaryIO | Problem:
 _Row = tuple[int, dict[str, Any]] | Problem
 
 
-def _jobs(rows: Iterator[_Row], *, text_payload: bool) -> Iterator[Job | Problem]:
-    seen: dict[str, int] = {}
+def _jobs(
+    rows: Iterator[_Row], *, text_payload: bool, unique: bool
+) -> Iterator[Job | Problem]:
+    seen: dict[str, int] | None = {} if unique else None
     for row in rows:
         if isinstance(row, Problem):
             yield row
@@ -212,7 +219,11 @@ def _jobs(rows: Iterator[_Row], *, text_payload: bool) -> Iterator[Job | Problem
 
 
 def _job(
-    line: int, fields: dict[str, Any], seen: dict[str, int], *, text_payload: bool
+    line: int,
+    fields: dict[str, Any],
+    seen: dict[str, int] | None,
+    *,
+    text_payload: bool,
 ) -> Job | Problem:
     try:
         # The id first, so a later duplicate is named even if this row is bad.
@@ -315,7 +326,9 @@ def _id(value: Any) -> str:
     return text
 
 
-def _unique(job_id: str, line: int, seen: dict[str, int]) -> str:
+def _unique(job_id: str, line: int, seen: dict[str, int] | None) -> str:
+    if seen is None:
+        return job_id
     first = seen.setdefault(job_id, line)
     if first != line:
         msg = f"duplicate id {_shown(job_id)} (first on line {first})"

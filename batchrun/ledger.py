@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import random
 import sqlite3
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -108,9 +110,7 @@ class SqliteLedger:
     ) -> None:
         self._db = sqlite3.connect(path, isolation_level=None, timeout=60)
         path.chmod(0o600)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_LEDGER_SCHEMA)
+        _set_up(self._db)
         self._client = client
         self._hold = hold
         self._now = now
@@ -180,3 +180,18 @@ class SqliteLedger:
             "AND coalesce(end, expires) < ?",
             (self._client, key, before),
         )
+
+
+def _set_up(db: sqlite3.Connection, *, tries: int = 50) -> None:
+    """WAL mode and the schema, retried: two processes opening a new ledger at once
+    can get "database is locked" here at once, without SQLite's busy wait."""
+    for attempt in range(tries):
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(_LEDGER_SCHEMA)
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == tries - 1:
+                raise
+            time.sleep(0.05 + 0.05 * random.random())

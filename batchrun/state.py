@@ -167,11 +167,13 @@ class RunStore:
             if restart:
                 self._db.execute("DELETE FROM jobs")
             self._db.execute(
-                "CREATE TEMP TABLE IF NOT EXISTS incoming (id TEXT PRIMARY KEY, line "
-                "INT, type TEXT, key TEXT, team_id TEXT, payload TEXT, digest TEXT)"
+                "CREATE TEMP TABLE IF NOT EXISTS incoming (id TEXT, line INT, "
+                "type TEXT, key TEXT, team_id TEXT, payload TEXT, digest TEXT)"
             )
+            self._db.execute("CREATE INDEX IF NOT EXISTS incoming_id ON incoming (id)")
             self._db.execute("DELETE FROM incoming")
             problems, total = self._stage(rows)
+            problems, total = self._duplicates(problems, total)
             if not total:
                 problems, total = self._conflicts()
             if total:
@@ -199,6 +201,24 @@ class RunStore:
     def _insert_staged(self, batch: list[tuple[object, ...]]) -> None:
         self._db.executemany("INSERT INTO incoming VALUES (?, ?, ?, ?, ?, ?, ?)", batch)
         batch.clear()
+
+    def _duplicates(
+        self, problems: list[tuple[int, str]], total: int
+    ) -> tuple[list[tuple[int, str]], int]:
+        """Add the rows whose id an earlier row already has, in line order."""
+        query = (
+            "FROM incoming i JOIN (SELECT id, min(line) AS first FROM incoming "
+            "GROUP BY id HAVING count(*) > 1) d ON i.id = d.id WHERE i.line > d.first"
+        )
+        (more,) = self._db.execute(f"SELECT count(*) {query}").fetchone()
+        rows = self._db.execute(
+            f"SELECT i.line, i.id, d.first {query} ORDER BY i.line LIMIT {_SHOWN}"
+        ).fetchall()
+        found = [
+            (line, f"duplicate id {job_id!r} (first on line {first})")
+            for line, job_id, first in rows
+        ]
+        return sorted(problems + found)[:_SHOWN], total + more
 
     def _conflicts(self) -> tuple[list[tuple[int, str]], int]:
         query = (

@@ -11,9 +11,11 @@ flight; a second SIGINT stops at once. Either way the store stays consistent.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,30 +78,21 @@ class Submission:
 
 def submit(job: Submission, *, say: Callable[[str], None]) -> int:
     """Run one submission; return its exit code (CONTRACT.md section 4)."""
-    with RunLock(job.state.run_folder(job.jobs_file), job.jobs_file):
-        # The in-process sandbox forgets its limits when it stops: so do its runs.
-        where = (
-            ":memory:"
-            if job.target.is_sandbox
-            else job.state.run_store(job.jobs_file, job.target.client)
-        )
-        with RunStore(where) as store:
-            store.sync(
-                scan(job.jobs_file), path=str(job.jobs_file), restart=job.restart
-            )
-            store.recover(
-                retry_failed=job.retry_failed, retry_unknown=job.retry_unknown
-            )
-            store.set_meta("rules", _rules_text(job.rules))
-            store.set_meta("pace", job.settings.pace)
-            _announce(store, say)
-            if _pending(store):
-                with ResultsFile(job.results) as results:
-                    stopped = anyio.run(_run, job, store, Journal(store, results), say)
-                say(f"Results: {job.results}")
-            else:
-                stopped = False
-            return _exit_code(store, stopped=stopped, say=say)
+    lock = RunLock(job.state.run_folder(job.jobs_file), job.jobs_file)
+    with lock, _store(job) as store:
+        rows = scan(job.jobs_file, check_duplicates=False)
+        store.sync(rows, path=str(job.jobs_file), restart=job.restart)
+        store.recover(retry_failed=job.retry_failed, retry_unknown=job.retry_unknown)
+        store.set_meta("rules", _rules_text(job.rules))
+        store.set_meta("pace", job.settings.pace)
+        _announce(store, say)
+        if _pending(store):
+            with ResultsFile(job.results) as results:
+                stopped = anyio.run(_run, job, store, Journal(store, results), say)
+            say(f"Results: {job.results}")
+        else:
+            stopped = False
+        return _exit_code(store, stopped=stopped, say=say)
 
 
 async def _run(
@@ -188,6 +181,21 @@ async def _on_signals(
 async def _after(seconds: float, stop: Callable[[str], None]) -> None:
     await anyio.sleep(seconds)
     stop("Deadline reached")
+
+
+@contextlib.contextmanager
+def _store(job: Submission) -> Iterator[RunStore]:
+    if not job.target.is_sandbox:
+        with RunStore(job.state.run_store(job.jobs_file, job.target.client)) as store:
+            yield store
+        return
+    # The in-process sandbox forgets its limits when it stops: so do its runs.
+    # A file, not memory, so that a huge jobs file does not fill the memory.
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        RunStore(Path(folder) / "run.db") as store,
+    ):
+        yield store
 
 
 def _ledger(job: Submission) -> Ledger:

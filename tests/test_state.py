@@ -9,7 +9,7 @@ import pytest
 
 from batchrun.errors import JobsFileError, RunLocked
 from batchrun.events import Status
-from batchrun.jobs import Job, JobType, Problem
+from batchrun.jobs import Job, JobType, Problem, scan
 from batchrun.ledger import SqliteLedger
 from batchrun.limits import LimitKey, parse_rule
 from batchrun.pacer import Grant, Pace, Wait
@@ -227,3 +227,39 @@ def test_request_of_a_dead_process_counts_until_its_timeout(tmp_path):
     assert fresh.reserve("k", rule, Pace.EXACT, 5.0) == Wait(30.0)
     assert fresh.reserve("k", rule, Pace.EXACT, 35.0) == Wait(40.0)
     assert isinstance(fresh.reserve("k", rule, Pace.EXACT, 40.0), Grant)
+
+
+def test_duplicate_ids_are_found_by_the_store(store):
+    """The store names duplicate ids itself, with the line each was first on."""
+    rows = [q("a", 2), q("b", 3), q("a", 4), q("a", 6)]
+    with pytest.raises(JobsFileError) as info:
+        store.sync(rows, path="f", restart=False)
+    assert info.value.problems == [
+        (4, "duplicate id 'a' (first on line 2)"),
+        (6, "duplicate id 'a' (first on line 2)"),
+    ]
+    assert info.value.total == 2
+
+
+def _peak_while_taking_in(tmp_path, rows):
+    import tracemalloc
+
+    path = tmp_path / f"jobs{rows}.csv"
+    with path.open("w") as out:
+        out.write("id,type,team_id,payload\n")
+        for i in range(rows):
+            out.write(f'job-{i:07d},run-query,team{i % 50},"{{""q"": {i}}}"\n')
+    with RunStore(tmp_path / f"run{rows}.db") as store:
+        tracemalloc.start()
+        store.sync(scan(path, check_duplicates=False), path=str(path), restart=False)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert sum(1 for _ in store.pending(RQ)) == rows
+    return peak
+
+
+def test_taking_in_a_file_streams_with_flat_memory(tmp_path):
+    """Five times the rows take no more Python memory to validate and queue."""
+    small = _peak_while_taking_in(tmp_path, 5_000)
+    large = _peak_while_taking_in(tmp_path, 25_000)
+    assert large < small * 1.5 + 256 * 1024, (small, large)

@@ -152,10 +152,9 @@ def test_two_processes_of_one_client_share_one_budget(tmp_path):
     b = jobs_file(tmp_path, "b.csv", queries=25, invites=0, prefix="b")
     with running(server) as url:
         runs = [start(command(p, url, tmp_path, limits=limits)) for p in (a, b)]
-        for run in runs:
-            run.communicate(timeout=60)
+        errors = [run.communicate(timeout=60)[1] for run in runs]
     arrivals = server.state.sandbox.arrivals
-    assert [run.returncode for run in runs] == [0, 0]
+    assert [run.returncode for run in runs] == [0, 0], errors
     assert Counter(x.status for x in arrivals) == {200: 50}
     assert server.state.sandbox.max_in_window(LimitKey.RUN_QUERY, 1.0) <= 10
     # Alone, each file's 25 jobs take 2 s; sharing 10/1s, the 50 take at least 4 s.
