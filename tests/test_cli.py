@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from batchrun.cli import app
@@ -294,3 +296,19 @@ def test_python_dash_m_runs_the_cli():
     )
     assert done.returncode == 0
     assert done.stdout.startswith("batchrun ")
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(data=st.binary(max_size=200), jsonl=st.booleans())
+def test_validate_any_bytes_exits_0_or_2_with_a_message(tmp_path, data, jsonl):
+    """Fuzz: whatever the file holds, validate exits 0 or 2 with words, never a traceback."""
+    path = tmp_path / ("f.jsonl" if jsonl else "f.csv")
+    path.write_bytes(data)
+    result = runner.invoke(app, ["validate", str(path)])
+    assert result.exit_code in (0, 2)
+    assert (result.stdout if result.exit_code == 0 else result.stderr).strip()
+    assert "Traceback" not in result.stdout + result.stderr
