@@ -24,7 +24,7 @@ from batchrun.errors import (
     BatchrunError,
     UsageError,
 )
-from batchrun.jobs import read_jobs, summarize
+from batchrun.jobs import summarize, valid_jobs
 from batchrun.limits import (
     LimitKey,
     Profile,
@@ -213,7 +213,7 @@ def submit(
 def validate(jobs_file: _JobsArg) -> None:
     """Check JOBS_FILE without sending anything: every bad row, or a summary."""
     with _reported():
-        summary = summarize(read_jobs(jobs_file))
+        summary = summarize(valid_jobs(jobs_file))
     per_type = ", ".join(f"{kind.value} {n}" for kind, n in summary.per_type.items())
     typer.echo(f"{jobs_file}: {summary.total} valid job(s): {per_type or 'none'}")
     if summary.per_team:

@@ -141,7 +141,12 @@ def read_jobs(path: Path) -> list[Job]:
     Raises:
         JobsFileError: naming the first bad rows and counting all of them.
     """
-    jobs: list[Job] = []
+    return list(valid_jobs(path))
+
+
+def valid_jobs(path: Path) -> Iterator[Job]:
+    """Stream the jobs of a file, holding none of them; once a row is bad, stop
+    yielding, and at the end of the file raise JobsFileError naming the bad rows."""
     problems: list[tuple[int, str]] = []
     total = 0
     for item in scan(path):
@@ -150,10 +155,9 @@ def read_jobs(path: Path) -> list[Job]:
             if len(problems) < JobsFileError.shown:
                 problems.append((item.line, item.reason))
         elif not total:
-            jobs.append(item)
+            yield item
     if total:
         raise JobsFileError(str(path), problems, total)
-    return jobs
 
 
 def summarize(jobs: Iterable[Job]) -> Summary:

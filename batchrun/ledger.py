@@ -89,6 +89,9 @@ CREATE TABLE IF NOT EXISTS sends (
 );
 CREATE INDEX IF NOT EXISTS sends_by_end
     ON sends (client, key, coalesce(end, expires));
+CREATE INDEX IF NOT EXISTS sends_in_flight
+    ON sends (client, key, expires) WHERE end IS NULL;
+CREATE INDEX IF NOT EXISTS sends_by_start ON sends (client, key, start);
 """
 # History older than this (or than the rule's longest window) is pruned.
 _KEEP = 3600.0
@@ -153,10 +156,14 @@ class SqliteLedger:
 
     def _usage(self, key: str, rule: Rule, now: float) -> Usage:
         who = (self._client, key)
-        (in_flight, last_start) = self._db.execute(
-            "SELECT count(*) FILTER (WHERE end IS NULL AND expires > ?), max(start) "
-            "FROM sends WHERE client = ? AND key = ?",
-            (now, *who),
+        # Each lookup walks one index, so a reserve stays cheap however long the log.
+        (in_flight,) = self._db.execute(
+            "SELECT count(*) FROM sends WHERE client = ? AND key = ? "
+            "AND end IS NULL AND expires > ?",
+            (*who, now),
+        ).fetchone()
+        (last_start,) = self._db.execute(
+            "SELECT max(start) FROM sends WHERE client = ? AND key = ?", who
         ).fetchone()
         rows = self._db.execute(
             "SELECT coalesce(end, expires) AS ended FROM sends WHERE client = ? "
