@@ -1,0 +1,5 @@
+"""`python -m bench`: run every measurement, print the table, write results.json."""
+
+from bench.run import main
+
+main()

@@ -1,0 +1,146 @@
+"""The same workload driven by batchrun and by small loops around the anchors.
+
+Each driver sends `count` run-query jobs to `base_url` with at most `concurrency`
+requests in flight, and returns when every job got a non-429 answer. A 429 is
+retried after its Retry-After: batchrun by its runner (which also cools the key
+down), the anchor loops by sleeping and acquiring the limiter again (aiometer has no
+acquire, so its retry goes out unpaced).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import aiometer
+import anyio
+import httpx
+
+from batchrun.client import Client
+from batchrun.clock import SystemClock
+from batchrun.jobs import Job, JobType
+from batchrun.ledger import MemoryLedger
+from batchrun.limits import LimitKey, Rule
+from batchrun.pacer import Pacer
+from batchrun.runner import Runner, Settings
+from bench.anchors import Acquire, aiometer_rate
+
+PATH = "/teams/acme/data/run-query"
+PAYLOAD = {"query": "select 1"}
+
+
+class NullSink:
+    """Drops every event (no progress view in a benchmark)."""
+
+    def emit(self, event: object) -> None:
+        pass
+
+
+class NullRecorder:
+    """Keeps no state (the CLI's SQLite journal is measured separately)."""
+
+    def started(self, job: Job, attempt: int) -> None:
+        pass
+
+    def requeued(self, job: Job, *, maybe_processed: bool) -> None:
+        pass
+
+    def finished(self, result: Any) -> None:
+        pass
+
+
+def jobs(count: int) -> Iterator[Job]:
+    """`count` run-query jobs for team acme."""
+    for number in range(count):
+        yield Job(f"q-{number}", JobType.RUN_QUERY, "acme", dict(PAYLOAD))
+
+
+async def drive_batchrun(
+    base_url: str, rules: dict[LimitKey, Rule], count: int, concurrency: int
+) -> int:
+    """batchrun's Runner + Client + Pacer + MemoryLedger, wired as in the CLI.
+
+    Returns the number of retries after transient errors (the runner's own count).
+    """
+    clock = SystemClock()
+    pacer = Pacer(rules=rules, ledger=MemoryLedger(), clock=clock, sink=NullSink())
+    client = Client(
+        base_url=base_url, token=None, scope="bench", connections=concurrency
+    )
+    async with client:
+        runner = Runner(
+            sender=client,
+            pacer=pacer,
+            clock=clock,
+            sink=NullSink(),
+            recorder=NullRecorder(),
+            settings=Settings(concurrency=concurrency),
+        )
+        tally = await runner.run(
+            {LimitKey.RUN_QUERY: jobs(count)}, {LimitKey.RUN_QUERY: count}
+        )
+    return tally.retried
+
+
+def _http(base_url: str, concurrency: int) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=concurrency)
+    return httpx.AsyncClient(base_url=base_url, limits=limits, timeout=30.0)
+
+
+async def _send(http: httpx.AsyncClient, acquire: Acquire | None) -> int:
+    """One job: acquire a slot (if paced), send, and retry after any 429.
+
+    A connection error (e.g. a kept-alive connection the server just closed) is
+    retried at once, through the limiter again; returns how many there were.
+    """
+    errors = 0
+    while True:
+        if acquire is not None:
+            await acquire()
+        try:
+            response = await http.post(PATH, json=PAYLOAD)
+        except httpx.TransportError:
+            errors += 1
+            continue
+        if response.status_code != 429:
+            return errors
+        await anyio.sleep(float(response.headers.get("Retry-After", "1")))
+
+
+async def drive_loop(
+    base_url: str, acquire: Acquire | None, count: int, concurrency: int
+) -> int:
+    """`concurrency` workers share the jobs; each acquires, then sends.
+
+    Returns the number of connection errors retried.
+    """
+    remaining = iter(range(count))
+    errors = [0]
+
+    async def worker() -> None:
+        for _ in remaining:
+            errors[0] += await _send(http, acquire)
+
+    async with _http(base_url, concurrency) as http, anyio.create_task_group() as tg:
+        for _ in range(concurrency):
+            tg.start_soon(worker)
+    return errors[0]
+
+
+async def drive_aiometer(
+    base_url: str, rule: Rule, count: int, concurrency: int
+) -> int:
+    """`aiometer.run_on_each` at the rule's long-run rate; returns connection errors."""
+    errors = [0]
+    async with _http(base_url, concurrency) as http:
+
+        async def one(_: int) -> None:
+            errors[0] += await _send(http, None)
+
+        await aiometer.run_on_each(
+            one,
+            range(count),
+            max_at_once=concurrency,
+            max_per_second=aiometer_rate(rule),
+        )
+    return errors[0]
