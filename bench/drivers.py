@@ -18,6 +18,7 @@ import httpx
 
 from batchrun.client import Client
 from batchrun.clock import SystemClock
+from batchrun.events import JobFinished, JobRequeued, JobSent
 from batchrun.jobs import Job, JobType
 from batchrun.ledger import MemoryLedger
 from batchrun.limits import LimitKey, Rule
@@ -34,6 +35,27 @@ class NullSink:
 
     def emit(self, event: object) -> None:
         pass
+
+
+class InFlight:
+    """Counts batchrun's requests in flight at each send, from its own events."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.sends = 0
+        self.total = 0
+
+    def emit(self, event: object) -> None:
+        if isinstance(event, JobSent):
+            self.now += 1
+            self.sends += 1
+            self.total += self.now
+        elif isinstance(event, JobFinished | JobRequeued):
+            self.now -= 1
+
+    @property
+    def mean(self) -> float:
+        return self.total / max(1, self.sends)
 
 
 class NullRecorder:
@@ -56,7 +78,11 @@ def jobs(count: int) -> Iterator[Job]:
 
 
 async def drive_batchrun(
-    base_url: str, rules: dict[LimitKey, Rule], count: int, concurrency: int
+    base_url: str,
+    rules: dict[LimitKey, Rule],
+    count: int,
+    concurrency: int,
+    sink: Any = None,
 ) -> int:
     """batchrun's Runner + Client + Pacer + MemoryLedger, wired as in the CLI.
 
@@ -72,7 +98,7 @@ async def drive_batchrun(
             sender=client,
             pacer=pacer,
             clock=clock,
-            sink=NullSink(),
+            sink=sink or NullSink(),
             recorder=NullRecorder(),
             settings=Settings(concurrency=concurrency),
         )

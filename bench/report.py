@@ -49,19 +49,21 @@ def throughput(result: dict[str, Any]) -> str:
             ("runner", "batchrun Runner path"),
         ):
             run = case[name]
+            rps, wall = round(run["rps"]), f"{run['wall_s']:.2f}"
             rows.append(
-                [label, n, run["count"], round(run["rps"]), f"{run['wall_s']:.2f}"]
+                [label, n, run.get("in_flight_mean", "-"), run["count"], rps, wall]
             )
-        cli = case["cli_submit"]
-        label = "`batchrun submit` (subprocess)"
-        if "error" in cli:
-            rows.append([label, n, "-", cli["error"], "-"])
-        else:
-            wall = f"{cli['wall_s']:.2f} (with start-up)"
-            rows.append([label, n, cli["count"], round(cli["rps"]), wall])
-    return table(
-        ["client", "in flight", "requests", "req/s (server-side)", "wall s"], rows
-    )
+        rows.append(_cli_row(case["cli_submit"], n))
+    header = ["client", "concurrency", "mean in flight at a send", "requests"]
+    return table([*header, "req/s (server-side)", "wall s"], rows)
+
+
+def _cli_row(cli: dict[str, Any], concurrency: int) -> list[Any]:
+    label = "`batchrun submit` (subprocess)"
+    if "error" in cli:
+        return [label, concurrency, "-", "-", cli["error"], "-"]
+    wall = f"{cli['wall_s']:.2f} (with start-up)"
+    return [label, concurrency, "-", cli["count"], round(cli["rps"]), wall]
 
 
 def bigfile(result: dict[str, Any]) -> str:

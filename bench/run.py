@@ -58,7 +58,7 @@ def _arguments() -> argparse.Namespace:
         "--concurrency",
         type=int,
         nargs="+",
-        default=[32, 8],
+        default=[32, 8, 4],
         help="requests in flight in the throughput runs",
     )
     add("--rows", type=int, default=1_000_000, help="rows of the big jobs file")
@@ -138,9 +138,13 @@ def _print_tables(results: dict[str, Any]) -> None:
     print(report.goals_table(results))
 
 
+def say(text: str) -> None:
+    """A progress line, time-stamped."""
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
 def main() -> None:
     args = _arguments()
-    say = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)  # noqa: E731
     started = time.perf_counter()
     results: dict[str, Any] = {}
     if args.only and args.out.exists():

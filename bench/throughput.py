@@ -65,16 +65,26 @@ def _rate(seen: dict[str, Any]) -> float:
 def _in_process(
     name: str, base_url: str, count: int, concurrency: int
 ) -> dict[str, Any]:
+    """One run; `in_flight_mean`: requests in flight at each send (the bare loop
+    keeps `concurrency` workers busy; batchrun's is counted from its events)."""
     stats(base_url)
+    in_flight = drivers.InFlight()
     started = time.perf_counter()
     if name == "bare":
         anyio.run(drivers.drive_loop, base_url, None, count, concurrency)
     else:
         rules = limit_table(overrides=[parse_override(RULE)])
-        anyio.run(drivers.drive_batchrun, base_url, rules, count, concurrency)
+        drive = drivers.drive_batchrun
+        anyio.run(drive, base_url, rules, count, concurrency, in_flight)
     wall = time.perf_counter() - started
     seen = stats(base_url)
-    return {"count": seen["count"], "wall_s": wall, "rps": _rate(seen)}
+    mean = concurrency if name == "bare" else round(in_flight.mean, 1)
+    return {
+        "count": seen["count"],
+        "wall_s": wall,
+        "rps": _rate(seen),
+        "in_flight_mean": mean,
+    }
 
 
 def _jobs_file(folder: Path, count: int) -> Path:
