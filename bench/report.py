@@ -177,7 +177,7 @@ def _throughput_goals(result: dict[str, Any]) -> list[list[Any]]:
         for name, run in runs:
             if "error" not in run:
                 share = run["rps"] / bare
-                goal = f"{name} at least 80 % of the bare loop ({n} in flight)"
+                goal = f"{name} at least 80 % of the bare loop (concurrency {n})"
                 found.append([goal, f"{share:.0%}", share >= 0.8])
     return found
 

@@ -2,7 +2,8 @@
 
 It prints each section as a Markdown table, then the goals of issue 5, writes
 bench/results.json and draws bench/timeline.png. `--only` runs some sections and
-merges them into an existing results.json (for development; quote full runs only).
+merges them into an existing results.json (for development; quote full runs only);
+`--tables` prints the tables of an existing results.json.
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ def _arguments() -> argparse.Namespace:
         help="seconds to wait for submit's first request (0: skip)",
     )
     add("--repeat", type=int, default=5, help="start-up runs per command")
+    add(
+        "--tables",
+        action="store_true",
+        help="print the tables of --out; measure nothing",
+    )
     add("--out", type=Path, default=HERE / "results.json")
     add("--chart", type=Path, default=HERE / "timeline.png")
     return parser.parse_args()
@@ -145,6 +151,9 @@ def say(text: str) -> None:
 
 def main() -> None:
     args = _arguments()
+    if args.tables:
+        _print_tables(json.loads(args.out.read_text()))
+        return
     started = time.perf_counter()
     results: dict[str, Any] = {}
     if args.only and args.out.exists():
