@@ -35,7 +35,6 @@ from batchrun.limits import (
 )
 from batchrun.pacer import Pace
 from batchrun.results import default_results_path
-from batchrun.runner import Settings
 from batchrun.state import Failure, StatePaths, client_fingerprint
 
 if TYPE_CHECKING:
@@ -175,6 +174,9 @@ def submit(
 
     Running it again on the same file resumes: done jobs are not sent again.
     """
+    # Imported here, not at the top: runner pulls in httpx, which `--help`,
+    # `validate` and `status` do not need (start-up time matters under cron).
+    from batchrun.runner import Settings
     from batchrun.submission import Submission, submit
 
     with _reported():
