@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from batchrun.errors import UsageError
@@ -59,32 +59,33 @@ class Window:
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """Windows that all hold at once."""
+    """Windows that all hold at once.
+
+    Derived once, as the pacer reads them on every grant: `interval`, the seconds
+    between requests at the binding long-run rate (the `spread` pace); `longest`,
+    the longest window (older history no longer matters); `deepest`, the largest
+    count (the pacer never needs more history entries than this).
+    """
 
     windows: tuple[Window, ...]
+    interval: float = field(init=False, repr=False, compare=False)
+    longest: float = field(init=False, repr=False, compare=False)
+    deepest: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.windows:
             msg = "a rule needs at least one window"
             raise UsageError(msg)
+        derived = {
+            "interval": max(w.seconds / w.count for w in self.windows),
+            "longest": max(w.seconds for w in self.windows),
+            "deepest": max(w.count for w in self.windows),
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
 
     def __str__(self) -> str:
         return "+".join(str(w) for w in self.windows)
-
-    @property
-    def interval(self) -> float:
-        """Seconds between requests at the binding long-run rate (the `spread` pace)."""
-        return max(w.seconds / w.count for w in self.windows)
-
-    @property
-    def longest(self) -> float:
-        """The longest window in seconds: history older than this no longer matters."""
-        return max(w.seconds for w in self.windows)
-
-    @property
-    def deepest(self) -> int:
-        """The largest count: the pacer never needs more history entries than this."""
-        return max(w.count for w in self.windows)
 
     def scaled(self, factor: float) -> Rule:
         """This rule with every window divided by `factor` (to compress demo time)."""

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 
@@ -47,20 +47,33 @@ class Pace(StrEnum):
     SPREAD = "spread"
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """A key's recent history, as the pacer needs it.
+class History(Protocol):
+    """A key's recent requests, as the pacer reads them (`Usage` is one).
 
     `finished` holds completion moments in ascending order; only the last
     `rule.deepest` of them matter. `last_start` is the newest send, for `spread`.
     """
+
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def finished(self) -> Sequence[float]: ...
+
+    @property
+    def last_start(self) -> float | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """A key's recent requests as values (see `History`)."""
 
     in_flight: int
     finished: Sequence[float]
     last_start: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Grant:
     """A slot was granted and recorded as in flight; `release(ticket)` ends it."""
 
@@ -74,20 +87,20 @@ class Wait:
     until: float | None
 
 
-def earliest_slot(usage: Usage, rule: Rule, pace: Pace = Pace.EXACT) -> float | None:
+def earliest_slot(usage: History, rule: Rule, pace: Pace = Pace.EXACT) -> float | None:
     """The earliest moment the next request may leave; None until an answer arrives.
 
     A moment in the past means "now". With `spread`, requests are also kept
     `rule.interval` apart, start to start.
     """
     slot = -math.inf
-    done = len(usage.finished)
+    finished, in_flight = usage.finished, usage.in_flight
     for window in rule.windows:
-        needed = window.count - usage.in_flight
+        needed = window.count - in_flight
         if needed <= 0:
             return None
-        if done >= needed:
-            slot = max(slot, usage.finished[done - needed] + window.seconds)
+        if len(finished) >= needed:
+            slot = max(slot, finished[-needed] + window.seconds)
     if pace is Pace.SPREAD and usage.last_start is not None:
         slot = max(slot, usage.last_start + rule.interval)
     return slot
@@ -138,8 +151,10 @@ class Pacer:
         self._clock = clock
         self._pace = pace
         self._sink = sink
-        self._turns = {key: anyio.Lock() for key in self._rules}
-        self._answers = {key: anyio.Event() for key in self._rules}
+        # fast_acquire: an uncontended turn costs no trip through the event loop.
+        self._turns = {key: anyio.Lock(fast_acquire=True) for key in self._rules}
+        # Made only while a sender sleeps on the key (at most one: turns are FIFO).
+        self._answers: dict[LimitKey, anyio.Event] = {}
         self._cool_until = dict.fromkeys(self._rules, -math.inf)
 
     @property
@@ -160,8 +175,9 @@ class Pacer:
     def release(self, key: LimitKey, ticket: int) -> None:
         """Record the answer of a granted request, waking a sender waiting on it."""
         self._ledger.release(ticket, self._clock.now())
-        self._answers[key].set()
-        self._answers[key] = anyio.Event()
+        answer = self._answers.pop(key, None)
+        if answer is not None:
+            answer.set()
 
     def cool_down(self, key: LimitKey, until: float) -> None:
         """Grant no slot of `key` before `until` (after a 429 from the server)."""
@@ -177,8 +193,9 @@ class Pacer:
         # An answer of this key may open a slot sooner (or the ledger may name a
         # moment only as a bound, e.g. another process's request timing out).
         delay = math.inf if until is None else until - self._clock.now()
+        answer = self._answers.setdefault(key, anyio.Event())
         with anyio.move_on_after(delay):
-            await self._answers[key].wait()
+            await answer.wait()
 
     def _emit(self, event: SlotWait) -> None:
         if self._sink is not None:
