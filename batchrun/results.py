@@ -8,7 +8,7 @@ later in the file: readers take the last line of each id.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import IO, Any, Self
 
@@ -29,6 +29,9 @@ class JobResult:
     error: str | None = None
     note: str | None = None
     finished_at: float = 0.0
+
+
+_FIELDS = tuple(f.name for f in fields(JobResult))
 
 
 def default_results_path(jobs_path: Path) -> Path:
@@ -55,6 +58,8 @@ class ResultsFile:
 
     def write(self, result: JobResult) -> None:
         """Append one result and flush it to the operating system."""
-        line = json.dumps(asdict(result), ensure_ascii=False, default=str)
+        # Not dataclasses.asdict: that deep-copies the response body first.
+        fields = {name: getattr(result, name) for name in _FIELDS}
+        line = json.dumps(fields, ensure_ascii=False, default=str)
         self._file.write(line + "\n")
         self._file.flush()
