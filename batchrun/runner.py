@@ -1,14 +1,15 @@
-"""The orchestration of a run: one dispatcher per limit key, sends in a task group.
+"""The orchestration of a run: `concurrency` workers over one queue per limit key.
 
-Each key's dispatcher takes its next job (a retry that is due, else a fresh one),
-waits for a concurrency permit and a pacer slot, and starts the send. Outcomes
+A worker takes a key with an attempt due (a retry that is due, else a fresh job),
+waits for the key's pacer slot, and sends. Outcomes
 (CONTRACT.md section 4) are settled as they come: done and failed jobs are recorded,
 429s requeue the job and cool the key down, transient errors retry with backoff.
-Every job sent is released back to the pacer, whatever happens to its task.
+Every job sent is released back to the pacer, whatever happens to its request.
 """
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import math
@@ -18,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import anyio
-from anyio.abc import TaskGroup
 
 from batchrun.client import Kind, Outcome
 from batchrun.clock import Clock
@@ -96,19 +96,41 @@ class _Try:
 
 @dataclass(slots=True)
 class _Queue:
+    """One key's work: fresh jobs in file order, and retries by due time."""
+
     fresh: Iterator[Job]
     retries: list[tuple[float, int, _Try]] = field(default_factory=list)
-    in_flight: int = 0
     rate_limited_streak: int = 0
-    changed: anyio.Event = field(default_factory=anyio.Event)
+    # A worker is waiting for this key's next slot; the others leave the key alone.
+    claimed: bool = False
+    _ahead: Job | None = None
 
-    def wake(self) -> None:
-        self.changed.set()
-        self.changed = anyio.Event()
+    def due(self) -> float | None:
+        """When an attempt is next ready: -inf if a fresh job is, None if none left."""
+        if self._ahead is None:
+            self._ahead = next(self.fresh, None)
+        if self._ahead is not None:
+            return -math.inf
+        return self.retries[0][0] if self.retries else None
+
+    def pop(self, now: float) -> _Try:
+        """The next attempt: a retry that is due, else the next fresh job."""
+        if self.retries and self.retries[0][0] <= now:
+            return heapq.heappop(self.retries)[2]
+        job, self._ahead = self._ahead, None
+        assert job is not None
+        return _Try(job)
 
 
 class Runner:
-    """Sends every job through the pacer and settles each outcome."""
+    """Sends every job through the pacer and settles each outcome.
+
+    `concurrency` workers each take the next attempt of a key with work due, wait
+    for its slot, send it and settle the answer, then go again. At most one worker
+    waits on a key's slot; the others take other keys or wait for a change (an
+    answer, a retry falling due). A worker that gets its slot at once goes straight
+    on to send: a free-running run never hands work between tasks.
+    """
 
     def __init__(
         self,
@@ -128,10 +150,14 @@ class Runner:
         self._recorder = recorder
         self._settings = settings
         self._rng = rng or random.Random()
-        self._permits = anyio.Semaphore(settings.concurrency)
         self._order = itertools.count()
         self._tally = Tally()
-        self._dispatching: anyio.CancelScope | None = None
+        self._queues: list[tuple[LimitKey, _Queue]] = []
+        self._turn = 0
+        self._in_flight = 0
+        self._idle = 0
+        self._changed = anyio.Event()
+        self._waits: set[anyio.CancelScope] = set()
         self._stop_requested = False
 
     async def run(
@@ -139,49 +165,88 @@ class Runner:
     ) -> Tally:
         """Send every job; return when all ended, or when `stop` was called."""
         self._tally.total = sum(totals.values())
+        self._queues = [(key, _Queue(iter(key_jobs))) for key, key_jobs in jobs.items()]
         self._emit(
             RunStarted(
                 self._clock.now(), totals, self._pacer.rules, self._settings.pace
             )
         )
-        async with anyio.create_task_group() as sends:
-            with anyio.CancelScope() as self._dispatching:
-                if self._stop_requested:
-                    self._dispatching.cancel()
-                async with anyio.create_task_group() as keys:
-                    for key, key_jobs in jobs.items():
-                        queue = _Queue(iter(key_jobs))
-                        keys.start_soon(self._dispatch, key, queue, sends)
+        async with anyio.create_task_group() as workers:
+            for _ in range(self._settings.concurrency):
+                workers.start_soon(self._work)
         self._emit(self._finished())
         return self._tally
 
     def stop(self) -> None:
         """Start no more requests; `run` returns once those in flight are answered."""
         self._stop_requested = True
-        if self._dispatching is not None:
-            self._dispatching.cancel()
+        for scope in self._waits:
+            scope.cancel()
 
-    async def _dispatch(self, key: LimitKey, queue: _Queue, sends: TaskGroup) -> None:
-        while (attempt := await self._next(queue)) is not None:
-            async with _held(self._permits) as permit:
-                ticket = await self._pacer.acquire(key)
-                permit.keep()
-            queue.in_flight += 1
-            sends.start_soon(self._attempt, key, queue, attempt, ticket)
+    async def _work(self) -> None:
+        while (turn := await self._take()) is not None:
+            await self._attempt(*turn)
 
-    async def _next(self, queue: _Queue) -> _Try | None:
-        while True:
+    async def _take(self) -> tuple[LimitKey, _Queue, _Try, int] | None:
+        """The next attempt with its slot granted, or None once no work is left."""
+        while not self._stop_requested:
             now = self._clock.now()
-            if queue.retries and queue.retries[0][0] <= now:
-                return heapq.heappop(queue.retries)[2]
-            job = next(queue.fresh, None)
-            if job is not None:
-                return _Try(job)
-            if not queue.retries and queue.in_flight == 0:
+            soonest = math.inf
+            count = len(self._queues)
+            for step in range(count):
+                key, queue = self._queues[(self._turn + step) % count]
+                due = None if queue.claimed else queue.due()
+                if due is not None and due <= now:
+                    self._turn = (self._turn + step + 1) % count
+                    return await self._slot(key, queue)
+                if due is not None:
+                    soonest = min(soonest, due)
+            if soonest == math.inf and self._in_flight == 0 and not self._claimed():
+                self._notify()  # wake the other idle workers: they are done too
                 return None
-            due = queue.retries[0][0] - now if queue.retries else math.inf
-            with anyio.move_on_after(due):
-                await queue.changed.wait()
+            await self._wait_for_change(soonest - now)
+        return None
+
+    async def _slot(
+        self, key: LimitKey, queue: _Queue
+    ) -> tuple[LimitKey, _Queue, _Try, int] | None:
+        queue.claimed = True
+        try:
+            with self._stoppable():
+                ticket = await self._pacer.acquire(key)
+                attempt = queue.pop(self._clock.now())
+                self._in_flight += 1
+                return key, queue, attempt, ticket
+            return None  # stopped while waiting
+        finally:
+            queue.claimed = False
+            if self._idle:
+                self._notify()  # the key is free for another worker
+
+    def _claimed(self) -> bool:
+        return any(queue.claimed for _, queue in self._queues)
+
+    async def _wait_for_change(self, delay: float) -> None:
+        self._idle += 1
+        try:
+            with self._stoppable(), anyio.move_on_after(delay):
+                await self._changed.wait()
+        finally:
+            self._idle -= 1
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    @contextlib.contextmanager
+    def _stoppable(self) -> Iterator[None]:
+        """A wait that `stop` cuts short."""
+        with anyio.CancelScope() as scope:
+            self._waits.add(scope)
+            try:
+                yield
+            finally:
+                self._waits.discard(scope)
 
     async def _attempt(
         self, key: LimitKey, queue: _Queue, attempt: _Try, ticket: int
@@ -193,10 +258,10 @@ class Runner:
             outcome = await self._sender.send(attempt.job)
         finally:
             self._pacer.release(key, ticket)
-            self._permits.release()
-            queue.in_flight -= 1
-            queue.wake()
+            self._in_flight -= 1
         self._settle(key, queue, attempt, outcome)
+        if self._idle:
+            self._notify()  # an answer may free a slot, or end the run
 
     def _settle(
         self, key: LimitKey, queue: _Queue, attempt: _Try, outcome: Outcome
@@ -305,22 +370,3 @@ class Runner:
 
     def _emit(self, event: Event) -> None:
         self._sink.emit(event)
-
-
-class _held:
-    """Hold a semaphore permit unless `keep()` passes it on before the block ends."""
-
-    def __init__(self, semaphore: anyio.Semaphore) -> None:
-        self._semaphore = semaphore
-        self._kept = False
-
-    async def __aenter__(self) -> _held:
-        await self._semaphore.acquire()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if not self._kept:
-            self._semaphore.release()
-
-    def keep(self) -> None:
-        self._kept = True

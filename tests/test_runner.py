@@ -275,3 +275,89 @@ async def test_state_is_recorded_before_the_send_and_after_the_answer():
         ("started", "a"),
         ("finished", "a"),
     ]
+
+
+def _runner(router, rules, sink, **settings):
+    clock = LoopClock()
+    pacer = Pacer(rules=rules, ledger=MemoryLedger(), clock=clock, sink=sink)
+    transport = httpx.MockTransport(router.async_handler)
+    client = Client(base_url=BASE, token=None, scope="f", transport=transport)
+    runner = Runner(
+        sender=client,
+        pacer=pacer,
+        clock=clock,
+        sink=sink,
+        recorder=ListRecorder(),
+        settings=Settings(**settings),
+        rng=random.Random(1),
+    )
+    return client, runner
+
+
+INVITE = f"{BASE}/teams/t1/members/invite"
+
+
+def invite(job_id: str) -> Job:
+    return Job(job_id, JobType.INVITE, "t1", {"email": f"{job_id}@x.test"})
+
+
+async def test_a_key_waiting_for_its_slot_does_not_hold_up_another():
+    """Invites at 1/10s wait their turn while every query goes at once."""
+    router = respx.Router()
+    router.post(QUERY).respond(200, json={})
+    router.post(INVITE).respond(200, json={})
+    rules = {
+        LimitKey.RUN_QUERY: parse_rule("100/1s"),
+        LimitKey.INVITE: parse_rule("1/10s"),
+    }
+    sink = ListSink()
+    client, runner = _runner(router, rules, sink, concurrency=2)
+    start = anyio.current_time()
+    jobs = {
+        LimitKey.INVITE: [invite(f"i{n}") for n in range(3)],
+        LimitKey.RUN_QUERY: [query(f"q{n}") for n in range(20)],
+    }
+    async with client:
+        tally = await runner.run(jobs, {k: len(v) for k, v in jobs.items()})
+    assert tally.done == 23
+    sent = {e.job_id: e.at - start for e in sink.of(JobSent)}
+    assert max(sent[f"q{n}"] for n in range(20)) == pytest.approx(0)
+    assert [sent[f"i{n}"] for n in range(3)] == pytest.approx([0, 10, 20])
+
+
+async def test_stop_ends_the_waits_and_lets_requests_in_flight_finish():
+    """Stopped while one request is in flight and others wait for slots: the one in
+    flight ends done, nothing more is sent, and the run returns at once."""
+    answered = anyio.Event()
+
+    async def slow(request):
+        await anyio.sleep(5)
+        answered.set()
+        return httpx.Response(200, json={})
+
+    router = respx.Router()
+    router.post(QUERY).side_effect = slow
+    router.post(INVITE).side_effect = slow
+    rules = {
+        LimitKey.RUN_QUERY: parse_rule("1/1m"),
+        LimitKey.INVITE: parse_rule("1/1m"),
+    }
+    sink = ListSink()
+    client, runner = _runner(router, rules, sink, concurrency=4)
+    jobs = {
+        LimitKey.RUN_QUERY: [query(f"q{n}") for n in range(3)],
+        LimitKey.INVITE: [invite(f"i{n}") for n in range(3)],
+    }
+    start = anyio.current_time()
+    async with client, anyio.create_task_group() as tasks:
+
+        async def stop_soon() -> None:
+            await anyio.sleep(1)
+            runner.stop()
+
+        tasks.start_soon(stop_soon)
+        tally = await runner.run(jobs, {k: len(v) for k, v in jobs.items()})
+    assert answered.is_set()
+    assert (tally.done, tally.left) == (2, 4)
+    assert anyio.current_time() - start == pytest.approx(5)
+    assert sink.of(RunFinished)[0].stopped
