@@ -10,12 +10,13 @@ folder serves every process of a client on the machine.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import math
 import random
 import sqlite3
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -32,7 +33,14 @@ class Ledger(Protocol):
         ...
 
     def release(self, ticket: int, now: float) -> None:
-        """Record that the request of `ticket` got its answer (or failed) at `now`."""
+        """Record that the request of `ticket` got its answer (or failed) at `now`.
+
+        A shared ledger may write it with its next reserve, or at `close`.
+        """
+        ...
+
+    def close(self) -> None:
+        """Write what is not yet written; the ledger is not used after."""
         ...
 
     def usage(self, key: str, rule: Rule) -> Usage:
@@ -86,37 +94,33 @@ class MemoryLedger:
         log = self._logs[key]
         return Usage(log.in_flight, log.finished, log.last_start)
 
+    def close(self) -> None:
+        pass
 
+
+# An append-only log: a send is one row, its answer another, so a write touches one
+# page and needs no index. A send's `seq` is its ticket; an answer names it.
 _LEDGER_SCHEMA = """
-CREATE TABLE IF NOT EXISTS requests (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, client TEXT NOT NULL, key TEXT NOT NULL,
-    start REAL NOT NULL, end REAL, expires REAL NOT NULL,
-    version INTEGER NOT NULL DEFAULT 0
+CREATE TABLE IF NOT EXISTS send_log (
+    seq INTEGER PRIMARY KEY,
+    client TEXT NOT NULL,
+    key TEXT NOT NULL,
+    ticket INTEGER,
+    at REAL NOT NULL,
+    expires REAL,
+    keep_until REAL NOT NULL
 );
-CREATE INDEX IF NOT EXISTS requests_by_version ON requests (client, version);
-CREATE INDEX IF NOT EXISTS requests_by_end
-    ON requests (client, key, coalesce(end, expires));
-CREATE TABLE IF NOT EXISTS versions (
-    id INTEGER PRIMARY KEY CHECK (id = 1), last INTEGER NOT NULL
-);
-INSERT OR IGNORE INTO versions VALUES (1, 0);
-CREATE TRIGGER IF NOT EXISTS request_sent AFTER INSERT ON requests BEGIN
-    UPDATE versions SET last = last + 1;
-    UPDATE requests SET version = (SELECT last FROM versions) WHERE id = NEW.id;
-END;
-CREATE TRIGGER IF NOT EXISTS request_answered AFTER UPDATE OF end ON requests BEGIN
-    UPDATE versions SET last = last + 1;
-    UPDATE requests SET version = (SELECT last FROM versions) WHERE id = NEW.id;
-END;
 """
-# History older than this (or than the rule's longest window) is pruned.
+# History older than this (or than the rule's longest window) is pruned, from the
+# oldest rows, a bounded batch at a time.
 _KEEP = 3600.0
-_PRUNE_EVERY = 1000
+_PRUNE_EVERY = 500
+_PRUNE_BATCH = 2000
 
 
 @dataclass(slots=True)
 class _SharedLog:
-    """One key's requests as this process last read them from the shared table.
+    """One key's requests as this process last read them from the shared log.
 
     `open` maps each unanswered request to its expiry; one past its expiry counts
     as answered then (`lapsed`) until its real answer, if any, replaces it.
@@ -131,14 +135,13 @@ class _SharedLog:
         self.open[ticket] = expires
         self.last_start = max(self.last_start, start)
 
-    def answered(self, ticket: int, start: float, end: float) -> None:
+    def answered(self, ticket: int, end: float) -> None:
         self.open.pop(ticket, None)
         expired = self.lapsed.pop(ticket, None)
         if expired is not None:
             at = bisect.bisect_left(self.finished, expired)
             if at < len(self.finished) and self.finished[at] == expired:
                 del self.finished[at]
-        self.last_start = max(self.last_start, start)
         bisect.insort(self.finished, end)
 
     def usage(self, rule: Rule, now: float) -> Usage:
@@ -161,10 +164,11 @@ class SqliteLedger:
     counts as in flight until `start + hold` (the request timeout), then as answered
     at that moment.
 
-    Every insert and answer gets the next number from `versions` (by trigger, in
-    the writer's transaction), so each process keeps a copy of the client's log in
-    memory and reads only the rows changed since it last looked: a reserve costs
-    the same with ten rows in the table or a million.
+    The file is an append-only log of sends and answers. Each process keeps a copy
+    of its client's history in memory and reads only the rows written since it last
+    looked, so a reserve costs the same with ten rows in the log or a million.
+    Answers are written with the next reserve (or at `close`): until then other
+    processes count the request as still in flight, which is never less safe.
     """
 
     def __init__(
@@ -178,25 +182,27 @@ class SqliteLedger:
         self._now = now
         self._reserves = 0
         self._seen = 0
+        self._answers: list[tuple[str, int, float, float]] = []
         self._logs: defaultdict[str, _SharedLog] = defaultdict(_SharedLog)
+        self._keys: dict[int, tuple[str, float]] = {}
 
     def close(self) -> None:
+        """Write the answers not yet written, and close the file."""
+        if self._answers:
+            with self._transaction():
+                self._write_answers()
         self._db.close()
 
     def reserve(self, key: str, rule: Rule, pace: Pace, now: float) -> Grant | Wait:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            result = self._reserve(key, rule, pace, now)
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
-        return result
+        with self._transaction():
+            return self._reserve(key, rule, pace, now)
 
     def _reserve(self, key: str, rule: Rule, pace: Pace, now: float) -> Grant | Wait:
+        keep = max(_KEEP, rule.longest)
         self._reserves += 1
         if self._reserves % _PRUNE_EVERY == 1:
-            self._prune(key, now - max(_KEEP, rule.longest))
+            self._prune(now)
+        self._write_answers()
         self._catch_up()
         log = self._logs[key]
         slot = earliest_slot(log.usage(rule, now), rule, pace)
@@ -206,46 +212,71 @@ class SqliteLedger:
             return Wait(min(log.open.values(), default=None))
         if slot > now:
             return Wait(slot)
+        expires = now + self._hold
         cursor = self._db.execute(
-            "INSERT INTO requests (client, key, start, expires) VALUES (?, ?, ?, ?)",
-            (self._client, key, now, now + self._hold),
+            "INSERT INTO send_log (client, key, at, expires, keep_until) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (self._client, key, now, expires, expires + keep),
         )
         assert cursor.lastrowid is not None
+        self._keys[cursor.lastrowid] = (key, keep)
         return Grant(cursor.lastrowid)
 
     def release(self, ticket: int, now: float) -> None:
-        self._db.execute("UPDATE requests SET end = ? WHERE id = ?", (now, ticket))
+        key, keep = self._keys.pop(ticket)
+        self._answers.append((key, ticket, now, now + keep))
 
     def usage(self, key: str, rule: Rule) -> Usage:
-        self._db.execute("BEGIN")
-        try:
+        with self._transaction():
+            self._write_answers()
             self._catch_up()
-        finally:
-            self._db.execute("COMMIT")
         return self._logs[key].usage(rule, self._now())
 
-    def _catch_up(self) -> None:
-        """Apply every insert and answer of this client since the last look."""
-        rows = self._db.execute(
-            "SELECT id, key, start, end, expires, version FROM requests "
-            "WHERE client = ? AND version > ? ORDER BY version",
-            (self._client, self._seen),
-        ).fetchall()
-        for ticket, key, start, end, expires, _ in rows:
-            log = self._logs[key]
-            if end is None:
-                log.sent(ticket, start, expires)
-            else:
-                log.answered(ticket, start, end)
-        if rows:
-            self._seen = rows[-1][5]
-
-    def _prune(self, key: str, before: float) -> None:
-        self._db.execute(
-            "DELETE FROM requests WHERE client = ? AND key = ? "
-            "AND coalesce(end, expires) < ?",
-            (self._client, key, before),
+    def _write_answers(self) -> None:
+        self._db.executemany(
+            "INSERT INTO send_log (client, key, ticket, at, keep_until) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [(self._client, *answer) for answer in self._answers],
         )
+        self._answers.clear()
+
+    def _catch_up(self) -> None:
+        """Apply every send and answer of this client written since the last look."""
+        rows = self._db.execute(
+            "SELECT seq, key, ticket, at, expires FROM send_log "
+            "WHERE seq > ? AND client = ? ORDER BY seq",
+            (self._seen, self._client),
+        ).fetchall()
+        for seq, key, ticket, at, expires in rows:
+            if ticket is None:
+                self._logs[key].sent(seq, at, expires)
+            else:
+                self._logs[key].answered(ticket, at)
+        if rows:
+            self._seen = rows[-1][0]
+
+    def _prune(self, now: float) -> None:
+        """Delete rows that no window needs any more, from the oldest.
+
+        The newest row always stays, so `seq` only grows and no process's last
+        look is ever overtaken by a reused number.
+        """
+        self._db.execute(
+            "DELETE FROM send_log WHERE seq IN (SELECT seq FROM send_log "
+            "ORDER BY seq LIMIT ?) AND keep_until < ? "
+            "AND seq < (SELECT max(seq) FROM send_log)",
+            (_PRUNE_BATCH, now),
+        )
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
 
 def _set_up(db: sqlite3.Connection, *, tries: int = 50) -> None:

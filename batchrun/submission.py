@@ -102,25 +102,26 @@ async def _run(
     from batchrun.progress import open_progress
 
     clock = SystemClock()
+    ledger = _ledger(job)
     sink = open_progress(sys.stdout, clock=clock)
-    pacer = Pacer(
-        rules=job.rules,
-        ledger=_ledger(job),
-        clock=clock,
-        pace=Pace(job.settings.pace),
-        sink=sink,
-    )
     target = job.target
-    client = Client(
-        base_url=target.base_url,
-        token=target.token,
-        scope=str(job.jobs_file.resolve()),
-        timeout=target.timeout,
-        connections=job.settings.concurrency,
-        transport=target.transport,
-        ca_bundle=target.ca_bundle,
-    )
     try:
+        client = Client(
+            base_url=target.base_url,
+            token=target.token,
+            scope=str(job.jobs_file.resolve()),
+            timeout=target.timeout,
+            connections=job.settings.concurrency,
+            transport=target.transport,
+            ca_bundle=target.ca_bundle,
+        )
+        pacer = Pacer(
+            rules=job.rules,
+            ledger=ledger,
+            clock=clock,
+            pace=Pace(job.settings.pace),
+            sink=sink,
+        )
         async with client:
             runner = Runner(
                 sender=client,
@@ -132,6 +133,7 @@ async def _run(
             )
             return await _supervised(runner, store, job.deadline, say)
     finally:
+        ledger.close()  # the last answers reach the other processes
         sink.close()
 
 

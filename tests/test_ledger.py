@@ -1,9 +1,9 @@
-"""The shared SQLite ledger: its in-memory copy always agrees with the table.
+"""The shared SQLite ledger: its in-memory copy always agrees with the log.
 
-Each process reads only the rows changed since it last looked. The reference here
-reads the whole table the plain way (every row of the key, with a dead process's
-request answered at its expiry) and must reach the same verdict at every step,
-whatever the interleaving of processes, answers, deaths and restarts.
+Each process reads only the rows written since it last looked, and writes its
+answers with its next reserve. The reference here reads the whole log the plain way
+(a dead process's request answered at its expiry) and must reach the same verdict
+at every step, whatever the interleaving of processes, answers, deaths and restarts.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batchrun import ledger as ledger_module
 from batchrun.ledger import SqliteLedger
 from batchrun.limits import parse_rule
 from batchrun.pacer import Grant, Pace, Usage, Wait, earliest_slot
@@ -23,7 +24,7 @@ RULES = {"a": parse_rule("2/1s+3/3s"), "b": parse_rule("1/0.5s")}
 HOLD = 1.0
 
 step = st.tuples(
-    st.sampled_from(["reserve"] * 3 + ["release"] * 2 + ["restart"]),
+    st.sampled_from(["reserve"] * 4 + ["release"] * 3 + ["die", "restart"]),
     st.integers(0, 1),  # which process
     st.sampled_from(sorted(RULES)),
     st.sampled_from([0.0, 0.0, 0.25, 0.5, 1.0, 1.5, 2.5]),  # exact in binary
@@ -31,20 +32,27 @@ step = st.tuples(
 )
 
 
-def expected(path: Path, key: str, pace: Pace, now: float) -> Grant | Wait | None:
-    """The verdict from the whole table; None stands for "a grant"."""
+def expected(
+    path: Path, key: str, pace: Pace, now: float, unwritten: dict[int, float]
+) -> Wait | None:
+    """The verdict from the whole log plus the answers the reserving process has
+    yet to write; None stands for "a grant"."""
     with sqlite3.connect(path) as db:
         rows = db.execute(
-            "SELECT start, end, expires FROM requests WHERE client = 'c' AND key = ?",
+            "SELECT seq, ticket, at, expires FROM send_log "
+            "WHERE client = 'c' AND key = ?",
             (key,),
         ).fetchall()
-    open_ = [expires for _, end, expires in rows if end is None and expires > now]
+    sends = {seq: (at, expires) for seq, ticket, at, expires in rows if ticket is None}
+    ends = {ticket: at for _, ticket, at, _ in rows if ticket is not None}
+    ends |= {t: end for t, end in unwritten.items() if t in sends}
+    open_ = [e for t, (_, e) in sends.items() if t not in ends and e > now]
     finished = sorted(
-        end if end is not None else expires
-        for _, end, expires in rows
-        if end is not None or expires <= now
+        ends.get(t, expires)
+        for t, (_, expires) in sends.items()
+        if t in ends or expires <= now
     )
-    last = max((start for start, _, _ in rows), default=None)
+    last = max((start for start, _ in sends.values()), default=None)
     slot = earliest_slot(Usage(len(open_), finished, last), RULES[key], pace)
     if slot is None:
         return Wait(min(open_, default=None))
@@ -53,7 +61,7 @@ def expected(path: Path, key: str, pace: Pace, now: float) -> Grant | Wait | Non
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(step, max_size=60))
-def test_every_process_sees_what_the_table_says(steps):
+def test_every_process_sees_what_the_log_says(steps):
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "ledger.db"
 
@@ -63,23 +71,33 @@ def test_every_process_sees_what_the_table_says(steps):
         now = 1000.0
         ledgers = [process() for _ in range(2)]
         tickets: list[list[int]] = [[], []]
+        # Answers a process has taken but not yet written to the log.
+        unwritten: list[dict[int, float]] = [{}, {}]
         try:
             for action, who, key, later, pace in steps:
                 now += later
                 if action == "reserve":
-                    want = expected(path, key, pace, now)
+                    want = expected(path, key, pace, now, unwritten[who])
                     got = ledgers[who].reserve(key, RULES[key], pace, now)
+                    unwritten[who] = {}
                     if want is None:
                         assert isinstance(got, Grant)
                         tickets[who].append(got.ticket)
                     else:
                         assert got == want
                 elif action == "release" and tickets[who]:
-                    ledgers[who].release(tickets[who].pop(0), now)
+                    ticket = tickets[who].pop(0)
+                    ledgers[who].release(ticket, now)
+                    unwritten[who][ticket] = now
+                elif action == "die":
+                    # Killed: its unwritten answers are lost, its requests expire.
+                    ledgers[who]._db.close()
+                    tickets[who], unwritten[who] = [], {}
+                    ledgers[who] = process()
                 elif action == "restart":
-                    # A killed process never answers; its successor starts afresh.
-                    tickets[who] = []
+                    # Stopped cleanly: close() writes its answers.
                     ledgers[who].close()
+                    tickets[who], unwritten[who] = [], {}
                     ledgers[who] = process()
         finally:
             for ledger in ledgers:
@@ -100,6 +118,33 @@ def test_an_answer_after_the_expiry_replaces_the_expiry(tmp_path):
     # At 2 s, `other` counts the request as answered at its expiry (1 s).
     assert isinstance(other.reserve("k", rule, Pace.EXACT, 2.0), Grant)
     slow.release(late.ticket, 3.0)
+    slow.close()  # writes the answer
     # One answered (at 3 s) and one in flight: a third request may go.
     assert isinstance(other.reserve("k", rule, Pace.EXACT, 4.0), Grant)
     assert other.reserve("k", rule, Pace.EXACT, 4.0) == Wait(13.0)
+
+
+def test_old_rows_are_pruned_but_sequence_numbers_never_reused(tmp_path, monkeypatch):
+    """Rows no window needs go; the newest stays, so a process that looked long ago
+    still sees every row written after."""
+    monkeypatch.setattr(ledger_module, "_KEEP", 10.0)
+    monkeypatch.setattr(ledger_module, "_PRUNE_EVERY", 5)
+    path = tmp_path / "l.db"
+    busy = SqliteLedger(path, client="c", hold=1.0, now=lambda: 0.0)
+    idle = SqliteLedger(path, client="c", hold=1.0, now=lambda: 0.0)
+    wide = parse_rule("1000/1s")
+    for second in range(100):
+        grant = busy.reserve("k", wide, Pace.EXACT, float(second))
+        assert isinstance(grant, Grant)
+        busy.release(grant.ticket, second + 0.5)
+    with sqlite3.connect(path) as db:
+        (rows,) = db.execute("SELECT count(*) FROM send_log").fetchone()
+    assert 20 <= rows <= 40  # about the last 12 s of sends and answers
+    assert isinstance(idle.reserve("k", wide, Pace.EXACT, 100.0), Grant)
+    # Long after, everything is old: all rows go but the newest.
+    strict = parse_rule("1/1s")
+    while busy._reserves % 5 != 0:
+        busy.reserve("other", wide, Pace.EXACT, 5000.0)
+    assert isinstance(busy.reserve("k", strict, Pace.EXACT, 10_000.0), Grant)
+    # The idle process last looked at 100 s; it still sees that request.
+    assert idle.reserve("k", strict, Pace.EXACT, 10_000.0) == Wait(10_001.0)

@@ -191,17 +191,22 @@ def ledger(tmp_path, now, client="c", hold=30.0):
 
 
 def test_sqlite_ledger_shares_one_budget_between_connections(tmp_path):
-    """Two ledgers on one file (two processes) share a client's windows."""
+    """Two ledgers on one file (two processes) share a client's windows; an answer
+    reaches the other process when its ledger next writes (until then the request
+    counts as in flight there, which is stricter)."""
     rule = parse_rule("2/10s")
     a, b = ledger(tmp_path, 0.0), ledger(tmp_path, 0.0)
     first = a.reserve("run-query", rule, Pace.EXACT, 0.0)
     assert isinstance(first, Grant)
     a.release(first.ticket, 0.5)
     assert isinstance(b.reserve("run-query", rule, Pace.EXACT, 1.0), Grant)
-    # b's request is still in flight; a's answered at 0.5 s: next slot 10.5 s,
-    # as both connections see it.
-    assert b.reserve("run-query", rule, Pace.EXACT, 2.0) == Wait(10.5)
+    # Both requests in flight, as b sees it: the next slot waits on the soonest
+    # expiry (a's request, sent at 0 s with a 30 s timeout).
+    assert b.reserve("run-query", rule, Pace.EXACT, 2.0) == Wait(30.0)
+    # a's reserve writes its answer (0.5 s) first: b's request is in flight, so the
+    # next slot is 10.5 s, as both connections see it.
     assert a.reserve("run-query", rule, Pace.EXACT, 2.0) == Wait(10.5)
+    assert b.reserve("run-query", rule, Pace.EXACT, 2.0) == Wait(10.5)
 
 
 def test_sqlite_ledger_separates_clients(tmp_path):
