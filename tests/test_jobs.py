@@ -233,7 +233,8 @@ def test_payload_too_deep_to_send_is_refused(tmp_path, monkeypatch):
         raise RecursionError
 
     monkeypatch.setattr(json, "dumps", too_deep)
-    reason = one_problem(tmp_path, HEADER + "a,avatar,,{}\n")[1]
+    deep = '"{""a"": ' + "[" * 150 + "]" * 150 + '}"'
+    reason = one_problem(tmp_path, HEADER + f"a,avatar,,{deep}\n")[1]
     assert reason == "payload is nested too deeply"
 
 
