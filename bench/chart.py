@@ -34,18 +34,13 @@ def _inside(times: list[float], moment: float, seconds: float) -> int:
 
 def worst(pacing: list[dict[str, Any]]) -> tuple[dict[str, Any], int]:
     """The anchor run and window index with the largest most/limit ratio."""
-    anchors = [r for r in pacing if r["tool"] != "batchrun" and _main(r)]
+    anchors = [r for r in pacing if r["tool"] != "batchrun"]
     return max(
         ((run, i) for run in anchors for i in range(len(run["windows"]))),
         key=lambda pair: (
             pair[0]["windows"][pair[1]]["most"] / pair[0]["windows"][pair[1]]["limit"]
         ),
     )
-
-
-def _main(run: dict[str, Any]) -> bool:
-    """A run against `batchrun.sandbox.running` (not the TCP_NODELAY variant)."""
-    return run.get("server", "running()") == "running()"
 
 
 def _panel(axis: Any, run: dict[str, Any], index: int) -> None:
@@ -71,9 +66,7 @@ def draw(pacing: list[dict[str, Any]], path: Path) -> dict[str, Any]:
     """Write the PNG; return which runs it shows."""
     anchor, index = worst(pacing)
     ours = next(
-        r
-        for r in pacing
-        if r["tool"] == "batchrun" and r["shape"] == anchor["shape"] and _main(r)
+        r for r in pacing if r["tool"] == "batchrun" and r["shape"] == anchor["shape"]
     )
     figure, axes = plt.subplots(2, 1, figsize=(10, 7), sharex=True, sharey=True)
     _panel(axes[0], ours, index)

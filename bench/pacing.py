@@ -22,12 +22,9 @@ from batchrun.limits import LimitKey, Rule, limit_table, parse_override
 from batchrun.pacer import eta
 from batchrun.sandbox import create_app, most_in_window, running
 from bench import anchors, drivers
-from bench.harness import running_nodelay
 
 Driver = Callable[[str, dict[LimitKey, Rule], int, int], Awaitable[int]]
 CONCURRENCY = 8
-RUNNING = "running()"
-NODELAY = "TCP_NODELAY"
 
 
 async def _aiolimiter(url: str, rules: dict[LimitKey, Rule], n: int, c: int) -> int:
@@ -65,24 +62,21 @@ class Run:
     tool: str
     shape: str
     jobs: int
-    server: str
     start: float
     arrivals: list[tuple[float, int]]
     retried_errors: int
 
 
-def run_once(tool: str, shape: str, count: int, *, nodelay: bool = False) -> Run:
+def run_once(tool: str, shape: str, count: int) -> Run:
     """Drive `count` jobs of `shape` through `tool` against a fresh sandbox,
-    served by `batchrun.sandbox.running` (or by `running_nodelay`)."""
+    served by `batchrun.sandbox.running`."""
     rules = limit_table(overrides=[parse_override(f"run-query={shape}")])
     app = create_app(rules=rules)
-    serve = running_nodelay if nodelay else running
-    with serve(app) as url:
+    with running(app) as url:
         start = time.monotonic()
         errors = anyio.run(TOOLS[tool], url, rules, count, CONCURRENCY)
     seen = [(a.at, a.status) for a in app.state.sandbox.arrivals]
-    server = NODELAY if nodelay else RUNNING
-    return Run(tool, shape, count, server, start, sorted(seen), errors)
+    return Run(tool, shape, count, start, sorted(seen), errors)
 
 
 def summarize(run: Run) -> dict[str, Any]:
@@ -94,14 +88,13 @@ def summarize(run: Run) -> dict[str, Any]:
     done = [at for at, status in run.arrivals if 200 <= status < 300]
     ideal = eta(run.jobs, rule, now=0.0)
     makespan = max(done) - times[0]
-    windows = [
+    windows: list[dict[str, Any]] = [
         {"window": str(w), "limit": w.count, "most": most_in_window(times, w.seconds)}
         for w in rule.windows
     ]
     return {
         "tool": run.tool,
         "shape": run.shape,
-        "server": run.server,
         "jobs": run.jobs,
         "done": len(done),
         "requests": len(times),
@@ -119,22 +112,18 @@ def summarize(run: Run) -> dict[str, Any]:
 
 def _say(result: dict[str, Any], say: Callable[[str], None]) -> None:
     say(
-        f"pacing {result['shape']} {result['tool']} ({result['server']}): "
+        f"pacing {result['shape']} {result['tool']}: "
         f"most {[w['most'] for w in result['windows']]}, "
         f"429s {result['http_429']}, ratio {result['makespan_ratio']}"
     )
 
 
-def measure(
-    shapes: dict[str, int], nodelay_tools: list[str], say: Callable[[str], None]
-) -> list[dict[str, Any]]:
-    """Every tool on every shape, one after the other, against `running()`; then
-    `nodelay_tools` again against `running_nodelay`."""
+def measure(shapes: dict[str, int], say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Every tool on every shape, one after the other."""
     results = []
     for shape, count in shapes.items():
-        plan = [(tool, False) for tool in TOOLS] + [(t, True) for t in nodelay_tools]
-        for tool, nodelay in plan:
-            result = summarize(run_once(tool, shape, count, nodelay=nodelay))
+        for tool in TOOLS:
+            result = summarize(run_once(tool, shape, count))
             _say(result, say)
             results.append(result)
     return results

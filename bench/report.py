@@ -17,9 +17,7 @@ def pacing(runs: list[dict[str, Any]]) -> str:
     rows = [
         [
             r["shape"],
-            r["tool"]
-            if r.get("server", "running()") == "running()"
-            else f"{r['tool']} (TCP_NODELAY socket)",
+            r["tool"],
             r["jobs"],
             ", ".join(f"{w['most']} / {w['limit']}" for w in r["windows"]),
             r["http_429"],
@@ -118,8 +116,6 @@ def goals(results: dict[str, Any]) -> list[list[Any]]:
 
 def _pacing_goal(run: dict[str, Any]) -> list[list[Any]]:
     shape = run["shape"]
-    if run.get("server", "running()") != "running()":
-        shape += " (sandbox on a TCP_NODELAY socket)"
     return [
         [
             f"{shape}: no window exceeded",

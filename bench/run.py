@@ -44,15 +44,8 @@ def _arguments() -> argparse.Namespace:
     add("--only", nargs="+", choices=SECTIONS, help="run only these sections")
     add("--jobs", type=int, default=300, help="jobs per pacing run of 30/2s")
     add("--jobs-b", type=int, default=300, help="jobs per pacing run of 15/1s+40/6s")
-    add(
-        "--nodelay-tools",
-        nargs="*",
-        default=["batchrun"],
-        choices=list(pacing.TOOLS),
-        help="tools also run against the sandbox on a TCP_NODELAY socket",
-    )
     add("--grants", type=int, default=100_000, help="grants per overhead case")
-    add("--sqlite-grants", type=int, nargs="+", default=[1000, 5000])
+    add("--sqlite-grants", type=int, nargs="+", default=[100_000])
     add("--requests", type=int, default=2000, help="requests per throughput run")
     add("--rounds", type=int, default=3, help="throughput rounds (best is kept)")
     add(
@@ -117,7 +110,7 @@ def _runners(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, 
     cap = args.first_request_cap or None
     return {
         "pacing": lambda: pacing.measure(
-            {"30/2s": args.jobs, "15/1s+40/6s": args.jobs_b}, args.nodelay_tools, say
+            {"30/2s": args.jobs, "15/1s+40/6s": args.jobs_b}, say
         ),
         "overhead": lambda: overhead.measure(args.grants, args.sqlite_grants, say),
         "throughput": lambda: throughput.measure(

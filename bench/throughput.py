@@ -59,7 +59,7 @@ def stats(base_url: str) -> dict[str, Any]:
 
 
 def _rate(seen: dict[str, Any]) -> float:
-    return seen["count"] / (seen["last"] - seen["first"])
+    return float(seen["count"] / (seen["last"] - seen["first"]))
 
 
 def _in_process(
