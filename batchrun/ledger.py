@@ -10,17 +10,14 @@ folder serves every process of a client on the machine.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import math
-import random
-import sqlite3
-import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from batchrun.database import open_database, write_transaction
 from batchrun.limits import Rule
 from batchrun.pacer import Grant, Pace, Usage, Wait, earliest_slot
 
@@ -174,9 +171,7 @@ class SqliteLedger:
     def __init__(
         self, path: Path, *, client: str, hold: float, now: Callable[[], float]
     ) -> None:
-        self._db = sqlite3.connect(path, isolation_level=None, timeout=60)
-        path.chmod(0o600)
-        _set_up(self._db)
+        self._db = open_database(path, _LEDGER_SCHEMA, timeout=60)
         self._client = client
         self._hold = hold
         self._now = now
@@ -189,12 +184,12 @@ class SqliteLedger:
     def close(self) -> None:
         """Write the answers not yet written, and close the file."""
         if self._answers:
-            with self._transaction():
+            with write_transaction(self._db):
                 self._write_answers()
         self._db.close()
 
     def reserve(self, key: str, rule: Rule, pace: Pace, now: float) -> Grant | Wait:
-        with self._transaction():
+        with write_transaction(self._db):
             return self._reserve(key, rule, pace, now)
 
     def _reserve(self, key: str, rule: Rule, pace: Pace, now: float) -> Grant | Wait:
@@ -227,7 +222,7 @@ class SqliteLedger:
         self._answers.append((key, ticket, now, now + keep))
 
     def usage(self, key: str, rule: Rule) -> Usage:
-        with self._transaction():
+        with write_transaction(self._db):
             self._write_answers()
             self._catch_up()
         return self._logs[key].usage(rule, self._now())
@@ -267,28 +262,3 @@ class SqliteLedger:
             "AND seq < (SELECT max(seq) FROM send_log)",
             (_PRUNE_BATCH, now),
         )
-
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[None]:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
-
-
-def _set_up(db: sqlite3.Connection, *, tries: int = 50) -> None:
-    """WAL mode and the schema, retried: two processes opening a new ledger at once
-    can get "database is locked" here at once, without SQLite's busy wait."""
-    for attempt in range(tries):
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.executescript(_LEDGER_SCHEMA)
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or attempt == tries - 1:
-                raise
-            time.sleep(0.05 + 0.05 * random.random())

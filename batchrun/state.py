@@ -12,12 +12,10 @@ fingerprint of base URL and token that names the client.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import json
 import os
-import sqlite3
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
@@ -26,6 +24,7 @@ from typing import IO, Self
 
 import platformdirs
 
+from batchrun.database import open_database, write_transaction
 from batchrun.errors import JobsFileError, RunLocked, UsageError
 from batchrun.jobs import Job, JobType, Problem
 from batchrun.limits import LimitKey
@@ -142,12 +141,7 @@ class RunStore:
     """The jobs of one file for one client, and where each stands."""
 
     def __init__(self, path: Path | str) -> None:
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        if str(path) != ":memory:":
-            Path(path).chmod(0o600)
-            self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        self._db = open_database(path, _SCHEMA)
 
     def close(self) -> None:
         self._db.close()
@@ -163,7 +157,7 @@ class RunStore:
 
         One transaction: any bad row or conflict leaves the store as it was.
         """
-        with self._transaction():
+        with write_transaction(self._db):
             if restart:
                 self._db.execute("DELETE FROM jobs")
             self._db.execute(
@@ -260,7 +254,7 @@ class RunStore:
             t.value for t in JobType if not Job("", t).endpoint.safe_to_repeat
         )
         marks = ",".join("?" * len(unsafe))
-        with self._transaction():
+        with write_transaction(self._db):
             self._db.execute(
                 f"UPDATE jobs SET state = 'unknown' WHERE state = 'in_flight' "
                 f"AND type IN ({marks})",
@@ -352,16 +346,6 @@ class RunStore:
                 result.id,
             ),
         )
-
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[None]:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
 
 
 def _staged(job: Job) -> tuple[object, ...]:
