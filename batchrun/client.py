@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import email.utils
 import hashlib
-import json
 import math
 import ssl
 import time
@@ -24,7 +23,7 @@ from typing import Any, Self, cast
 import anyio
 import httpx
 
-from batchrun import __version__
+from batchrun import __version__, strict_json
 from batchrun.errors import UsageError
 from batchrun.jobs import Job
 
@@ -268,28 +267,11 @@ def _body(raw: bytes, *, cut: bool, secret: str | None) -> tuple[Any, str | None
 
 
 def _strict_json(raw: bytes) -> Any:
-    """JSON that any reader of the results file accepts, or ValueError.
-
-    NaN, Infinity and overflowing numbers are not JSON; lone surrogates
-    ("\\ud800") cannot be written as UTF-8; nesting deep enough to exhaust the
-    stack raises RecursionError. Each would break the results file or the run.
-    """
-    value = json.loads(raw, parse_constant=_not_json, parse_float=_finite)
-    json.dumps(value, ensure_ascii=False).encode()
+    """JSON that any reader of the results file accepts, or ValueError (a body
+    that is not UTF-8 included); RecursionError when nested too deeply."""
+    value = strict_json.loads(raw.decode("utf-8"))
+    strict_json.check_encodable(value)
     return value
-
-
-def _not_json(name: str) -> Any:
-    msg = f"{name} is not JSON"
-    raise ValueError(msg)
-
-
-def _finite(text: str) -> float:
-    number = float(text)
-    if not math.isfinite(number):
-        msg = f"{text} overflows"
-        raise ValueError(msg)
-    return number
 
 
 def _transport_failure(exc: httpx.TransportError, secret: str | None) -> Outcome:

@@ -21,6 +21,33 @@ class Status(StrEnum):
     FAILED = "failed"
 
 
+@dataclass(slots=True)
+class Tally:
+    """What a run (or one key of it) achieved, as counts."""
+
+    total: int = 0
+    done: int = 0
+    failed: int = 0
+    rate_limited: int = 0
+    retried: int = 0
+
+    @property
+    def ended(self) -> int:
+        return self.done + self.failed
+
+    @property
+    def left(self) -> int:
+        return self.total - self.ended
+
+    def add(self, other: Tally) -> None:
+        """Count `other` in too."""
+        self.total += other.total
+        self.done += other.done
+        self.failed += other.failed
+        self.rate_limited += other.rate_limited
+        self.retried += other.retried
+
+
 @dataclass(frozen=True, slots=True)
 class RunStarted:
     """A run begins: how many jobs each key has to send, and under which rule."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -22,11 +21,11 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import quote
 
+from batchrun import strict_json
 from batchrun.errors import JobsFileError
 from batchrun.limits import LimitKey
 
 _MAX_ROW = 16 * 2**20
-_MAX_DIGITS = 4300  # sys.int_info.default_max_str_digits
 # Payloads may be large JSON documents; the csv module's default cap is 128 KiB.
 csv.field_size_limit(_MAX_ROW)
 
@@ -304,7 +303,7 @@ def _jsonl_rows(lines: _Lines) -> Iterator[_Row]:
 
 def _json_object(line: int, text: str) -> _Row:
     try:
-        value = _loads(text)
+        value = strict_json.loads(text)
     except (ValueError, RecursionError) as exc:
         return Problem(line, f"not valid JSON ({_json_error(exc)})")
     if not isinstance(value, dict):
@@ -378,7 +377,7 @@ def _payload(value: Any, *, text: bool) -> dict[str, Any]:
     if text and isinstance(value, str):
         plain = _plain(value)
         try:
-            value = _loads(value)
+            value = strict_json.loads(value)
         except (ValueError, RecursionError) as exc:
             msg = f"payload is not valid JSON ({_json_error(exc)})"
             raise _BadRow(msg) from None
@@ -399,45 +398,13 @@ def _plain(text: str) -> bool:
 def _check_sendable(payload: dict[str, Any]) -> None:
     # The same encoding httpx applies when sending, so it cannot fail mid-run.
     try:
-        json.dumps(payload, ensure_ascii=False).encode()
+        strict_json.check_encodable(payload)
     except UnicodeEncodeError:
         msg = "payload holds a lone surrogate escape (\\ud800-\\udfff), not text"
         raise _BadRow(msg) from None
     except RecursionError:
         msg = "payload is nested too deeply"
         raise _BadRow(msg) from None
-
-
-def _loads(text: str) -> Any:
-    """Parse strict JSON: NaN, Infinity and numbers Python cannot hold are refused."""
-    return _DECODER.decode(text)
-
-
-def _no_constant(name: str) -> Any:
-    msg = f"{name} is not a JSON value"
-    raise ValueError(msg)
-
-
-def _finite(text: str) -> float:
-    number = float(text)
-    if not math.isfinite(number):
-        msg = f"the number {_shown(text)} is too large"
-        raise ValueError(msg)
-    return number
-
-
-def _integer(text: str) -> int:
-    # Python refuses longer integers with a hint about its own settings.
-    digits = len(text.lstrip("-"))
-    if digits > _MAX_DIGITS:
-        msg = f"a number of {digits} digits is too long"
-        raise ValueError(msg)
-    return int(text)
-
-
-_DECODER = json.JSONDecoder(
-    parse_constant=_no_constant, parse_float=_finite, parse_int=_integer
-)
 
 
 def _json_error(exc: Exception) -> str:

@@ -34,6 +34,7 @@ from batchrun.events import (
     RunStarted,
     SlotWait,
     Status,
+    Tally,
 )
 from batchrun.limits import LimitKey, Rule
 from batchrun.pacer import Pace, eta
@@ -93,25 +94,8 @@ def format_duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60} m"
 
 
-@dataclass(slots=True)
-class _Counts:
-    total: int = 0
-    done: int = 0
-    failed: int = 0
-    rate_limited: int = 0
-    retried: int = 0
-
-    @property
-    def ended(self) -> int:
-        return self.done + self.failed
-
-    @property
-    def left(self) -> int:
-        return self.total - self.ended
-
-
 @dataclass(slots=True, kw_only=True)
-class _Key(_Counts):
+class _Key(Tally):
     rule: Rule
     sends: deque[float]
     in_flight: int = 0
@@ -123,14 +107,10 @@ class _Key(_Counts):
         return max(0, self.left - self.in_flight)
 
 
-def _overall(states: Iterable[_Counts]) -> _Counts:
-    total = _Counts()
-    for s in states:
-        total.total += s.total
-        total.done += s.done
-        total.failed += s.failed
-        total.rate_limited += s.rate_limited
-        total.retried += s.retried
+def _overall(states: Iterable[Tally]) -> Tally:
+    total = Tally()
+    for state in states:
+        total.add(state)
     return total
 
 
@@ -232,7 +212,7 @@ def _next_slot(state: _Key, now: float) -> str:
     return f"in {format_duration(state.slot - now)}"
 
 
-def _tally(counts: _Counts) -> str:
+def _tally(counts: Tally) -> str:
     return (
         f"{counts.done}/{counts.total} done, {counts.failed} failed, "
         f"{counts.rate_limited} 429s, {counts.retried} retries"

@@ -31,6 +31,7 @@ from batchrun.events import (
     RunFinished,
     RunStarted,
     Status,
+    Tally,
 )
 from batchrun.jobs import Job
 from batchrun.limits import LimitKey
@@ -70,21 +71,6 @@ class Settings:
             if getattr(self, name) < 1:
                 msg = f"{name.replace('_', '-')} must be at least 1"
                 raise ValueError(msg)
-
-
-@dataclass(slots=True)
-class Tally:
-    """What a run achieved, as counts."""
-
-    done: int = 0
-    failed: int = 0
-    rate_limited: int = 0
-    retried: int = 0
-    total: int = 0
-
-    @property
-    def left(self) -> int:
-        return self.total - self.done - self.failed
 
 
 @dataclass(slots=True)
