@@ -37,24 +37,32 @@ def query(job_id: str) -> Job:
     return Job(job_id, JobType.RUN_QUERY, "t1", {"q": job_id})
 
 
+def make_runner(router, rules, sink, *, recorder=None, token=None, **settings):
+    """A Runner over a respx router, on the test's (virtual) clock."""
+    clock = LoopClock()
+    pacer = Pacer(rules=rules, ledger=MemoryLedger(), clock=clock, sink=sink)
+    transport = httpx.MockTransport(router.async_handler)
+    client = Client(base_url=BASE, token=token, scope="f", transport=transport)
+    runner = Runner(
+        sender=client,
+        pacer=pacer,
+        clock=clock,
+        sink=sink,
+        recorder=recorder or ListRecorder(),
+        settings=Settings(**settings),
+        rng=random.Random(1),
+    )
+    return client, runner
+
+
 async def run_jobs(router, jobs, *, rule="100/1s", recorder=None, **settings):
     """Run `jobs` (all run-query) through a Runner; return (tally, recorder, sink)."""
     sink, recorder = ListSink(), recorder or ListRecorder()
-    clock = LoopClock()
     rules = {LimitKey.RUN_QUERY: parse_rule(rule)}
-    pacer = Pacer(rules=rules, ledger=MemoryLedger(), clock=clock, sink=sink)
-    transport = httpx.MockTransport(router.async_handler)
-    client = Client(base_url=BASE, token="s3cret", scope="f", transport=transport)
+    client, runner = make_runner(
+        router, rules, sink, recorder=recorder, token="s3cret", **settings
+    )
     async with client:
-        runner = Runner(
-            sender=client,
-            pacer=pacer,
-            clock=clock,
-            sink=sink,
-            recorder=recorder,
-            settings=Settings(**settings),
-            rng=random.Random(1),
-        )
         tally = await runner.run(
             {LimitKey.RUN_QUERY: jobs}, {LimitKey.RUN_QUERY: len(jobs)}
         )
@@ -208,23 +216,9 @@ async def test_stop_before_run_sends_nothing_and_reports_left():
     """A runner stopped before it starts sends nothing and says jobs are left."""
     router = respx.Router()
     route = router.post(QUERY).respond(200, json={})
-    sink, clock = ListSink(), LoopClock()
+    sink = ListSink()
     rules = {LimitKey.RUN_QUERY: parse_rule("1/1s")}
-    pacer = Pacer(rules=rules, ledger=MemoryLedger(), clock=clock)
-    client = Client(
-        base_url=BASE,
-        token=None,
-        scope="f",
-        transport=httpx.MockTransport(router.async_handler),
-    )
-    runner = Runner(
-        sender=client,
-        pacer=pacer,
-        clock=clock,
-        sink=sink,
-        recorder=ListRecorder(),
-        settings=Settings(),
-    )
+    _, runner = make_runner(router, rules, sink)
     runner.stop()
     tally = await runner.run(
         {LimitKey.RUN_QUERY: [query("a")]}, {LimitKey.RUN_QUERY: 1}
@@ -277,23 +271,6 @@ async def test_state_is_recorded_before_the_send_and_after_the_answer():
     ]
 
 
-def _runner(router, rules, sink, **settings):
-    clock = LoopClock()
-    pacer = Pacer(rules=rules, ledger=MemoryLedger(), clock=clock, sink=sink)
-    transport = httpx.MockTransport(router.async_handler)
-    client = Client(base_url=BASE, token=None, scope="f", transport=transport)
-    runner = Runner(
-        sender=client,
-        pacer=pacer,
-        clock=clock,
-        sink=sink,
-        recorder=ListRecorder(),
-        settings=Settings(**settings),
-        rng=random.Random(1),
-    )
-    return client, runner
-
-
 INVITE = f"{BASE}/teams/t1/members/invite"
 
 
@@ -311,7 +288,7 @@ async def test_a_key_waiting_for_its_slot_does_not_hold_up_another():
         LimitKey.INVITE: parse_rule("1/10s"),
     }
     sink = ListSink()
-    client, runner = _runner(router, rules, sink, concurrency=2)
+    client, runner = make_runner(router, rules, sink, concurrency=2)
     start = anyio.current_time()
     jobs = {
         LimitKey.INVITE: [invite(f"i{n}") for n in range(3)],
@@ -343,7 +320,7 @@ async def test_stop_ends_the_waits_and_lets_requests_in_flight_finish():
         LimitKey.INVITE: parse_rule("1/1m"),
     }
     sink = ListSink()
-    client, runner = _runner(router, rules, sink, concurrency=4)
+    client, runner = make_runner(router, rules, sink, concurrency=4)
     jobs = {
         LimitKey.RUN_QUERY: [query(f"q{n}") for n in range(3)],
         LimitKey.INVITE: [invite(f"i{n}") for n in range(3)],
