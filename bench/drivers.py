@@ -9,7 +9,12 @@ acquire, so its retry goes out unpaced).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import aiometer
@@ -20,10 +25,12 @@ from batchrun.client import Client
 from batchrun.clock import SystemClock
 from batchrun.events import JobFinished, JobRequeued, JobSent
 from batchrun.jobs import Job, JobType
-from batchrun.ledger import MemoryLedger
+from batchrun.ledger import MemoryLedger, SqliteLedger
 from batchrun.limits import LimitKey, Rule
 from batchrun.pacer import Pacer
+from batchrun.results import ResultsFile
 from batchrun.runner import Runner, Settings
+from batchrun.state import Journal, RunStore
 from bench.anchors import Acquire, aiometer_rate
 
 PATH = "/teams/acme/data/run-query"
@@ -83,28 +90,49 @@ async def drive_batchrun(
     count: int,
     concurrency: int,
     sink: Any = None,
+    *,
+    state: str = "memory",
 ) -> int:
-    """batchrun's Runner + Client + Pacer + MemoryLedger, wired as in the CLI.
+    """batchrun's Runner + Client + Pacer, wired as in the CLI.
 
+    `state` is what the run keeps: "memory" (a MemoryLedger, job records dropped),
+    "ledger" (the shared SqliteLedger instead) or "durable" (that ledger, and the
+    run store and results file of `batchrun submit`, in a temporary folder).
     Returns the number of retries after transient errors (the runner's own count).
     """
-    clock = SystemClock()
-    pacer = Pacer(rules=rules, ledger=MemoryLedger(), clock=clock, sink=NullSink())
-    client = Client(
-        base_url=base_url, token=None, scope="bench", connections=concurrency
-    )
-    async with client:
-        runner = Runner(
-            sender=client,
-            pacer=pacer,
-            clock=clock,
-            sink=sink or NullSink(),
-            recorder=NullRecorder(),
-            settings=Settings(concurrency=concurrency),
+    with tempfile.TemporaryDirectory() as folder, contextlib.ExitStack() as stack:
+        ledger: Any = MemoryLedger()
+        recorder: Any = NullRecorder()
+        source: Iterable[Job] = jobs(count)
+        if state in ("ledger", "durable"):
+            ledger = SqliteLedger(
+                Path(folder) / "ledger.db", client="bench", hold=30.0, now=time.time
+            )
+            stack.callback(ledger.close)
+        if state == "durable":
+            store = stack.enter_context(RunStore(Path(folder) / "run.db"))
+            numbered = (replace(job, line=n) for n, job in enumerate(source, 2))
+            store.sync(numbered, path="bench", restart=False)
+            results = stack.enter_context(ResultsFile(Path(folder) / "results.jsonl"))
+            recorder = Journal(store, results)
+            source = store.pending(LimitKey.RUN_QUERY)
+        clock = SystemClock()
+        pacer = Pacer(rules=rules, ledger=ledger, clock=clock, sink=NullSink())
+        client = Client(
+            base_url=base_url, token=None, scope="bench", connections=concurrency
         )
-        tally = await runner.run(
-            {LimitKey.RUN_QUERY: jobs(count)}, {LimitKey.RUN_QUERY: count}
-        )
+        async with client:
+            runner = Runner(
+                sender=client,
+                pacer=pacer,
+                clock=clock,
+                sink=sink or NullSink(),
+                recorder=recorder,
+                settings=Settings(concurrency=concurrency),
+            )
+            tally = await runner.run(
+                {LimitKey.RUN_QUERY: source}, {LimitKey.RUN_QUERY: count}
+            )
     return tally.retried
 
 

@@ -45,7 +45,11 @@ def throughput(result: dict[str, Any]) -> str:
         for name, label in (
             ("bare", "bare httpx + anyio loop"),
             ("runner", "batchrun Runner path"),
+            ("runner_ledger", "Runner path + SQLite ledger"),
+            ("runner_durable", "Runner path + SQLite ledger + run store, results"),
         ):
+            if name not in case:
+                continue
             run = case[name]
             rps, wall = round(run["rps"]), f"{run['wall_s']:.2f}"
             rows.append(
