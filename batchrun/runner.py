@@ -100,8 +100,9 @@ class _Queue:
         return self.retries[0][0] if self.retries else None
 
     def pop(self, now: float) -> _Try:
-        """The next attempt: a retry that is due, else the next fresh job."""
-        if self.retries and self.retries[0][0] <= now:
+        """The next attempt: a retry that is due, else the next fresh job (else the
+        soonest retry, should the clock have stepped back since `due`)."""
+        if self.retries and (self.retries[0][0] <= now or self._ahead is None):
             return heapq.heappop(self.retries)[2]
         job, self._ahead = self._ahead, None
         assert job is not None

@@ -338,3 +338,16 @@ async def test_stop_ends_the_waits_and_lets_requests_in_flight_finish():
     assert (tally.done, tally.left) == (2, 4)
     assert anyio.current_time() - start == pytest.approx(5)
     assert sink.of(RunFinished)[0].stopped
+
+
+def test_a_queue_hands_out_its_retry_even_if_the_clock_stepped_back():
+    """Checked as due at 10 s, taken at 9 s (the wall clock stepped back): the
+    retry is handed out, not lost."""
+    from batchrun.runner import _Queue, _Try
+
+    queue = _Queue(iter([]))
+    retry = _Try(query("a"), attempts=1)
+    queue.retries.append((10.0, 0, retry))
+    assert queue.due() == 10.0
+    assert queue.pop(9.0) is retry
+    assert queue.due() is None
