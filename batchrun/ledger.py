@@ -1,4 +1,4 @@
-"""Where send times live: the `Ledger` protocol and its in-memory implementation.
+"""Where send times live: the `Ledger` protocol, in memory and shared in SQLite.
 
 A ledger records every request of a key from the moment its slot is granted until its
 answer arrives, and grants a slot only if `pacer.earliest_slot` allows it now. Check
