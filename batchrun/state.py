@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import IO, Self
+from typing import IO, Any, Self
 
 import platformdirs
 
@@ -204,25 +204,27 @@ class RunStore:
             "FROM incoming i JOIN (SELECT id, min(line) AS first FROM incoming "
             "GROUP BY id HAVING count(*) > 1) d ON i.id = d.id WHERE i.line > d.first"
         )
-        (more,) = self._db.execute(f"SELECT count(*) {query}").fetchone()
-        rows = self._db.execute(
-            f"SELECT i.line, i.id, d.first {query} ORDER BY i.line LIMIT {_SHOWN}"
-        ).fetchall()
+        more, rows = self._counted("i.line, i.id, d.first", query)
         found = [
             (line, f"duplicate id {job_id!r} (first on line {first})")
             for line, job_id, first in rows
         ]
         return sorted(problems + found)[:_SHOWN], total + more
 
+    def _counted(self, columns: str, query: str) -> tuple[int, list[Any]]:
+        """How many rows `query` finds, and the first of them by line."""
+        (count,) = self._db.execute(f"SELECT count(*) {query}").fetchone()
+        rows = self._db.execute(
+            f"SELECT {columns} {query} ORDER BY i.line LIMIT {_SHOWN}"
+        ).fetchall()
+        return count, rows
+
     def _conflicts(self) -> tuple[list[tuple[int, str]], int]:
         query = (
             "FROM incoming i JOIN jobs j ON i.id = j.id "
             "WHERE i.digest != j.digest AND j.state != 'pending'"
         )
-        (total,) = self._db.execute(f"SELECT count(*) {query}").fetchone()
-        rows = self._db.execute(
-            f"SELECT i.line, i.id, j.state {query} ORDER BY i.line LIMIT {_SHOWN}"
-        ).fetchall()
+        total, rows = self._counted("i.line, i.id, j.state", query)
         problems = [
             (
                 line,
