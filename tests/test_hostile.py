@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import email.utils
 import json
-import random
 import sys
 import time
 from collections import Counter
@@ -22,19 +21,14 @@ import trio.testing
 from typer.testing import CliRunner
 
 from batchrun.cli import app
-from batchrun.client import BODY_LIMIT, RETRY_AFTER_CAP, Client
-from batchrun.clock import LoopClock
+from batchrun.client import BODY_LIMIT, RETRY_AFTER_CAP
 from batchrun.events import JobRequeued, JobSent, Status
 from batchrun.jobs import Job, JobType
-from batchrun.ledger import MemoryLedger
 from batchrun.limits import LimitKey, limit_table, parse_rule
-from batchrun.pacer import Pacer
 from batchrun.results import JobResult, ResultsFile
-from batchrun.runner import Runner, Settings
 from batchrun.sandbox import create_app, running
-from tests.fakes import ListSink
+from tests.fakes import BASE, ListSink, make_runner
 
-BASE = "https://api.example.test"
 QUERY = f"{BASE}/teams/t1/data/run-query"
 TOKEN = "tok-HOSTILE-7c1e9d2a5b"
 cli = CliRunner()
@@ -69,26 +63,21 @@ async def run_one(router, tmp_path, *, seconds=30.0, **settings):
 
     Returns (result, results-file lines as bytes, sink).
     """
-    sink, clock = ListSink(), LoopClock()
+    sink = ListSink()
     rules = {LimitKey.RUN_QUERY: parse_rule("100/1s")}
-    pacer = Pacer(rules=rules, ledger=MemoryLedger(), clock=clock, sink=sink)
-    transport = httpx.MockTransport(router.async_handler)
-    client = Client(
-        base_url=BASE, token=TOKEN, scope="f", timeout=seconds, transport=transport
-    )
     path = tmp_path / "results.jsonl"
     with ResultsFile(path) as results:
         recorder = ResultsRecorder(results)
+        client, runner = make_runner(
+            router,
+            rules,
+            sink,
+            recorder=recorder,
+            token=TOKEN,
+            timeout=seconds,
+            **settings,
+        )
         async with client:
-            runner = Runner(
-                sender=client,
-                pacer=pacer,
-                clock=clock,
-                sink=sink,
-                recorder=recorder,
-                settings=Settings(**settings),
-                rng=random.Random(1),
-            )
             job = Job("a", JobType.RUN_QUERY, "t1", {"q": 1})
             await runner.run({LimitKey.RUN_QUERY: [job]}, {LimitKey.RUN_QUERY: 1})
     [result] = recorder.results

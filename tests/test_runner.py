@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 
 import anyio
 import httpx
@@ -11,19 +10,14 @@ import pytest
 import respx
 import trio.testing
 
-from batchrun.client import Client
-from batchrun.clock import LoopClock
 from batchrun.events import JobRequeued, JobSent, RunFinished, Status
 from batchrun.jobs import Job, JobType
-from batchrun.ledger import MemoryLedger
 from batchrun.limits import LimitKey, parse_rule
-from batchrun.pacer import Pacer
 from batchrun.results import ResultsFile
-from batchrun.runner import Runner, Settings, Tally
+from batchrun.runner import Tally
 from batchrun.state import Journal, RunStore
-from tests.fakes import ListRecorder, ListSink
+from tests.fakes import BASE, ListRecorder, ListSink, make_runner
 
-BASE = "https://api.example.test"
 QUERY = f"{BASE}/teams/t1/data/run-query"
 
 
@@ -35,24 +29,6 @@ def anyio_backend():
 
 def query(job_id: str) -> Job:
     return Job(job_id, JobType.RUN_QUERY, "t1", {"q": job_id})
-
-
-def make_runner(router, rules, sink, *, recorder=None, token=None, **settings):
-    """A Runner over a respx router, on the test's (virtual) clock."""
-    clock = LoopClock()
-    pacer = Pacer(rules=rules, ledger=MemoryLedger(), clock=clock, sink=sink)
-    transport = httpx.MockTransport(router.async_handler)
-    client = Client(base_url=BASE, token=token, scope="f", transport=transport)
-    runner = Runner(
-        sender=client,
-        pacer=pacer,
-        clock=clock,
-        sink=sink,
-        recorder=recorder or ListRecorder(),
-        settings=Settings(**settings),
-        rng=random.Random(1),
-    )
-    return client, runner
 
 
 async def run_jobs(router, jobs, *, rule="100/1s", recorder=None, **settings):
