@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import stat
 
@@ -153,32 +154,38 @@ def _hold_lock(folder, ready, release):
         release.wait(10)
 
 
-def test_second_run_of_a_file_is_locked_out_naming_the_holder(tmp_path):
-    """While one process holds the file, another gets RunLocked naming its pid."""
+@contextlib.contextmanager
+def lock_holder(folder):
+    """Another process holding the lock of `folder` until the block ends (or it
+    is killed); yields the process."""
     ctx = multiprocessing.get_context("spawn")
     ready, release = ctx.Event(), ctx.Event()
-    holder = ctx.Process(target=_hold_lock, args=(tmp_path, ready, release))
+    holder = ctx.Process(target=_hold_lock, args=(folder, ready, release))
     holder.start()
     try:
         assert ready.wait(10)
+        yield holder
+    finally:
+        # Not after a kill: the dead process may hold the event's lock.
+        if holder.is_alive():
+            release.set()
+        holder.join(10)
+
+
+def test_second_run_of_a_file_is_locked_out_naming_the_holder(tmp_path):
+    """While one process holds the file, another gets RunLocked naming its pid."""
+    with lock_holder(tmp_path) as holder:
         with pytest.raises(RunLocked) as info, RunLock(tmp_path, tmp_path / "jobs.csv"):
             pass
         assert f"pid {holder.pid}" in info.value.message
         assert info.value.exit_code == 3
-    finally:
-        release.set()
-        holder.join(10)
 
 
 def test_lock_of_a_dead_process_does_not_block(tmp_path):
     """A lock file left by a killed process does not stop the next run."""
-    ctx = multiprocessing.get_context("spawn")
-    ready, release = ctx.Event(), ctx.Event()
-    holder = ctx.Process(target=_hold_lock, args=(tmp_path, ready, release))
-    holder.start()
-    assert ready.wait(10)
-    holder.kill()
-    holder.join(10)
+    with lock_holder(tmp_path) as holder:
+        holder.kill()
+        holder.join(10)
     assert (tmp_path / "lock").exists()
     with RunLock(tmp_path, tmp_path / "jobs.csv"):
         pass
