@@ -269,8 +269,10 @@ def _body(raw: bytes, *, cut: bool, secret: str | None) -> tuple[Any, str | None
 def _strict_json(raw: bytes) -> Any:
     """JSON that any reader of the results file accepts, or ValueError (a body
     that is not UTF-8 included); RecursionError when nested too deeply."""
-    value = strict_json.loads(raw.decode("utf-8"))
-    strict_json.check_encodable(value)
+    text = raw.decode("utf-8")
+    value = strict_json.loads(text)
+    if not strict_json.surely_encodable(text):
+        strict_json.check_encodable(value)
     return value
 
 

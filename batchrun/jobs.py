@@ -375,7 +375,7 @@ def _payload(value: Any, *, text: bool) -> dict[str, Any]:
         return {}
     plain = False
     if text and isinstance(value, str):
-        plain = _plain(value)
+        plain = strict_json.surely_encodable(value)
         try:
             value = strict_json.loads(value)
         except (ValueError, RecursionError) as exc:
@@ -387,12 +387,6 @@ def _payload(value: Any, *, text: bool) -> dict[str, Any]:
     if not plain:
         _check_sendable(value)
     return value
-
-
-def _plain(text: str) -> bool:
-    """JSON text that cannot hold a lone surrogate (only a \\u escape makes one)
-    nor nest deeply enough to fail encoding: most payloads, checked cheaply."""
-    return "\\u" not in text and text.count("{") + text.count("[") < 100
 
 
 def _check_sendable(payload: dict[str, Any]) -> None:

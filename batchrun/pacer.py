@@ -193,7 +193,9 @@ class Pacer:
         # An answer of this key may open a slot sooner (or the ledger may name a
         # moment only as a bound, e.g. another process's request timing out).
         delay = math.inf if until is None else until - self._clock.now()
-        answer = self._answers.setdefault(key, anyio.Event())
+        answer = self._answers.get(key)
+        if answer is None:
+            answer = self._answers[key] = anyio.Event()
         with anyio.move_on_after(delay):
             await answer.wait()
 

@@ -21,6 +21,13 @@ def loads(text: str) -> Any:
     return _DECODER.decode(text)
 
 
+def surely_encodable(text: str) -> bool:
+    """Whether the value parsed from `text` needs no `check_encodable`: without a
+    \\u escape it holds no lone surrogate, and with under 100 brackets it cannot
+    nest deeply enough to fail encoding. Most JSON, checked cheaply."""
+    return "\\u" not in text and text.count("{") + text.count("[") < 100
+
+
 def check_encodable(value: Any) -> None:
     """Raise UnicodeEncodeError if `value` holds a lone surrogate, RecursionError if
     it is nested too deeply to encode: the encoding httpx applies when sending."""
