@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import typer
 
-from batchrun import __version__
+from batchrun import __version__, durations
 from batchrun.errors import (
     EXIT_STOPPED,
     BatchrunError,
@@ -30,11 +30,10 @@ from batchrun.limits import (
     Profile,
     Rule,
     limit_table,
-    parse_duration,
     parse_override,
 )
-from batchrun.pacer import Pace
 from batchrun.results import default_results_path
+from batchrun.slots import Pace
 from batchrun.state import Failure, StatePaths, client_fingerprint
 
 if TYPE_CHECKING:
@@ -198,11 +197,11 @@ def submit(
                 max_attempts=max_attempts,
                 backoff=1.0 / time_scale,
                 backoff_cap=60.0 / time_scale,
-                pace=pace.value,
+                pace=pace,
             ),
             results=results or default_results_path(jobs_file),
             state=StatePaths.resolve(state_dir),
-            deadline=None if deadline is None else parse_duration(deadline),
+            deadline=None if deadline is None else durations.parse(deadline),
             retry_failed=retry_failed,
             retry_unknown=retry_unknown,
             restart=restart,
@@ -279,17 +278,16 @@ def plan(
 
 
 def _echo_plans(plans: list[KeyPlan]) -> None:
-    from batchrun.progress import format_duration
 
     for item in plans:
         used = ", ".join(f"{n} of {window}" for window, n in item.used)
         typer.echo(
             f"{item.jobs:,} {item.key.value} jobs at {item.rule}: "
-            f"{format_duration(item.seconds)} (in use now: {used})"
+            f"{durations.spoken(item.seconds)} (in use now: {used})"
         )
     if len(plans) > 1:
         longest = max(item.seconds for item in plans)
-        typer.echo(f"all: {format_duration(longest)}")
+        typer.echo(f"all: {durations.spoken(longest)}")
 
 
 def _status_json(jobs_file: Path, found: Status) -> dict[str, object]:

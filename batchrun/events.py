@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from batchrun.limits import LimitKey, Rule
+from batchrun.slots import Pace
 
 
 class Status(StrEnum):
@@ -55,7 +56,7 @@ class RunStarted:
     at: float
     totals: Mapping[LimitKey, int]
     rules: Mapping[LimitKey, Rule]
-    pace: str
+    pace: Pace
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,25 +1,21 @@
-"""Where send times live: the `Ledger` protocol, in memory and shared in SQLite.
+"""Where send times live: the `Ledger` protocol, and the in-memory ledger.
 
 A ledger records every request of a key from the moment its slot is granted until its
-answer arrives, and grants a slot only if `pacer.earliest_slot` allows it now. Check
+answer arrives, and grants a slot only if `slots.earliest_slot` allows it now. Check
 and record happen in one step (`reserve`), so that every sender drawing on one ledger
-shares one budget. The memory ledger serves one process; a SQLite ledger in the state
-folder serves every process of a client on the machine.
+shares one budget. `MemoryLedger` serves one process; `sqlite_ledger.SqliteLedger`
+every process of a client on the machine.
 """
 
 from __future__ import annotations
 
 import bisect
-import math
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
-from batchrun.database import open_database, write_transaction
 from batchrun.limits import Rule
-from batchrun.pacer import Grant, Pace, Usage, Wait, earliest_slot
+from batchrun.slots import Grant, Pace, Usage, Wait, earliest_slot
 
 
 class Ledger(Protocol):
@@ -47,7 +43,7 @@ class Ledger(Protocol):
 
 @dataclass(slots=True)
 class _KeyLog:
-    """One key's history in memory: a `pacer.History`."""
+    """One key's history in memory: a `slots.History`."""
 
     finished: list[float] = field(default_factory=list)
     in_flight: int = 0
@@ -93,172 +89,3 @@ class MemoryLedger:
 
     def close(self) -> None:
         pass
-
-
-# An append-only log: a send is one row, its answer another, so a write touches one
-# page and needs no index. A send's `seq` is its ticket; an answer names it.
-_LEDGER_SCHEMA = """
-CREATE TABLE IF NOT EXISTS send_log (
-    seq INTEGER PRIMARY KEY,
-    client TEXT NOT NULL,
-    key TEXT NOT NULL,
-    ticket INTEGER,
-    at REAL NOT NULL,
-    expires REAL,
-    keep_until REAL NOT NULL
-);
-"""
-# History older than this (or than the rule's longest window) is pruned, from the
-# oldest rows, a bounded batch at a time.
-_KEEP = 3600.0
-_PRUNE_EVERY = 500
-_PRUNE_BATCH = 2000
-
-
-@dataclass(slots=True)
-class _SharedLog:
-    """One key's requests as this process last read them from the shared log.
-
-    `open` maps each unanswered request to its expiry; one past its expiry counts
-    as answered then (`lapsed`) until its real answer, if any, replaces it.
-    """
-
-    open: dict[int, float] = field(default_factory=dict)
-    lapsed: dict[int, float] = field(default_factory=dict)
-    finished: list[float] = field(default_factory=list)
-    last_start: float = -math.inf
-
-    def sent(self, ticket: int, start: float, expires: float) -> None:
-        self.open[ticket] = expires
-        self.last_start = max(self.last_start, start)
-
-    def answered(self, ticket: int, end: float) -> None:
-        self.open.pop(ticket, None)
-        expired = self.lapsed.pop(ticket, None)
-        if expired is not None:
-            at = bisect.bisect_left(self.finished, expired)
-            if at < len(self.finished) and self.finished[at] == expired:
-                del self.finished[at]
-        bisect.insort(self.finished, end)
-
-    def usage(self, rule: Rule, now: float) -> Usage:
-        for ticket, expires in list(self.open.items()):
-            if expires <= now:
-                del self.open[ticket]
-                self.lapsed[ticket] = expires
-                bisect.insort(self.finished, expires)
-        del self.finished[: -rule.deepest]
-        last = self.last_start if self.last_start > -math.inf else None
-        return Usage(len(self.open), self.finished, last)
-
-
-class SqliteLedger:
-    """The send log of one client, shared by every process on the machine.
-
-    `reserve` reads and records in one `BEGIN IMMEDIATE` transaction, so two
-    processes can never both take the last slot of a window. Times are wall-clock
-    seconds, which processes share. A request whose process died before its answer
-    counts as in flight until `start + hold` (the request timeout), then as answered
-    at that moment.
-
-    The file is an append-only log of sends and answers. Each process keeps a copy
-    of its client's history in memory and reads only the rows written since it last
-    looked, so a reserve costs the same with ten rows in the log or a million.
-    Answers are written with the next reserve (or at `close`): until then other
-    processes count the request as still in flight, which is never less safe.
-    """
-
-    def __init__(
-        self, path: Path, *, client: str, hold: float, now: Callable[[], float]
-    ) -> None:
-        self._db = open_database(path, _LEDGER_SCHEMA, timeout=60)
-        self._client = client
-        self._hold = hold
-        self._now = now
-        self._reserves = 0
-        self._seen = 0
-        self._answers: list[tuple[str, int, float, float]] = []
-        self._logs: defaultdict[str, _SharedLog] = defaultdict(_SharedLog)
-        self._keys: dict[int, tuple[str, float]] = {}
-
-    def close(self) -> None:
-        """Write the answers not yet written, and close the file."""
-        if self._answers:
-            with write_transaction(self._db):
-                self._write_answers()
-        self._db.close()
-
-    def reserve(self, key: str, rule: Rule, pace: Pace, now: float) -> Grant | Wait:
-        with write_transaction(self._db):
-            return self._reserve(key, rule, pace, now)
-
-    def _reserve(self, key: str, rule: Rule, pace: Pace, now: float) -> Grant | Wait:
-        keep = max(_KEEP, rule.longest)
-        self._reserves += 1
-        if self._reserves % _PRUNE_EVERY == 1:
-            self._prune(now)
-        self._write_answers()
-        self._catch_up()
-        log = self._logs[key]
-        slot = earliest_slot(log.usage(rule, now), rule, pace)
-        if slot is None:
-            # Every slot waits on an answer; one from another process may come
-            # only as its expiry.
-            return Wait(min(log.open.values(), default=None))
-        if slot > now:
-            return Wait(slot)
-        expires = now + self._hold
-        cursor = self._db.execute(
-            "INSERT INTO send_log (client, key, at, expires, keep_until) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (self._client, key, now, expires, expires + keep),
-        )
-        assert cursor.lastrowid is not None
-        self._keys[cursor.lastrowid] = (key, keep)
-        return Grant(cursor.lastrowid)
-
-    def release(self, ticket: int, now: float) -> None:
-        key, keep = self._keys.pop(ticket)
-        self._answers.append((key, ticket, now, now + keep))
-
-    def usage(self, key: str, rule: Rule) -> Usage:
-        with write_transaction(self._db):
-            self._write_answers()
-            self._catch_up()
-        return self._logs[key].usage(rule, self._now())
-
-    def _write_answers(self) -> None:
-        self._db.executemany(
-            "INSERT INTO send_log (client, key, ticket, at, keep_until) "
-            "VALUES (?, ?, ?, ?, ?)",
-            [(self._client, *answer) for answer in self._answers],
-        )
-        self._answers.clear()
-
-    def _catch_up(self) -> None:
-        """Apply every send and answer of this client written since the last look."""
-        rows = self._db.execute(
-            "SELECT seq, key, ticket, at, expires FROM send_log "
-            "WHERE seq > ? AND client = ? ORDER BY seq",
-            (self._seen, self._client),
-        ).fetchall()
-        for seq, key, ticket, at, expires in rows:
-            if ticket is None:
-                self._logs[key].sent(seq, at, expires)
-            else:
-                self._logs[key].answered(ticket, at)
-        if rows:
-            self._seen = rows[-1][0]
-
-    def _prune(self, now: float) -> None:
-        """Delete rows that no window needs any more, from the oldest.
-
-        The newest row always stays, so `seq` only grows and no process's last
-        look is ever overtaken by a reused number.
-        """
-        self._db.execute(
-            "DELETE FROM send_log WHERE seq IN (SELECT seq FROM send_log "
-            "ORDER BY seq LIMIT ?) AND keep_until < ? "
-            "AND seq < (SELECT max(seq) FROM send_log)",
-            (_PRUNE_BATCH, now),
-        )

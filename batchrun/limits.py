@@ -11,11 +11,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from batchrun import durations
 from batchrun.errors import UsageError
 
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_WINDOW = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?|\.\d+)?\s*(ms|s|m|h)\s*$")
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)?\s*(ms|s|m|h)\s*$")
+_WINDOW = re.compile(rf"^\s*(\d+)\s*/\s*{durations.PATTERN}\s*$")
 _GRAMMAR_HINT = (
     "A rule is COUNT/WINDOW, several joined by '+'; WINDOW is a number with unit "
     "ms, s, m or h (a bare unit means 1 of it). Examples: 30/1m, 15/m+500/1h, 30/2s."
@@ -54,7 +53,7 @@ class Window:
             raise UsageError(msg)
 
     def __str__(self) -> str:
-        return f"{self.count}/{_format_seconds(self.seconds)}"
+        return f"{self.count}/{durations.compact(self.seconds)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,23 +103,12 @@ def parse_rule(text: str) -> Rule:
             )
             raise UsageError(msg)
         count, number, unit = match.groups()
-        seconds = float(number or 1) * _UNIT_SECONDS[unit]
         try:
-            windows.append(Window(int(count), seconds))
+            windows.append(Window(int(count), durations.seconds(number, unit)))
         except UsageError as exc:
             msg = f"bad limit rule {text!r}: {exc.message}. {_GRAMMAR_HINT}"
             raise UsageError(msg) from None
     return Rule(tuple(windows))
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in a duration like `55m`, `90s`, `1.5h` or `500ms`."""
-    match = _DURATION.match(text)
-    if match is None or not float(match.group(1) or 1) > 0:
-        msg = f"bad duration {text!r}: expected a number with unit ms, s, m or h (55m)"
-        raise UsageError(msg)
-    number, unit = match.groups()
-    return float(number or 1) * _UNIT_SECONDS[unit]
 
 
 def parse_override(text: str) -> tuple[LimitKey, Rule]:
@@ -164,12 +152,3 @@ def limit_table(
     table.update(overrides)
     return {key: rule.scaled(time_scale) for key, rule in table.items()}
 
-
-def _format_seconds(seconds: float) -> str:
-    for unit in ("h", "m", "s"):
-        size = _UNIT_SECONDS[unit]
-        if seconds >= size and (seconds / size).is_integer():
-            return f"{int(seconds / size)}{unit}"
-    if seconds < 1 and (seconds * 1000).is_integer():
-        return f"{int(seconds * 1000)}ms"
-    return f"{seconds:g}s"

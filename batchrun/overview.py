@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchrun.jobs import read_jobs
-from batchrun.ledger import SqliteLedger
 from batchrun.limits import LimitKey, Rule, parse_override
-from batchrun.pacer import Pace, eta
+from batchrun.slots import Pace, eta
+from batchrun.sqlite_ledger import SqliteLedger
 from batchrun.state import Failure, JobState, RunStore, StatePaths
 
 _SETTLED = {JobState.DONE, JobState.FAILED, JobState.UNKNOWN}

@@ -1,133 +1,23 @@
-"""The exact sliding-window pacer: when may the next request of a key leave?
+"""The pacer: grants send slots per key, first come first served, never polling.
 
-The rule that keeps every reading of the limits safe (fixed or sliding windows,
-counted at arrival, whatever the network latency):
-
-    A request of key K may be sent at time s only if fewer than COUNT earlier
-    requests of K are still in flight or got their answer after s - WINDOW,
-    for every window of K's rule.
-
-Why: two requests that fall in one server window arrived less than WINDOW apart; the
-earlier one arrived before its answer came back, so the later one counted it. Hence
-the earliest send time is `completion of the COUNT-th most recent request + WINDOW`
-(in-flight requests count as the most recent), over all windows. Every request sent
-counts, whatever its answer: a 429 may count on the server too.
-
-`earliest_slot` is that computation as a pure function. `Pacer` grants slots to
-waiting senders in FIFO order per key, sleeping (never polling) until the next slot.
+The slot itself is `slots.earliest_slot` (the sliding-window rule, stated there),
+checked and recorded atomically by a `Ledger`; the pacer only orders the senders of
+each key and sleeps until the computed slot, or until an answer of the key arrives
+when in-flight requests fill a window.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Mapping
 
 import anyio
 
 from batchrun.clock import Clock
 from batchrun.events import EventSink, SlotWait
+from batchrun.ledger import Ledger
 from batchrun.limits import LimitKey, Rule
-
-if TYPE_CHECKING:
-    from batchrun.ledger import Ledger
-
-# Past this many requests, `eta` extrapolates at the long-run rate instead of
-# simulating each one; the greedy schedule is periodic long before that.
-_ETA_SIMULATED = 5000
-
-
-class Pace(StrEnum):
-    """`exact`: as early as the windows allow; `spread`: evenly at the long-run rate."""
-
-    EXACT = "exact"
-    SPREAD = "spread"
-
-
-class History(Protocol):
-    """A key's recent requests, as the pacer reads them (`Usage` is one).
-
-    `finished` holds completion moments in ascending order; only the last
-    `rule.deepest` of them matter. `last_start` is the newest send, for `spread`.
-    """
-
-    @property
-    def in_flight(self) -> int: ...
-
-    @property
-    def finished(self) -> Sequence[float]: ...
-
-    @property
-    def last_start(self) -> float | None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """A key's recent requests as values (see `History`)."""
-
-    in_flight: int
-    finished: Sequence[float]
-    last_start: float | None = None
-
-
-@dataclass(slots=True)
-class Grant:
-    """A slot was granted and recorded as in flight; `release(ticket)` ends it."""
-
-    ticket: int
-
-
-@dataclass(frozen=True, slots=True)
-class Wait:
-    """No slot yet: try again at `until`, or after an answer when `until` is None."""
-
-    until: float | None
-
-
-def earliest_slot(usage: History, rule: Rule, pace: Pace = Pace.EXACT) -> float | None:
-    """The earliest moment the next request may leave; None until an answer arrives.
-
-    A moment in the past means "now". With `spread`, requests are also kept
-    `rule.interval` apart, start to start.
-    """
-    slot = -math.inf
-    finished, in_flight = usage.finished, usage.in_flight
-    for window in rule.windows:
-        needed = window.count - in_flight
-        if needed <= 0:
-            return None
-        if len(finished) >= needed:
-            slot = max(slot, finished[-needed] + window.seconds)
-    if pace is Pace.SPREAD and usage.last_start is not None:
-        slot = max(slot, usage.last_start + rule.interval)
-    return slot
-
-
-def eta(
-    count: int,
-    rule: Rule,
-    *,
-    now: float,
-    pace: Pace = Pace.EXACT,
-    recent: Sequence[float] = (),
-) -> float:
-    """When the last of `count` more requests may leave, at zero latency.
-
-    `recent` holds the send moments of earlier requests (ascending), which still
-    occupy the windows. Used for progress ETAs and as the ideal in tests and benches.
-    """
-    history: deque[float] = deque(recent, maxlen=rule.deepest)
-    moment = now
-    last = history[-1] if history else None
-    for _ in range(min(count, _ETA_SIMULATED)):
-        slot = earliest_slot(Usage(0, history, last), rule, pace)
-        moment = max(moment, slot if slot is not None else moment)
-        history.append(moment)
-        last = moment
-    return moment + max(0, count - _ETA_SIMULATED) * rule.interval
+from batchrun.slots import Grant, Pace, Wait
 
 
 class Pacer:

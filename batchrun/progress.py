@@ -1,7 +1,7 @@
 """What a person sees of a run: a Rich live view on a terminal, plain lines elsewhere.
 
 Both sinks keep a `_Board` of counts built from the runner's events, and both end
-with the same summary on `close()`. ETAs come from the limits (`pacer.eta` over the
+with the same summary on `close()`. ETAs come from the limits (`slots.eta` over the
 jobs not yet sent and each key's recent sends), never from the past rate. Plain lines
 carry no escape codes. This is the only module that imports Rich.
 """
@@ -23,6 +23,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from batchrun import durations
 from batchrun.clock import Clock
 from batchrun.events import (
     Event,
@@ -37,7 +38,7 @@ from batchrun.events import (
     Tally,
 )
 from batchrun.limits import LimitKey, Rule
-from batchrun.pacer import Pace, eta
+from batchrun.slots import Pace, eta
 
 # Enough to see a pattern in a cron mail; the results file holds every failure.
 _FAILURES_LISTED = 20
@@ -78,20 +79,6 @@ def open_progress(
     if live:
         return _LiveView(Console(file=stream, force_terminal=True), clock=clock)
     return _PlainLog(stream, clock=clock, every=every, wall=wall)
-
-
-def format_duration(seconds: float) -> str:
-    """A duration for people: `850 ms`, `4.2 s`, `3 m 20 s`, `3 h 59 m`."""
-    ms = round(max(0.0, seconds) * 1000)
-    if ms < 1000:
-        return f"{ms} ms"
-    if ms < 59_950:
-        return f"{ms / 1000:.1f} s"
-    whole = round(ms / 1000)
-    if whole < 3600:
-        return f"{whole // 60} m {whole % 60} s"
-    minutes = round(whole / 60)
-    return f"{minutes // 60} h {minutes % 60} m"
 
 
 @dataclass(slots=True, kw_only=True)
@@ -143,8 +130,7 @@ class _Board:
 
     def _start(self, event: RunStarted) -> None:
         self.started = event.at
-        with contextlib.suppress(ValueError):
-            self.pace = Pace(event.pace)
+        self.pace = event.pace
         self.keys = {
             key: _Key(total=total, rule=rule, sends=deque(maxlen=rule.deepest))
             for key, total in event.totals.items()
@@ -209,7 +195,7 @@ def _next_slot(state: _Key, now: float) -> str:
         return "after an answer"
     if state.slot <= now:
         return "now"
-    return f"in {format_duration(state.slot - now)}"
+    return f"in {durations.spoken(state.slot - now)}"
 
 
 def _tally(counts: Tally) -> str:
@@ -229,7 +215,7 @@ def _summary_rows(board: _Board) -> list[tuple[str, ...]]:
 
 def _closing_lines(board: _Board, now: float) -> list[str]:
     c = _overall(board.keys.values())
-    elapsed = format_duration(board.elapsed(now))
+    elapsed = durations.spoken(board.elapsed(now))
     lines = [f"{c.done} done, {c.failed} failed, {c.left} left in {elapsed}."]
     if board.finished is not None and board.finished.stopped:
         lines.append(
@@ -283,7 +269,7 @@ class _PlainLog:
         board = self._board
         keys = ", ".join(f"{k} {s.total} at {s.rule}" for k, s in board.keys.items())
         total = _overall(board.keys.values()).total
-        eta_text = format_duration(board.eta(at))
+        eta_text = durations.spoken(board.eta(at))
         return f"starting: {total} jobs — {keys}; pace {board.pace}; ETA {eta_text}"
 
     def _finished(self, event: JobFinished, state: _Key) -> None:
@@ -305,7 +291,7 @@ class _PlainLog:
             why = "429 (rate limited)" + (f"; {extra}" if extra else "")
         self._line(
             f"job {event.job_id} ({event.key}): {why}; requeued, next try in "
-            f"{format_duration(event.delay)}"
+            f"{durations.spoken(event.delay)}"
         )
         if self._requeues == _FAILURES_LISTED:
             self._line("further requeues are only counted")
@@ -324,7 +310,7 @@ class _PlainLog:
         self._last = at
         board = self._board
         keys = "; ".join(f"{k} {_tally(s)}" for k, s in board.keys.items())
-        eta_text = format_duration(board.eta(at))
+        eta_text = durations.spoken(board.eta(at))
         overall = _tally(_overall(board.keys.values()))
         self._line(f"progress: {overall} — {keys}; ETA {eta_text}")
 
@@ -404,8 +390,8 @@ class _LiveView:
         grid.add_row(
             ProgressBar(total=max(c.total, 1), completed=c.ended, width=40),
             f"{c.ended}/{c.total}",
-            f"elapsed {format_duration(self._board.elapsed(now))}",
-            f"ETA {format_duration(max(etas.values(), default=0.0))}",
+            f"elapsed {durations.spoken(self._board.elapsed(now))}",
+            f"ETA {durations.spoken(max(etas.values(), default=0.0))}",
         )
         return grid
 
@@ -414,7 +400,7 @@ class _LiveView:
         for i, name in enumerate(_VIEW_COLUMNS.split(",")):
             table.add_column(name, justify="left" if i < 2 else "right")
         for key, s in list(self._board.keys.items()):
-            key_eta = format_duration(etas.get(key, 0.0)) if s.left > 0 else _NONE
+            key_eta = durations.spoken(etas.get(key, 0.0)) if s.left > 0 else _NONE
             numbers = (s.failed, s.rate_limited, s.retried, s.in_flight)
             table.add_row(
                 Text(key),

@@ -37,6 +37,7 @@ from batchrun.jobs import Job
 from batchrun.limits import LimitKey
 from batchrun.pacer import Pacer
 from batchrun.results import JobResult
+from batchrun.slots import Pace
 
 
 class Sender(Protocol):
@@ -64,7 +65,7 @@ class Settings:
     max_attempts: int = 5
     backoff: float = 1.0
     backoff_cap: float = 60.0
-    pace: str = "exact"
+    pace: Pace = Pace.EXACT
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "max_attempts"):

@@ -25,11 +25,12 @@ import anyio
 from batchrun.clock import SystemClock
 from batchrun.errors import EXIT_OK, EXIT_SOME_FAILED, EXIT_STOPPED
 from batchrun.jobs import scan
-from batchrun.ledger import Ledger, MemoryLedger, SqliteLedger
+from batchrun.ledger import Ledger, MemoryLedger
 from batchrun.limits import LimitKey, Rule
-from batchrun.pacer import Pace, Pacer
+from batchrun.pacer import Pacer
 from batchrun.results import ResultsFile
 from batchrun.runner import Runner, Settings
+from batchrun.sqlite_ledger import SqliteLedger
 from batchrun.state import (
     JobState,
     Journal,
@@ -119,7 +120,7 @@ async def _run(
             rules=job.rules,
             ledger=ledger,
             clock=clock,
-            pace=Pace(job.settings.pace),
+            pace=job.settings.pace,
             sink=sink,
         )
         async with client:

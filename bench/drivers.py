@@ -25,11 +25,12 @@ from batchrun.client import Client
 from batchrun.clock import SystemClock
 from batchrun.events import JobFinished, JobRequeued, JobSent
 from batchrun.jobs import Job, JobType
-from batchrun.ledger import MemoryLedger, SqliteLedger
+from batchrun.ledger import MemoryLedger
 from batchrun.limits import LimitKey, Rule
 from batchrun.pacer import Pacer
 from batchrun.results import ResultsFile
 from batchrun.runner import Runner, Settings
+from batchrun.sqlite_ledger import SqliteLedger
 from batchrun.state import Journal, RunStore
 from bench.anchors import Acquire, aiometer_rate
 

@@ -23,7 +23,8 @@ from batchrun import ledger as ledger_module
 from batchrun.clock import SystemClock
 from batchrun.ledger import MemoryLedger
 from batchrun.limits import LimitKey, Rule, parse_rule
-from batchrun.pacer import Grant, Pace, Pacer
+from batchrun.pacer import Pacer
+from batchrun.slots import Grant, Pace
 from bench import anchors
 
 WIDE = parse_rule("1000000/1s")

@@ -19,8 +19,8 @@ from typing import Any
 import anyio
 
 from batchrun.limits import LimitKey, Rule, limit_table, parse_override
-from batchrun.pacer import eta
 from batchrun.sandbox import create_app, most_in_window, running
+from batchrun.slots import eta
 from bench import anchors, drivers
 
 Driver = Callable[[str, dict[LimitKey, Rule], int, int], Awaitable[int]]

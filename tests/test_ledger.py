@@ -15,10 +15,10 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchrun import ledger as ledger_module
-from batchrun.ledger import SqliteLedger
+from batchrun import sqlite_ledger as ledger_module
 from batchrun.limits import parse_rule
-from batchrun.pacer import Grant, Pace, Usage, Wait, earliest_slot
+from batchrun.slots import Grant, Pace, Usage, Wait, earliest_slot
+from batchrun.sqlite_ledger import SqliteLedger
 
 RULES = {"a": parse_rule("2/1s+3/3s"), "b": parse_rule("1/0.5s")}
 HOLD = 1.0

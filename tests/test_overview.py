@@ -10,10 +10,10 @@ from typer.testing import CliRunner
 from batchrun.cli import app
 from batchrun.events import Status
 from batchrun.jobs import scan
-from batchrun.ledger import SqliteLedger
 from batchrun.limits import parse_rule
-from batchrun.pacer import Pace
 from batchrun.results import JobResult
+from batchrun.slots import Pace
+from batchrun.sqlite_ledger import SqliteLedger
 from batchrun.state import RunStore, StatePaths, client_fingerprint
 
 runner = CliRunner()

@@ -17,7 +17,8 @@ from batchrun.clock import LoopClock
 from batchrun.events import SlotWait
 from batchrun.ledger import MemoryLedger
 from batchrun.limits import LimitKey, Rule, Window, parse_rule
-from batchrun.pacer import Grant, Pace, Pacer, Usage, earliest_slot, eta
+from batchrun.pacer import Pacer
+from batchrun.slots import Grant, Pace, Usage, earliest_slot, eta
 
 KEY = LimitKey.RUN_QUERY
 # `end + WINDOW - WINDOW` may differ from `end` in the last bit; the simulation's

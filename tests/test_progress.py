@@ -8,6 +8,7 @@ from datetime import datetime
 
 import pytest
 
+from batchrun import durations
 from batchrun.events import (
     JobFinished,
     JobRequeued,
@@ -18,8 +19,8 @@ from batchrun.events import (
     Status,
 )
 from batchrun.limits import LimitKey, parse_rule
-from batchrun.pacer import eta
-from batchrun.progress import format_duration, open_progress
+from batchrun.progress import open_progress
+from batchrun.slots import Pace, eta
 
 RQ, INVITE = LimitKey.RUN_QUERY, LimitKey.INVITE
 STAMP = "2024-05-01 12:00:00"
@@ -75,7 +76,7 @@ def live(stream, clock, monkeypatch):
     sink.close()
 
 
-def start(totals=None, rules=None, *, at=0.0, pace="exact"):
+def start(totals=None, rules=None, *, at=0.0, pace=Pace.EXACT):
     totals = totals or {RQ: 10}
     rules = rules or {RQ: "30/2s", INVITE: "15/5m"}
     parsed = {key: parse_rule(text) for key, text in rules.items()}
@@ -149,7 +150,7 @@ def test_start_line_names_jobs_rules_pace_and_eta(plain, stream):
 def test_start_eta_is_computed_from_the_rule(plain, stream):
     """60 jobs at 30/2s: 30 leave now, the other 30 when the window frees, at 2 s."""
     plain.emit(start({RQ: 60}, {RQ: "30/2s"}))
-    expected = format_duration(eta(60, parse_rule("30/2s"), now=0.0))
+    expected = durations.spoken(eta(60, parse_rule("30/2s"), now=0.0))
     assert expected == "2.0 s"
     assert texts(stream)[0].endswith(f"ETA {expected}")
 
@@ -162,7 +163,7 @@ def test_eta_follows_the_limits_not_the_past_rate(plain, stream):
     for i in range(30):
         plain.emit(finished(f"j{i}", at=100.0))
     rule = parse_rule("30/2s")
-    expected = format_duration(eta(60, rule, now=100.0, recent=[99.0] * 30) - 100.0)
+    expected = durations.spoken(eta(60, rule, now=100.0, recent=[99.0] * 30) - 100.0)
     assert expected == "3.0 s"
     [line] = [t for t in texts(stream) if t.startswith("progress:")]
     assert line.endswith(f"ETA {expected}")
@@ -427,9 +428,9 @@ def test_live_summary_and_stopped_line(live, stream):
         pytest.param(3599.7, "1 h 0 m", id="rounds-up-to-an-hour"),
     ],
 )
-def test_format_duration(seconds, expected):
+def test_spoken_durations(seconds, expected):
     """Durations read as ms, tenths of seconds, m and s, or h and m."""
-    assert format_duration(seconds) == expected
+    assert durations.spoken(seconds) == expected
 
 
 def test_first_requeues_get_a_line_each(plain, stream):

@@ -11,10 +11,10 @@ import pytest
 from batchrun.errors import JobsFileError, RunLocked
 from batchrun.events import Status
 from batchrun.jobs import Job, JobType, Problem, scan
-from batchrun.ledger import SqliteLedger
 from batchrun.limits import LimitKey, parse_rule
-from batchrun.pacer import Grant, Pace, Wait
 from batchrun.results import JobResult
+from batchrun.slots import Grant, Pace, Wait
+from batchrun.sqlite_ledger import SqliteLedger
 from batchrun.state import RunLock, RunStore, StatePaths, client_fingerprint
 
 RQ = LimitKey.RUN_QUERY

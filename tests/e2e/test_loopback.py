@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from batchrun.cli import app
 from batchrun.limits import LimitKey, limit_table, parse_override, parse_rule
-from batchrun.pacer import Pace, eta
 from batchrun.sandbox import create_app, running
+from batchrun.slots import Pace, eta
 
 pytestmark = pytest.mark.e2e
 runner = CliRunner()
