@@ -32,9 +32,10 @@ from batchrun.limits import (
     limit_table,
     parse_override,
 )
+from batchrun.paths import StatePaths, client_fingerprint
 from batchrun.results import default_results_path
 from batchrun.slots import Pace
-from batchrun.state import Failure, StatePaths, client_fingerprint
+from batchrun.state import Failure
 
 if TYPE_CHECKING:
     from batchrun.overview import KeyPlan, Status

@@ -15,8 +15,6 @@ import math
 import ssl
 import time
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Self, cast
 
@@ -26,6 +24,7 @@ import httpx
 from batchrun import __version__, strict_json
 from batchrun.errors import UsageError
 from batchrun.jobs import Job
+from batchrun.outcome import Kind, Outcome
 
 # Longest Retry-After honoured; a server asking for more is capped, with a note.
 RETRY_AFTER_CAP = 900.0
@@ -35,27 +34,6 @@ BODY_LIMIT = 64 * 1024
 # A token shorter than this would match ordinary text, so it is not searched for.
 _SHORTEST_SECRET = 8
 _REDACTED = "[token]"
-
-
-class Kind(StrEnum):
-    """What an answer means for its job (CONTRACT.md section 4)."""
-
-    DONE = "done"
-    RATE_LIMITED = "rate-limited"
-    TRANSIENT = "transient"
-    FAILED = "failed"
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """The meaning of one attempt: its kind, HTTP status, body and any server delay."""
-
-    kind: Kind
-    status: int | None = None
-    body: Any = None
-    retry_after: float | None = None
-    error: str | None = None
-    note: str | None = None
 
 
 def idempotency_key(scope: str, job_id: str) -> str:

@@ -1,4 +1,9 @@
-"""The SQLite files of the state folder, opened and written the same way."""
+"""The SQLite files of the state folder, opened, migrated and written the same way.
+
+Each file's schema is a sequence of migrations; the file's `PRAGMA user_version`
+counts those applied, so opening a file applies exactly the ones it lacks, each in
+its own transaction, and a file from a newer batchrun (a higher version) is refused.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +11,19 @@ import contextlib
 import random
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+from batchrun.errors import StateError
 
 _SETUP_TRIES = 50
 
 
 def open_database(
-    path: Path | str, schema: str, *, timeout: float = 5.0
+    path: Path | str, migrations: Sequence[str], *, timeout: float = 5.0
 ) -> sqlite3.Connection:
     """A connection whose transactions are explicit, on a private (0600) file in
-    WAL mode, with `schema` applied.
+    WAL mode, brought up to the version `len(migrations)`.
 
     Set-up is retried: two processes opening a new file at once can get "database
     is locked" here, where SQLite does not wait for the other.
@@ -32,8 +39,11 @@ def open_database(
             if on_disk:
                 db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
-            db.executescript(schema)
+            _migrate(db, path, migrations)
             return db
+        except StateError:
+            db.close()
+            raise
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) or attempt == _SETUP_TRIES:
                 db.close()
@@ -52,3 +62,22 @@ def write_transaction(db: sqlite3.Connection) -> Iterator[None]:
         db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
+
+
+def _migrate(
+    db: sqlite3.Connection, path: Path | str, migrations: Sequence[str]
+) -> None:
+    with write_transaction(db):
+        (version,) = db.execute("PRAGMA user_version").fetchone()
+        if version > len(migrations):
+            msg = (
+                f"{path} was written by a newer batchrun (schema {version}, this "
+                f"one knows {len(migrations)}): upgrade batchrun, or use another "
+                "--state-dir."
+            )
+            raise StateError(msg)
+        for step in migrations[version:]:
+            for statement in step.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+        db.execute(f"PRAGMA user_version = {len(migrations)}")

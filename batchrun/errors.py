@@ -4,6 +4,7 @@
     ├── UsageError           exit 2  (a bad flag, limit rule or setting)
     ├── JobsFileError        exit 2  (a jobs file with bad rows; nothing was sent)
     ├── RunLocked            exit 3  (another run holds this jobs file)
+    ├── StateError           exit 74 (the state folder or the ledger cannot be used)
     └── StoppedEarly         exit 75 (deadline or signal, jobs left to resume)
 
 `cli.py` converts these to a message on stderr and the exit code, once, at the edge.
@@ -17,6 +18,7 @@ EXIT_OK = 0
 EXIT_SOME_FAILED = 1
 EXIT_USAGE = 2
 EXIT_LOCKED = 3
+EXIT_STATE = 74  # EX_IOERR from sysexits.h.
 EXIT_STOPPED = 75  # EX_TEMPFAIL from sysexits.h: "try again later".
 
 
@@ -69,6 +71,12 @@ class RunLocked(BatchrunError):
     """Raised when another live process is already working on the same jobs file."""
 
     exit_code = EXIT_LOCKED
+
+
+class StateError(BatchrunError):
+    """Raised when the state folder or the ledger cannot be read or written."""
+
+    exit_code = EXIT_STATE
 
 
 class StoppedEarly(BatchrunError):

@@ -151,4 +151,3 @@ def limit_table(
     table[LimitKey.RUN_QUERY] = parse_rule(_RUN_QUERY[profile])
     table.update(overrides)
     return {key: rule.scaled(time_scale) for key, rule in table.items()}
-

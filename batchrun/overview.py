@@ -14,9 +14,10 @@ from pathlib import Path
 
 from batchrun.jobs import read_jobs
 from batchrun.limits import LimitKey, Rule, parse_override
+from batchrun.paths import StatePaths
 from batchrun.slots import Pace, eta
 from batchrun.sqlite_ledger import SqliteLedger
-from batchrun.state import Failure, JobState, RunStore, StatePaths
+from batchrun.state import Failure, JobState, RunStore
 
 _SETTLED = {JobState.DONE, JobState.FAILED, JobState.UNKNOWN}
 

@@ -20,7 +20,6 @@ from typing import Protocol
 
 import anyio
 
-from batchrun.client import Kind, Outcome
 from batchrun.clock import Clock
 from batchrun.events import (
     Event,
@@ -35,6 +34,7 @@ from batchrun.events import (
 )
 from batchrun.jobs import Job
 from batchrun.limits import LimitKey
+from batchrun.outcome import Kind, Outcome
 from batchrun.pacer import Pacer
 from batchrun.results import JobResult
 from batchrun.slots import Pace

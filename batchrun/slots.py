@@ -18,7 +18,6 @@ counts, whatever its answer: a 429 may count on the server too.
 the other way round.
 """
 
-
 from __future__ import annotations
 
 import math

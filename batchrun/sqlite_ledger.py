@@ -22,7 +22,8 @@ from batchrun.slots import Grant, Pace, Usage, Wait, earliest_slot
 
 # An append-only log: a send is one row, its answer another, so a write touches one
 # page and needs no index. A send's `seq` is its ticket; an answer names it.
-_LEDGER_SCHEMA = """
+_MIGRATIONS = (
+    """
 CREATE TABLE IF NOT EXISTS send_log (
     seq INTEGER PRIMARY KEY,
     client TEXT NOT NULL,
@@ -32,7 +33,8 @@ CREATE TABLE IF NOT EXISTS send_log (
     expires REAL,
     keep_until REAL NOT NULL
 );
-"""
+""",
+)
 # History older than this (or than the rule's longest window) is pruned, from the
 # oldest rows, a bounded batch at a time.
 _KEEP = 3600.0
@@ -96,7 +98,7 @@ class SqliteLedger:
     def __init__(
         self, path: Path, *, client: str, hold: float, now: Callable[[], float]
     ) -> None:
-        self._db = open_database(path, _LEDGER_SCHEMA, timeout=60)
+        self._db = open_database(path, _MIGRATIONS, timeout=60)
         self._client = client
         self._hold = hold
         self._now = now

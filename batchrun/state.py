@@ -1,4 +1,4 @@
-"""Durable state: the per-file lock, and the SQLite store of one jobs file's run.
+"""The run store: the SQLite file that holds one jobs file's jobs and their states.
 
 A job moves `pending → in_flight → done | failed`, back to `pending` when requeued,
 or to `unknown` when a run died while an unsafe request (an invite) was in flight.
@@ -6,31 +6,32 @@ or to `unknown` when a run died while an unsafe request (an invite) was in fligh
 answer, so a run killed at any moment loses nothing: the next run resends in-flight
 safe jobs and leaves unsafe ones `unknown` until asked (`--retry-unknown`).
 
-Files and folders are private to the user (0600 / 0700); no token is stored, only a
-fingerprint of base URL and token that names the client.
+The store's schema has a version (`PRAGMA user_version`): `_MIGRATIONS[n]` takes a
+store from version n to n + 1, so a store written by an earlier build is brought up
+to date when opened, and one written by a later build is refused.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import IO, Any, Self
-
-import platformdirs
+from typing import Any, Self
 
 from batchrun.database import open_database, write_transaction
-from batchrun.errors import JobsFileError, RunLocked, UsageError
-from batchrun.jobs import Job, JobType, Problem
+from batchrun.endpoints import JobType
+from batchrun.errors import JobsFileError
+from batchrun.jobfile import Problem
+from batchrun.jobs import Job
 from batchrun.limits import LimitKey
-from batchrun.results import JobResult, ResultsFile
+from batchrun.results import JobResult
 
-_SCHEMA = """
+# Each entry takes the store from its index to the next version.
+_MIGRATIONS = (
+    """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY, line INTEGER NOT NULL, type TEXT NOT NULL,
     key TEXT NOT NULL, team_id TEXT, payload TEXT NOT NULL, digest TEXT NOT NULL,
@@ -39,7 +40,8 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (key, state, line);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-"""
+""",
+)
 _PAGE = 500
 _BATCH = 1000
 _SHOWN = JobsFileError.shown
@@ -55,79 +57,6 @@ class JobState(StrEnum):
     UNKNOWN = "unknown"
 
 
-def client_fingerprint(base_url: str, token: str | None) -> str:
-    """Names a client (base URL + token) without revealing the token."""
-    text = f"{base_url.rstrip('/')}\0{token or ''}"
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def private_dir(path: Path) -> Path:
-    """Create `path` (and parents) readable by the user only."""
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path.chmod(0o700)
-    except OSError as exc:
-        msg = f"cannot use state folder {path}: {exc.strerror or exc}. See --state-dir."
-        raise UsageError(msg) from None
-    return path
-
-
-@dataclass(frozen=True, slots=True)
-class StatePaths:
-    """Where a state folder keeps the ledger, the run stores and the locks."""
-
-    root: Path
-
-    @classmethod
-    def resolve(cls, explicit: Path | None) -> StatePaths:
-        """--state-dir (or BATCHRUN_STATE_DIR), else the user's state folder."""
-        root = explicit or Path(platformdirs.user_state_dir("batchrun"))
-        return cls(private_dir(root.expanduser()))
-
-    @property
-    def ledger(self) -> Path:
-        return self.root / "ledger.db"
-
-    def run_folder(self, jobs_file: Path) -> Path:
-        digest = hashlib.sha256(str(jobs_file.resolve()).encode()).hexdigest()[:16]
-        return private_dir(private_dir(self.root / "runs") / digest)
-
-    def run_store(self, jobs_file: Path, client: str) -> Path:
-        return self.run_folder(jobs_file) / f"{client}.db"
-
-
-class RunLock:
-    """One run per jobs file: an exclusive flock, which dies with its process."""
-
-    def __init__(self, folder: Path, jobs_file: Path) -> None:
-        self._path = folder / "lock"
-        self._jobs_file = jobs_file
-        self._file: IO[str] | None = None
-
-    def __enter__(self) -> Self:
-        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
-        file = os.fdopen(fd, "r+")
-        try:
-            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = file.read().strip() or "another process"
-            file.close()
-            msg = (
-                f"another batchrun ({holder}) is already working on "
-                f"{self._jobs_file}; wait for it to finish, or stop it."
-            )
-            raise RunLocked(msg) from None
-        file.truncate(0)
-        file.write(f"pid {os.getpid()}")
-        file.flush()
-        self._file = file
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._file is not None:
-            self._file.close()  # closing releases the flock
-
-
 @dataclass(frozen=True, slots=True)
 class Failure:
     """A failed job and why."""
@@ -141,7 +70,7 @@ class RunStore:
     """The jobs of one file for one client, and where each stands."""
 
     def __init__(self, path: Path | str) -> None:
-        self._db = open_database(path, _SCHEMA)
+        self._db = open_database(path, _MIGRATIONS)
 
     def close(self) -> None:
         self._db.close()
@@ -363,25 +292,3 @@ def _staged(job: Job) -> tuple[object, ...]:
         payload,
         digest,
     )
-
-
-class Journal:
-    """The runner's recorder: the results file and the run store, kept in step.
-
-    A finished job's result line is written before its state, so a crash between
-    the two can only repeat a result line (readers take the last), never lose one.
-    """
-
-    def __init__(self, store: RunStore, results: ResultsFile) -> None:
-        self._store = store
-        self._results = results
-
-    def started(self, job: Job, attempt: int) -> None:
-        self._store.started(job, attempt)
-
-    def requeued(self, job: Job, *, maybe_processed: bool) -> None:
-        self._store.requeued(job, maybe_processed=maybe_processed)
-
-    def finished(self, result: JobResult) -> None:
-        self._results.write(result)
-        self._store.finished(result)

@@ -25,20 +25,16 @@ import anyio
 from batchrun.clock import SystemClock
 from batchrun.errors import EXIT_OK, EXIT_SOME_FAILED, EXIT_STOPPED
 from batchrun.jobs import scan
+from batchrun.journal import Journal
 from batchrun.ledger import Ledger, MemoryLedger
 from batchrun.limits import LimitKey, Rule
 from batchrun.pacer import Pacer
+from batchrun.paths import StatePaths, client_fingerprint
 from batchrun.results import ResultsFile
+from batchrun.runlock import RunLock
 from batchrun.runner import Runner, Settings
 from batchrun.sqlite_ledger import SqliteLedger
-from batchrun.state import (
-    JobState,
-    Journal,
-    RunLock,
-    RunStore,
-    StatePaths,
-    client_fingerprint,
-)
+from batchrun.state import JobState, RunStore
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -33,7 +33,8 @@ print(len(jobs), time.perf_counter() - started)
 _SCAN = """
 import sys, time
 from pathlib import Path
-from batchrun.jobs import Problem, scan
+from batchrun.jobfile import Problem
+from batchrun.jobs import scan
 started = time.perf_counter()
 count = sum(not isinstance(item, Problem) for item in scan(Path(sys.argv[1])))
 print(count, time.perf_counter() - started)

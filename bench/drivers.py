@@ -23,15 +23,17 @@ import httpx
 
 from batchrun.client import Client
 from batchrun.clock import SystemClock
+from batchrun.endpoints import JobType
 from batchrun.events import JobFinished, JobRequeued, JobSent
-from batchrun.jobs import Job, JobType
+from batchrun.jobs import Job
+from batchrun.journal import Journal
 from batchrun.ledger import MemoryLedger
 from batchrun.limits import LimitKey, Rule
 from batchrun.pacer import Pacer
 from batchrun.results import ResultsFile
 from batchrun.runner import Runner, Settings
 from batchrun.sqlite_ledger import SqliteLedger
-from batchrun.state import Journal, RunStore
+from batchrun.state import RunStore
 from bench.anchors import Acquire, aiometer_rate
 
 PATH = "/teams/acme/data/run-query"

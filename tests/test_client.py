@@ -11,16 +11,17 @@ from batchrun.client import (
     BODY_LIMIT,
     RETRY_AFTER_CAP,
     Client,
-    Kind,
     asgi_transport,
     classify,
     idempotency_key,
     parse_retry_after,
     tls_context,
 )
+from batchrun.endpoints import JobType
 from batchrun.errors import UsageError
-from batchrun.jobs import Job, JobType
+from batchrun.jobs import Job
 from batchrun.limits import limit_table
+from batchrun.outcome import Kind
 from batchrun.sandbox import Faults, create_app
 
 

@@ -22,8 +22,9 @@ from typer.testing import CliRunner
 
 from batchrun.cli import app
 from batchrun.client import BODY_LIMIT, RETRY_AFTER_CAP
+from batchrun.endpoints import JobType
 from batchrun.events import JobRequeued, JobSent, Status
-from batchrun.jobs import Job, JobType
+from batchrun.jobs import Job
 from batchrun.limits import LimitKey, limit_table, parse_rule
 from batchrun.results import JobResult, ResultsFile
 from batchrun.sandbox import create_app, running

@@ -11,10 +11,11 @@ from batchrun.cli import app
 from batchrun.events import Status
 from batchrun.jobs import scan
 from batchrun.limits import parse_rule
+from batchrun.paths import StatePaths, client_fingerprint
 from batchrun.results import JobResult
 from batchrun.slots import Pace
 from batchrun.sqlite_ledger import SqliteLedger
-from batchrun.state import RunStore, StatePaths, client_fingerprint
+from batchrun.state import RunStore
 
 runner = CliRunner()
 URL = "https://api.example.test"

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import sqlite3
 import stat
 
 import pytest
 
-from batchrun.errors import JobsFileError, RunLocked
+from batchrun.endpoints import JobType
+from batchrun.errors import JobsFileError, RunLocked, StateError
 from batchrun.events import Status
-from batchrun.jobs import Job, JobType, Problem, scan
+from batchrun.jobfile import Problem
+from batchrun.jobs import Job, scan
 from batchrun.limits import LimitKey, parse_rule
+from batchrun.paths import StatePaths, client_fingerprint
 from batchrun.results import JobResult
+from batchrun.runlock import RunLock
 from batchrun.slots import Grant, Pace, Wait
 from batchrun.sqlite_ledger import SqliteLedger
-from batchrun.state import RunLock, RunStore, StatePaths, client_fingerprint
+from batchrun.state import RunStore
 
 RQ = LimitKey.RUN_QUERY
 
@@ -275,3 +280,23 @@ def test_taking_in_a_file_streams_with_flat_memory(tmp_path):
     small = _peak_while_taking_in(tmp_path, 5_000)
     large = _peak_while_taking_in(tmp_path, 25_000)
     assert large < small * 1.5 + 256 * 1024, (small, large)
+
+
+def test_store_from_a_newer_batchrun_is_refused_with_exit_74(tmp_path):
+    """A run store whose schema version is newer than this build's is not touched."""
+    path = tmp_path / "run.db"
+    RunStore(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA user_version = 99")
+    with pytest.raises(StateError, match="newer batchrun") as info:
+        RunStore(path)
+    assert info.value.exit_code == 74
+
+
+def test_store_records_its_schema_version(tmp_path):
+    """A new store carries the version of the schema it was made with."""
+    path = tmp_path / "run.db"
+    RunStore(path).close()
+    with sqlite3.connect(path) as db:
+        (version,) = db.execute("PRAGMA user_version").fetchone()
+    assert version == 1

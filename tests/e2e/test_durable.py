@@ -19,8 +19,9 @@ from typer.testing import CliRunner
 from batchrun.cli import app
 from batchrun.client import idempotency_key
 from batchrun.limits import LimitKey, limit_table, parse_override
+from batchrun.paths import StatePaths
+from batchrun.runlock import RunLock
 from batchrun.sandbox import Faults, create_app, running
-from batchrun.state import RunLock, StatePaths
 
 pytestmark = pytest.mark.e2e
 LIMITS = ["run-query=20/1s", "invite=20/1s"]

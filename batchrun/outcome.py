@@ -1,0 +1,31 @@
+"""What one attempt of a job came to: `Kind` and `Outcome`, free of any HTTP library.
+
+The client makes Outcomes, the runner acts on them; neither needs the other's imports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class Kind(StrEnum):
+    """What an answer means for its job (CONTRACT.md section 4)."""
+
+    DONE = "done"
+    RATE_LIMITED = "rate-limited"
+    TRANSIENT = "transient"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The meaning of one attempt: its kind, HTTP status, body and any server delay."""
+
+    kind: Kind
+    status: int | None = None
+    body: Any = None
+    retry_after: float | None = None
+    error: str | None = None
+    note: str | None = None

@@ -1,0 +1,57 @@
+"""Where the state folder keeps things, and the fingerprint that names a client.
+
+Pure path arithmetic, plus making private folders: folders are 0700, so a run's
+jobs, payloads and send times are the user's alone. No token is ever part of a
+path or stored: a client is named by a hash of base URL and token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+from batchrun.errors import UsageError
+
+
+def client_fingerprint(base_url: str, token: str | None) -> str:
+    """Names a client (base URL + token) without revealing the token."""
+    text = f"{base_url.rstrip('/')}\0{token or ''}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def private_dir(path: Path) -> Path:
+    """Create `path` (and parents) readable by the user only."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.chmod(0o700)
+    except OSError as exc:
+        msg = f"cannot use state folder {path}: {exc.strerror or exc}. See --state-dir."
+        raise UsageError(msg) from None
+    return path
+
+
+@dataclass(frozen=True, slots=True)
+class StatePaths:
+    """Where a state folder keeps the ledger, the run stores and the locks."""
+
+    root: Path
+
+    @classmethod
+    def resolve(cls, explicit: Path | None) -> StatePaths:
+        """--state-dir (or BATCHRUN_STATE_DIR), else the user's state folder."""
+        root = explicit or Path(platformdirs.user_state_dir("batchrun"))
+        return cls(private_dir(root.expanduser()))
+
+    @property
+    def ledger(self) -> Path:
+        return self.root / "ledger.db"
+
+    def run_folder(self, jobs_file: Path) -> Path:
+        digest = hashlib.sha256(str(jobs_file.resolve()).encode()).hexdigest()[:16]
+        return private_dir(private_dir(self.root / "runs") / digest)
+
+    def run_store(self, jobs_file: Path, client: str) -> Path:
+        return self.run_folder(jobs_file) / f"{client}.db"

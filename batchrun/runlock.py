@@ -1,0 +1,46 @@
+"""One run per jobs file: an exclusive `flock` on a file in the run's folder.
+
+The kernel drops a flock when its process dies, so a lock left by a killed run never
+blocks the next one; the file names the holder's pid for the message.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import IO, Self
+
+from batchrun.errors import RunLocked
+
+
+class RunLock:
+    """One run per jobs file: an exclusive flock, which dies with its process."""
+
+    def __init__(self, folder: Path, jobs_file: Path) -> None:
+        self._path = folder / "lock"
+        self._jobs_file = jobs_file
+        self._file: IO[str] | None = None
+
+    def __enter__(self) -> Self:
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+        file = os.fdopen(fd, "r+")
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = file.read().strip() or "another process"
+            file.close()
+            msg = (
+                f"another batchrun ({holder}) is already working on "
+                f"{self._jobs_file}; wait for it to finish, or stop it."
+            )
+            raise RunLocked(msg) from None
+        file.truncate(0)
+        file.write(f"pid {os.getpid()}")
+        file.flush()
+        self._file = file
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._file is not None:
+            self._file.close()  # closing releases the flock
