@@ -2,6 +2,8 @@
 
 Only this module knows about Typer. Every `BatchrunError` is caught once, in
 `_reported`, printed on stderr without a traceback, and turned into its exit code.
+Modules that load httpx or Starlette are imported inside the commands that need
+them, so `--help`, `validate` and `status` start fast (start-up matters under cron).
 """
 
 from __future__ import annotations
@@ -18,27 +20,16 @@ from urllib.parse import urlsplit
 
 import typer
 
-from batchrun import __version__, durations
-from batchrun.errors import (
-    EXIT_STOPPED,
-    BatchrunError,
-    UsageError,
-)
+from batchrun import __version__, durations, reports
+from batchrun.errors import EXIT_STOPPED, BatchrunError, UsageError
 from batchrun.jobs import summarize, valid_jobs
-from batchrun.limits import (
-    LimitKey,
-    Profile,
-    Rule,
-    limit_table,
-    parse_override,
-)
+from batchrun.limits import LimitKey, Profile, Rule, limit_table, parse_override
 from batchrun.paths import StatePaths, client_fingerprint
 from batchrun.results import default_results_path
 from batchrun.slots import Pace
-from batchrun.state import Failure
 
 if TYPE_CHECKING:
-    from batchrun.overview import KeyPlan, Status
+    from batchrun.runner import Settings
     from batchrun.submission import Target
 
 app = typer.Typer(
@@ -49,6 +40,7 @@ app = typer.Typer(
     # A traceback with locals could show the token; errors are reported by _reported.
     pretty_exceptions_enable=False,
 )
+
 
 _JobsArg = Annotated[
     Path, typer.Argument(help="The jobs file: CSV, or JSON Lines if it ends in .jsonl.")
@@ -83,8 +75,6 @@ _InjectOpt = Annotated[
         help="Sandbox faults: 429=0.05, 5xx=0.1, drop=0.05, slow=0.1 (repeatable).",
     ),
 ]
-
-
 _StateDirOpt = Annotated[
     Path | None,
     typer.Option(
@@ -92,8 +82,6 @@ _StateDirOpt = Annotated[
         help="Where runs and the send ledger live. Default: the user's state folder.",
     ),
 ]
-
-
 _BaseUrlOpt = Annotated[
     str | None, typer.Option(envvar="BATCHRUN_BASE_URL", help="The API's base URL.")
 ]
@@ -109,6 +97,53 @@ _PaceOpt = Annotated[
     Pace,
     typer.Option(help="exact: as early as the windows allow; spread: evenly spaced."),
 ]
+_ConcurrencyOpt = Annotated[
+    int, typer.Option(min=1, help="Most requests in flight at once.")
+]
+_AttemptsOpt = Annotated[
+    int,
+    typer.Option(
+        min=1, help="Give up on a job after this many server errors or timeouts."
+    ),
+]
+_TimeoutOpt = Annotated[
+    float, typer.Option(min=0.001, help="Seconds to wait for each answer.")
+]
+_ResultsOpt = Annotated[
+    Path | None,
+    typer.Option(help="Results file (JSON Lines). Default: JOBS.results.jsonl."),
+]
+_SandboxFlag = Annotated[
+    bool, typer.Option("--sandbox", help="Run against the built-in local sandbox.")
+]
+_CaBundleOpt = Annotated[
+    Path | None,
+    typer.Option(
+        metavar="PATH",
+        help="Also trust the CA certificates in this PEM file (a private CA).",
+    ),
+]
+_DeadlineOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="DURATION",
+        help="Stop starting requests after this long (e.g. 55m), then exit 75.",
+    ),
+]
+_RetryFailedFlag = Annotated[
+    bool, typer.Option("--retry-failed", help="Try failed jobs again.")
+]
+_RetryUnknownFlag = Annotated[
+    bool,
+    typer.Option(
+        "--retry-unknown",
+        help="Resend invites left unknown by a run that died mid-request.",
+    ),
+]
+_RestartFlag = Annotated[
+    bool,
+    typer.Option("--restart", help="Forget earlier runs of this file; start over."),
+]
 
 
 @app.command()
@@ -119,87 +154,30 @@ def submit(
     profile: _ProfileOpt = Profile.B,
     limit: _LimitOpt = None,
     pace: _PaceOpt = Pace.EXACT,
-    concurrency: Annotated[
-        int, typer.Option(min=1, help="Most requests in flight at once.")
-    ] = 8,
-    max_attempts: Annotated[
-        int,
-        typer.Option(
-            min=1, help="Give up on a job after this many server errors or timeouts."
-        ),
-    ] = 5,
-    timeout: Annotated[
-        float, typer.Option(min=0.001, help="Seconds to wait for each answer.")
-    ] = 30.0,
-    results: Annotated[
-        Path | None,
-        typer.Option(help="Results file (JSON Lines). Default: JOBS.results.jsonl."),
-    ] = None,
-    sandbox: Annotated[
-        bool, typer.Option("--sandbox", help="Run against the built-in local sandbox.")
-    ] = False,
+    concurrency: _ConcurrencyOpt = 8,
+    max_attempts: _AttemptsOpt = 5,
+    timeout: _TimeoutOpt = 30.0,
+    results: _ResultsOpt = None,
+    sandbox: _SandboxFlag = False,
     inject: _InjectOpt = None,
     time_scale: _TimeScaleOpt = 1.0,
     state_dir: _StateDirOpt = None,
-    ca_bundle: Annotated[
-        Path | None,
-        typer.Option(
-            metavar="PATH",
-            help="Also trust the CA certificates in this PEM file (a private CA).",
-        ),
-    ] = None,
-    deadline: Annotated[
-        str | None,
-        typer.Option(
-            metavar="DURATION",
-            help="Stop starting requests after this long (e.g. 55m), then exit 75.",
-        ),
-    ] = None,
-    retry_failed: Annotated[
-        bool, typer.Option("--retry-failed", help="Try failed jobs again.")
-    ] = False,
-    retry_unknown: Annotated[
-        bool,
-        typer.Option(
-            "--retry-unknown",
-            help="Resend invites left unknown by a run that died mid-request.",
-        ),
-    ] = False,
-    restart: Annotated[
-        bool,
-        typer.Option("--restart", help="Forget earlier runs of this file; start over."),
-    ] = False,
+    ca_bundle: _CaBundleOpt = None,
+    deadline: _DeadlineOpt = None,
+    retry_failed: _RetryFailedFlag = False,
+    retry_unknown: _RetryUnknownFlag = False,
+    restart: _RestartFlag = False,
 ) -> None:
-    """Send every job of JOBS_FILE, paced to stay inside the rate limits.
-
-    Running it again on the same file resumes: done jobs are not sent again.
-    """
-    # Imported here, not at the top: runner pulls in httpx, which `--help`,
-    # `validate` and `status` do not need (start-up time matters under cron).
-    from batchrun.runner import Settings
+    """Send every job of JOBS_FILE inside the rate limits; run it again to resume."""
     from batchrun.submission import Submission, submit
 
     with _reported():
         rules = _rules(profile, limit, time_scale)
-        target = _target(base_url, token, timeout, sandbox, rules, inject or [])
-        if ca_bundle is not None:
-            from dataclasses import replace
-
-            from batchrun.client import tls_context
-
-            tls_context(ca_bundle)  # a bad bundle exits 2 before anything starts
-            target = replace(target, ca_bundle=ca_bundle)
         job = Submission(
             jobs_file=jobs_file,
-            target=target,
+            target=_target(base_url, token, timeout, sandbox, rules, inject, ca_bundle),
             rules=rules,
-            settings=Settings(
-                concurrency=concurrency,
-                max_attempts=max_attempts,
-                backoff=1.0 / time_scale,
-                backoff_cap=60.0 / time_scale,
-                pace=pace,
-            ),
+            settings=_settings(concurrency, max_attempts, time_scale, pace),
             results=results or default_results_path(jobs_file),
             state=StatePaths.resolve(state_dir),
             deadline=None if deadline is None else durations.parse(deadline),
@@ -207,8 +185,7 @@ def submit(
             retry_unknown=retry_unknown,
             restart=restart,
         )
-        code = submit(job, say=lambda text: typer.echo(text, err=True))
-    raise typer.Exit(code)
+        raise typer.Exit(submit(job, say=lambda text: typer.echo(text, err=True)))
 
 
 @app.command()
@@ -216,13 +193,7 @@ def validate(jobs_file: _JobsArg) -> None:
     """Check JOBS_FILE without sending anything: every bad row, or a summary."""
     with _reported():
         summary = summarize(valid_jobs(jobs_file))
-    per_type = ", ".join(f"{kind.value} {n}" for kind, n in summary.per_type.items())
-    typer.echo(f"{jobs_file}: {summary.total} valid job(s): {per_type or 'none'}")
-    if summary.per_team:
-        teams = sorted(summary.per_team.items(), key=lambda item: (-item[1], item[0]))
-        shown = ", ".join(f"{team} {n}" for team, n in teams[:10])
-        more = f" and {len(teams) - 10} more" if len(teams) > 10 else ""
-        typer.echo(f"  {len(teams)} team(s): {shown}{more}")
+    _echo(reports.summary_lines(jobs_file, summary))
 
 
 @app.command()
@@ -240,20 +211,11 @@ def status(
 
     with _reported():
         paths = StatePaths.resolve(state_dir)
-        client = _client(base_url, token)
-        found = read_status(jobs_file, paths, client)
+        found = read_status(jobs_file, paths, _client(base_url, token))
     if as_json:
-        typer.echo(json.dumps(_status_json(jobs_file, found), indent=2))
-        return
-    if found.store is None:
-        typer.echo(f"{jobs_file}: no run yet.")
-        return
-    for key, states in found.states.items():
-        counts = ", ".join(f"{n} {state.value}" for state, n in states.items())
-        typer.echo(f"{key.value}: {counts}")
-    for failure in found.failures:
-        typer.echo(f"  failed: {failure.id} ({failure.type}): {failure.error}")
-    _echo_plans(found.keys)
+        typer.echo(json.dumps(reports.status_json(jobs_file, found), indent=2))
+    else:
+        _echo(reports.status_lines(jobs_file, found))
 
 
 @app.command()
@@ -275,48 +237,7 @@ def plan(
         plans = make_plan(jobs_file, rules, pace, StatePaths.resolve(state_dir), client)
     if not plans:
         typer.echo("Nothing to send.")
-    _echo_plans(plans)
-
-
-def _echo_plans(plans: list[KeyPlan]) -> None:
-
-    for item in plans:
-        used = ", ".join(f"{n} of {window}" for window, n in item.used)
-        typer.echo(
-            f"{item.jobs:,} {item.key.value} jobs at {item.rule}: "
-            f"{durations.spoken(item.seconds)} (in use now: {used})"
-        )
-    if len(plans) > 1:
-        longest = max(item.seconds for item in plans)
-        typer.echo(f"all: {durations.spoken(longest)}")
-
-
-def _status_json(jobs_file: Path, found: Status) -> dict[str, object]:
-    return {
-        "file": str(jobs_file),
-        "states": {
-            k.value: {s.value: n for s, n in v.items()} for k, v in found.states.items()
-        },
-        "failures": [_failure_json(f) for f in found.failures],
-        "keys": [
-            {
-                "key": p.key.value,
-                "jobs_left": p.jobs,
-                "rule": str(p.rule),
-                "in_use": dict(p.used),
-                "eta_seconds": round(p.seconds, 3),
-            }
-            for p in found.keys
-        ],
-    }
-
-
-def _failure_json(failure: Failure) -> dict[str, str]:
-    return {"id": failure.id, "type": failure.type, "error": failure.error}
-
-
-def _client(base_url: str | None, token: str | None) -> str | None:
-    return None if base_url is None else client_fingerprint(base_url, token)
+    _echo(reports.plan_lines(plans))
 
 
 @app.command("sandbox")
@@ -331,12 +252,12 @@ def sandbox_command(
     time_scale: _TimeScaleOpt = 1.0,
 ) -> None:
     """Serve a local copy of the API that enforces the limits exactly."""
-    from batchrun import sandbox
+    from batchrun import faults, sandbox, serving
 
     with _reported():
         rules = _rules(profile, limit, time_scale)
         server = sandbox.create_app(
-            rules=rules, faults=sandbox.parse_faults(inject or [])
+            rules=rules, faults=faults.parse_faults(inject or [])
         )
     limits = ", ".join(f"{key.value} {rule}" for key, rule in rules.items())
 
@@ -344,7 +265,7 @@ def sandbox_command(
         typer.echo(f"Sandbox on {url} ({limits}). Ctrl-C stops it.")
 
     with _reported():
-        sandbox.serve(server, host=host, port=port, announce=announce)
+        serving.serve(server, host=host, port=port, announce=announce)
 
 
 def main() -> None:
@@ -383,11 +304,34 @@ def _options(
     """Spread a queue of API jobs over time so that they never trip the rate limits."""
 
 
+def _echo(lines: list[str]) -> None:
+    for line in lines:
+        typer.echo(line)
+
+
+def _client(base_url: str | None, token: str | None) -> str | None:
+    return None if base_url is None else client_fingerprint(base_url, token)
+
+
 def _rules(
     profile: Profile, limits: list[str] | None, time_scale: float
 ) -> dict[LimitKey, Rule]:
     overrides = [parse_override(text) for text in limits or []]
     return limit_table(profile=profile, overrides=overrides, time_scale=time_scale)
+
+
+def _settings(
+    concurrency: int, max_attempts: int, time_scale: float, pace: Pace
+) -> Settings:
+    from batchrun.runner import Settings
+
+    return Settings(
+        concurrency=concurrency,
+        max_attempts=max_attempts,
+        backoff=1.0 / time_scale,
+        backoff_cap=60.0 / time_scale,
+        pace=pace,
+    )
 
 
 def _target(
@@ -396,19 +340,26 @@ def _target(
     timeout: float,
     sandbox: bool,
     rules: dict[LimitKey, Rule],
-    inject: list[str],
+    inject: list[str] | None,
+    ca_bundle: Path | None,
 ) -> Target:
-    if sandbox:
-        from batchrun import sandbox as local
-        from batchrun.client import asgi_transport
-        from batchrun.submission import Target
+    from batchrun.client import asgi_transport, tls_context
+    from batchrun.submission import Target
 
-        app = local.create_app(rules=rules, faults=local.parse_faults(inject))
+    if ca_bundle is not None:
+        tls_context(ca_bundle)  # a bad bundle exits 2 before anything starts
+    if sandbox:
+        from batchrun import faults
+        from batchrun.sandbox import create_app
+
+        app = create_app(rules=rules, faults=faults.parse_faults(inject or []))
+        transport = asgi_transport(app)
         return Target(
             base_url="http://sandbox.local",
             token=token,
             timeout=timeout,
-            transport=asgi_transport(app),
+            transport=transport,
+            ca_bundle=ca_bundle,
         )
     if inject:
         msg = "--inject only works with --sandbox."
@@ -417,9 +368,7 @@ def _target(
         msg = "No API to talk to: give --base-url (or BATCHRUN_BASE_URL), or --sandbox."
         raise UsageError(msg)
     _check_base_url(base_url)
-    from batchrun.submission import Target
-
-    return Target(base_url=base_url, token=token, timeout=timeout)
+    return Target(base_url=base_url, token=token, timeout=timeout, ca_bundle=ca_bundle)
 
 
 def _check_base_url(url: str) -> None:

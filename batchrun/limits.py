@@ -6,6 +6,7 @@ requests in any 60 s and at most 500 in any 3600 s. Values are checked when buil
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -151,3 +152,25 @@ def limit_table(
     table[LimitKey.RUN_QUERY] = parse_rule(_RUN_QUERY[profile])
     table.update(overrides)
     return {key: rule.scaled(time_scale) for key, rule in table.items()}
+
+
+def table_text(table: Mapping[LimitKey, Rule]) -> str:
+    """A rule table as JSON text, `{"run-query": [[15, 60.0], [500, 3600.0]]}`, to
+    store; `read_table` reads it back."""
+    return json.dumps(
+        {
+            key.value: [[w.count, w.seconds] for w in rule.windows]
+            for key, rule in table.items()
+        }
+    )
+
+
+def read_table(text: str) -> dict[LimitKey, Rule]:
+    """The rule table stored by `table_text` (or, from earlier builds, as
+    `key=rule` pairs joined by commas)."""
+    if not text.startswith("{"):
+        return dict(parse_override(part) for part in text.split(",") if part)
+    return {
+        LimitKey(key): Rule(tuple(Window(int(c), float(w)) for c, w in windows))
+        for key, windows in json.loads(text).items()
+    }

@@ -1,7 +1,7 @@
 """What `status` and `plan` report: a run's standing, and how long what is left takes.
 
 Both read the run store and the client's ledger; neither sends anything. Durations
-come from the limits (`pacer.eta` over the jobs left and the ledger's recent use),
+come from the limits (`slots.eta` over the jobs left and the ledger's recent use),
 the same rule the pacer grants by.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchrun.jobs import read_jobs
-from batchrun.limits import LimitKey, Rule, parse_override
+from batchrun.limits import LimitKey, Rule, read_table
 from batchrun.paths import StatePaths
 from batchrun.slots import Pace, eta
 from batchrun.sqlite_ledger import SqliteLedger
@@ -52,7 +52,7 @@ def status(jobs_file: Path, paths: StatePaths, client: str | None) -> Status:
         states: dict[LimitKey, dict[JobState, int]] = {}
         for (key, state), n in sorted(store.counts().items()):
             states.setdefault(key, {})[state] = n
-        rules = _rules(store.get_meta("rules") or "")
+        rules = read_table(store.get_meta("rules") or "{}")
         pace = Pace(store.get_meta("pace") or Pace.EXACT)
         failures = store.failures()
     pending = {
@@ -122,7 +122,3 @@ def _store_path(paths: StatePaths, jobs_file: Path, client: str | None) -> Path 
         return path if path.exists() else None
     stores = sorted(folder.glob("*.db"), key=lambda p: p.stat().st_mtime)
     return stores[-1] if stores else None
-
-
-def _rules(text: str) -> dict[LimitKey, Rule]:
-    return dict(parse_override(part) for part in text.split(",") if part)

@@ -1,9 +1,8 @@
 """What a person sees of a run: a Rich live view on a terminal, plain lines elsewhere.
 
-Both sinks keep a `_Board` of counts built from the runner's events, and both end
-with the same summary on `close()`. ETAs come from the limits (`slots.eta` over the
-jobs not yet sent and each key's recent sends), never from the past rate. Plain lines
-carry no escape codes. This is the only module that imports Rich.
+Both sinks keep a `board.Board` of counts built from the runner's events, and both
+end with the same summary on `close()`. Plain lines carry no escape codes. This is
+the only module that imports Rich.
 """
 
 from __future__ import annotations
@@ -11,9 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import datetime
 from typing import Protocol, TextIO
 
@@ -24,29 +21,34 @@ from rich.table import Table
 from rich.text import Text
 
 from batchrun import durations
+from batchrun.board import (
+    NONE,
+    SUMMARY_COLUMNS,
+    Board,
+    KeyCounts,
+    closing_lines,
+    failure_text,
+    next_slot,
+    overall,
+    summary_rows,
+    tally,
+)
 from batchrun.clock import Clock
 from batchrun.events import (
     Event,
     EventSink,
     JobFinished,
     JobRequeued,
-    JobSent,
     RunFinished,
     RunStarted,
-    SlotWait,
     Status,
-    Tally,
 )
-from batchrun.limits import LimitKey, Rule
-from batchrun.slots import Pace, eta
+from batchrun.limits import LimitKey
 
 # Enough to see a pattern in a cron mail; the results file holds every failure.
 _FAILURES_LISTED = 20
-_FAILURES_RECENT = 3
 _STAMP = "%Y-%m-%d %H:%M:%S"
-_SUMMARY_COLUMNS = ("endpoint", "done", "failed", "left", "429s", "retries")
 _VIEW_COLUMNS = "endpoint,rule,done/total,failed,429s,retries,in flight,next slot,ETA"
-_NONE = "—"
 
 
 class ProgressSink(EventSink, Protocol):
@@ -81,150 +83,6 @@ def open_progress(
     return _PlainLog(stream, clock=clock, every=every, wall=wall)
 
 
-@dataclass(slots=True, kw_only=True)
-class _Key(Tally):
-    rule: Rule
-    sends: deque[float]
-    in_flight: int = 0
-    # From the last SlotWait: None waits for an answer; -inf once a request left.
-    slot: float | None = -math.inf
-
-    @property
-    def unsent(self) -> int:
-        return max(0, self.left - self.in_flight)
-
-
-def _overall(states: Iterable[Tally]) -> Tally:
-    total = Tally()
-    for state in states:
-        total.add(state)
-    return total
-
-
-class _Board:
-    """Counts per key, kept from the events; each sink shows one."""
-
-    def __init__(self) -> None:
-        self.keys: dict[LimitKey, _Key] = {}
-        self.pace = Pace.EXACT
-        self.started: float | None = None
-        self.finished: RunFinished | None = None
-        self.failures = 0
-        self.recent: deque[str] = deque(maxlen=_FAILURES_RECENT)
-
-    def apply(self, event: Event) -> _Key | None:
-        """Count `event`; return the state of its key, if the run has jobs of it."""
-        if isinstance(event, RunStarted):
-            self._start(event)
-            return None
-        if isinstance(event, RunFinished):
-            self.finished = event
-            return None
-        state = self.keys.get(event.key)
-        if state is not None:
-            _count(state, event)
-            if isinstance(event, JobFinished) and event.status is Status.FAILED:
-                self.failures += 1
-                self.recent.append(_failure_text(event))
-        return state
-
-    def _start(self, event: RunStarted) -> None:
-        self.started = event.at
-        self.pace = event.pace
-        self.keys = {
-            key: _Key(total=total, rule=rule, sends=deque(maxlen=rule.deepest))
-            for key, total in event.totals.items()
-            if total > 0 and (rule := event.rules.get(key)) is not None
-        }
-
-    def etas(self, now: float) -> dict[LimitKey, float]:
-        """Seconds from `now` until each key's last unsent job may leave."""
-        return {key: _eta(s, self.pace, now) for key, s in list(self.keys.items())}
-
-    def eta(self, now: float) -> float:
-        """Seconds from `now` until the run's last job may leave."""
-        return max(self.etas(now).values(), default=0.0)
-
-    def elapsed(self, now: float) -> float:
-        if self.started is None:
-            return 0.0
-        end = self.finished.at if self.finished is not None else now
-        return end - self.started
-
-
-def _count(state: _Key, event: JobSent | JobRequeued | JobFinished | SlotWait) -> None:
-    match event:
-        case JobSent():
-            state.in_flight += 1
-            state.sends.append(event.at)
-            state.slot = -math.inf
-        case JobRequeued():
-            state.in_flight = max(0, state.in_flight - 1)
-            state.rate_limited += event.rate_limited
-            state.retried += not event.rate_limited
-        case JobFinished():
-            state.in_flight = max(0, state.in_flight - 1)
-            state.done += event.status is Status.DONE
-            state.failed += event.status is Status.FAILED
-        case SlotWait():
-            state.slot = event.until
-
-
-def _eta(state: _Key, pace: Pace, now: float) -> float:
-    count = state.unsent
-    if count == 0:
-        return 0.0
-    moment = eta(count, state.rule, now=now, pace=pace, recent=state.sends)
-    return max(0.0, moment - now)
-
-
-def _failure_text(event: JobFinished) -> str:
-    status = f"HTTP {event.http_status}" if event.http_status else "unknown error"
-    reason = event.error or status
-    attempts = "attempt" if event.attempts == 1 else "attempts"
-    return (
-        f"job {event.job_id} ({event.key}) failed after {event.attempts} "
-        f"{attempts}: {reason}"
-    )
-
-
-def _next_slot(state: _Key, now: float) -> str:
-    if state.left <= 0:
-        return _NONE
-    if state.slot is None:
-        return "after an answer"
-    if state.slot <= now:
-        return "now"
-    return f"in {durations.spoken(state.slot - now)}"
-
-
-def _tally(counts: Tally) -> str:
-    return (
-        f"{counts.done}/{counts.total} done, {counts.failed} failed, "
-        f"{counts.rate_limited} 429s, {counts.retried} retries"
-    )
-
-
-def _summary_rows(board: _Board) -> list[tuple[str, ...]]:
-    named = [*board.keys.items(), ("total", _overall(board.keys.values()))]
-    return [
-        (str(name), *map(str, (c.done, c.failed, c.left, c.rate_limited, c.retried)))
-        for name, c in named
-    ]
-
-
-def _closing_lines(board: _Board, now: float) -> list[str]:
-    c = _overall(board.keys.values())
-    elapsed = durations.spoken(board.elapsed(now))
-    lines = [f"{c.done} done, {c.failed} failed, {c.left} left in {elapsed}."]
-    if board.finished is not None and board.finished.stopped:
-        lines.append(
-            f"Stopped early with {c.left} jobs left: "
-            "run the same command again to resume."
-        )
-    return lines
-
-
 class _PlainLog:
     """Timestamped lines, no escape codes: start, progress, failures, summary."""
 
@@ -240,7 +98,7 @@ class _PlainLog:
         self._clock = clock
         self._every = every
         self._wall = wall
-        self._board = _Board()
+        self._board = Board()
         self._last = -math.inf
         self._requeues = 0
         self._closed = False
@@ -268,11 +126,11 @@ class _PlainLog:
     def _start_text(self, at: float) -> str:
         board = self._board
         keys = ", ".join(f"{k} {s.total} at {s.rule}" for k, s in board.keys.items())
-        total = _overall(board.keys.values()).total
+        total = overall(board.keys.values()).total
         eta_text = durations.spoken(board.eta(at))
         return f"starting: {total} jobs — {keys}; pace {board.pace}; ETA {eta_text}"
 
-    def _finished(self, event: JobFinished, state: _Key) -> None:
+    def _finished(self, event: JobFinished, state: KeyCounts) -> None:
         if event.status is Status.FAILED:
             self._failure(event)
         if state.left == 0:
@@ -299,7 +157,7 @@ class _PlainLog:
     def _failure(self, event: JobFinished) -> None:
         count = self._board.failures
         if count <= _FAILURES_LISTED:
-            self._line(_failure_text(event))
+            self._line(failure_text(event))
         elif count == _FAILURES_LISTED + 1:
             self._line(
                 f"more than {_FAILURES_LISTED} failures: further ones are only "
@@ -309,13 +167,13 @@ class _PlainLog:
     def _progress(self, at: float) -> None:
         self._last = at
         board = self._board
-        keys = "; ".join(f"{k} {_tally(s)}" for k, s in board.keys.items())
+        keys = "; ".join(f"{k} {tally(s)}" for k, s in board.keys.items())
         eta_text = durations.spoken(board.eta(at))
-        overall = _tally(_overall(board.keys.values()))
-        self._line(f"progress: {overall} — {keys}; ETA {eta_text}")
+        counts = tally(overall(board.keys.values()))
+        self._line(f"progress: {counts} — {keys}; ETA {eta_text}")
 
     def _summary(self) -> None:
-        rows = [_SUMMARY_COLUMNS, *_summary_rows(self._board)]
+        rows = [SUMMARY_COLUMNS, *summary_rows(self._board)]
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         self._line("summary:")
         for row in rows:
@@ -324,7 +182,7 @@ class _PlainLog:
                 for i, (cell, width) in enumerate(zip(row, widths, strict=True))
             )
             self._line("  " + "  ".join(cells))
-        for text in _closing_lines(self._board, self._clock.now()):
+        for text in closing_lines(self._board, self._clock.now()):
             self._line(text)
 
     def _line(self, text: str) -> None:
@@ -341,7 +199,7 @@ class _LiveView:
     def __init__(self, console: Console, *, clock: Clock) -> None:
         self._console = console
         self._clock = clock
-        self._board = _Board()
+        self._board = Board()
         self._lock = threading.Lock()
         self._live = Live(
             console=console,
@@ -385,7 +243,7 @@ class _LiveView:
         return Group(*parts)
 
     def _bar(self, now: float, etas: dict[LimitKey, float]) -> Table:
-        c = _overall(list(self._board.keys.values()))
+        c = overall(list(self._board.keys.values()))
         grid = Table.grid(padding=(0, 1))
         grid.add_row(
             ProgressBar(total=max(c.total, 1), completed=c.ended, width=40),
@@ -400,24 +258,24 @@ class _LiveView:
         for i, name in enumerate(_VIEW_COLUMNS.split(",")):
             table.add_column(name, justify="left" if i < 2 else "right")
         for key, s in list(self._board.keys.items()):
-            key_eta = durations.spoken(etas.get(key, 0.0)) if s.left > 0 else _NONE
+            key_eta = durations.spoken(etas.get(key, 0.0)) if s.left > 0 else NONE
             numbers = (s.failed, s.rate_limited, s.retried, s.in_flight)
             table.add_row(
                 Text(key),
                 Text(str(s.rule)),
                 f"{s.done}/{s.total}",
                 *(str(n) for n in numbers),
-                _next_slot(s, now),
+                next_slot(s, now),
                 key_eta,
             )
         return table
 
     def _summary(self) -> None:
         table = Table(title="Summary", box=None, header_style="bold")
-        for name in _SUMMARY_COLUMNS:
+        for name in SUMMARY_COLUMNS:
             table.add_column(name, justify="left" if name == "endpoint" else "right")
-        for row in _summary_rows(self._board):
+        for row in summary_rows(self._board):
             table.add_row(*row)
         self._console.print(table)
-        for line in _closing_lines(self._board, self._clock.now()):
+        for line in closing_lines(self._board, self._clock.now()):
             self._console.print(Text(line))

@@ -14,6 +14,8 @@ from typing import IO, Any, Self
 
 from batchrun.errors import UsageError
 from batchrun.events import Status
+from batchrun.jobs import Job
+from batchrun.outcome import Kind, Outcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +31,22 @@ class JobResult:
     error: str | None = None
     note: str | None = None
     finished_at: float = 0.0
+
+    @classmethod
+    def of(cls, job: Job, attempts: int, outcome: Outcome, at: float) -> JobResult:
+        """The end of `job` after `attempts`, as its last `outcome` left it."""
+        done = outcome.kind is Kind.DONE
+        return cls(
+            id=job.id,
+            type=job.type.value,
+            status=Status.DONE if done else Status.FAILED,
+            attempts=attempts,
+            http_status=outcome.status,
+            response=outcome.body,
+            error=outcome.error,
+            note=outcome.note,
+            finished_at=at,
+        )
 
 
 _FIELDS = tuple(f.name for f in fields(JobResult))

@@ -304,36 +304,22 @@ class Runner:
         self._emit(JobRequeued(now, key, attempt.job.id, delay, rate_limited, reason))
 
     def _finish(self, key: LimitKey, attempt: _Try, outcome: Outcome) -> None:
-        done = outcome.kind is Kind.DONE
-        status = Status.DONE if done else Status.FAILED
-        if done:
+        now = self._clock.now()
+        result = JobResult.of(attempt.job, attempt.attempts, outcome, now)
+        if result.status is Status.DONE:
             self._tally.done += 1
         else:
             self._tally.failed += 1
-        now = self._clock.now()
-        job = attempt.job
-        self._recorder.finished(
-            JobResult(
-                id=job.id,
-                type=job.type.value,
-                status=status,
-                attempts=attempt.attempts,
-                http_status=outcome.status,
-                response=outcome.body,
-                error=outcome.error,
-                note=outcome.note,
-                finished_at=now,
-            )
-        )
+        self._recorder.finished(result)
         self._emit(
             JobFinished(
                 now,
                 key,
-                job.id,
-                status,
-                attempt.attempts,
-                outcome.status,
-                outcome.error,
+                result.id,
+                result.status,
+                result.attempts,
+                result.http_status,
+                result.error,
             )
         )
 

@@ -1,8 +1,8 @@
 """A local copy of the reporting API that enforces its limits exactly.
 
-Holds `Faults` (what to break on purpose), `Arrival` (one request seen), `Sandbox`
-(the limit logs and arrival record behind one app), `create_app`, and `running` /
-`serve`, which put an app on a socket.
+Holds `Arrival` (one request seen), `Sandbox` (the limit logs and arrival record
+behind one app) and `create_app`, whose routes come from `endpoints.ENDPOINTS`.
+`serving` puts an app on a socket; `faults` says what to break on purpose.
 
 Invariant: for every client (a hash of the Authorization header), key and window
 (COUNT, W) of the key's rule, at most COUNT requests are accepted within any
@@ -18,24 +18,18 @@ uvicorn closes the connection mid-answer and the client sees a protocol error
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import logging
 import math
 import random
-import socket
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable, Container, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from functools import partial
-from typing import TypeVar
 
 import anyio
-import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -43,8 +37,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from batchrun.errors import UsageError
+from batchrun.endpoints import ENDPOINTS
+from batchrun.faults import Fault, Faults
 from batchrun.limits import LimitKey, Rule
+from batchrun.serving import Dropped
 
 # The API's documented 429 body (reporting-api-rate-limits.md, section 7).
 _TOO_MANY = {
@@ -54,111 +50,14 @@ _TOO_MANY = {
         "message": "Too many requests. Please slow down and retry later.",
     },
 }
-_ROUTES = (
-    ("/teams/{team_id}/data/run-query", "POST", LimitKey.RUN_QUERY),
-    ("/teams/{team_id}/members/invite", "POST", LimitKey.INVITE),
-    ("/users/me/avatar", "PUT", LimitKey.AVATAR),
-)
 _SERVER_ERRORS = {
     500: "INTERNAL_SERVER_ERROR",
     502: "BAD_GATEWAY",
     503: "SERVICE_UNAVAILABLE",
 }
-_FAULT_FIELDS = {
-    "429": "rate_429",
-    "5xx": "rate_5xx",
-    "drop": "rate_drop",
-    "slow": "rate_slow",
-    "slow-seconds": "slow_seconds",
-}
-_FAULT_HINT = (
-    "expected NAME=NUMBER, NAME one of 429, 5xx, drop, slow, slow-seconds, seed "
-    "(rates are fractions: 429=0.05; slow-seconds=2; seed=7)"
-)
-# Retry-After and the sum of fault rates are rounded to this many digits first, so
-# float noise (8.000000000000002, 1.0000000000000002) does not round up.
+# Retry-After is rounded to this many digits first, so float noise
+# (8.000000000000002) does not round up.
 _NOISE_DIGITS = 6
-# Longest wait for the server thread to start, or to stop.
-_THREAD_SECONDS = 10.0
-_N = TypeVar("_N", int, float)
-
-
-class _Fault(StrEnum):
-    """The ways an accepted request can be answered badly on purpose."""
-
-    TOO_MANY = "429"
-    SERVER_ERROR = "5xx"
-    DROP = "drop"
-    SLOW = "slow"
-
-
-@dataclass(frozen=True, slots=True)
-class Faults:
-    """Fractions of accepted requests answered badly on purpose, drawn in this order."""
-
-    rate_429: float = 0.0
-    rate_5xx: float = 0.0
-    rate_drop: float = 0.0
-    rate_slow: float = 0.0
-    slow_seconds: float = 1.0
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        rates = self.rates()
-        total = round(math.fsum(rates.values()), _NOISE_DIGITS)
-        if not all(0 <= r <= 1 for r in rates.values()) or total > 1:
-            shown = ", ".join(f"{name}={r:g}" for name, r in rates.items() if r)
-            msg = (
-                f"fault rates must each be within 0..1 and add up to at most 1: {shown}"
-            )
-            raise UsageError(msg)
-        if not (math.isfinite(self.slow_seconds) and self.slow_seconds >= 0):
-            msg = f"slow-seconds must be a number >= 0, got {self.slow_seconds:g}"
-            raise UsageError(msg)
-
-    def rates(self) -> dict[str, float]:
-        """Each fault's rate, by its `--inject` name, in the order they are drawn."""
-        return {
-            _Fault.TOO_MANY: self.rate_429,
-            _Fault.SERVER_ERROR: self.rate_5xx,
-            _Fault.DROP: self.rate_drop,
-            _Fault.SLOW: self.rate_slow,
-        }
-
-
-def parse_faults(specs: Iterable[str]) -> Faults:
-    """Read `--inject` values: 429=0.05, 5xx=0.1, drop=0.05, slow=0.1, slow-seconds=2,
-    seed=7. Raises UsageError naming the bad value, with a hint."""
-    numbers: dict[str, float] = {}
-    seed: int | None = None
-    for spec in specs:
-        name, text = _fault_spec(spec)
-        if name == "seed":
-            seed = _number(spec, text, int)
-        else:
-            numbers[_FAULT_FIELDS[name]] = _number(spec, text, float)
-    try:
-        return Faults(seed=seed, **numbers)
-    except UsageError as exc:
-        msg = f"bad --inject values: {exc.message}"
-        raise UsageError(msg) from None
-
-
-def _fault_spec(spec: str) -> tuple[str, str]:
-    name, sep, text = spec.partition("=")
-    name = name.strip()
-    if not sep or (name not in _FAULT_FIELDS and name != "seed"):
-        msg = f"bad --inject {spec!r}: {_FAULT_HINT}"
-        raise UsageError(msg)
-    return name, text.strip()
-
-
-def _number(spec: str, text: str, kind: Callable[[str], _N]) -> _N:
-    try:
-        return kind(text)
-    except ValueError:
-        msg = f"bad --inject {spec!r}: {text!r} is not a number; {_FAULT_HINT}"
-        raise UsageError(msg) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,10 +69,6 @@ class Arrival:
     key: LimitKey
     status: int
     idempotency_key: str | None
-
-
-class Dropped(Exception):
-    """Raised inside the app, after an answer has started, to drop the connection."""
 
 
 @dataclass
@@ -215,15 +110,11 @@ class Sandbox:
                 log.append(now)
             return now, wait
 
-    def draw_fault(self) -> _Fault | None:
+    def draw_fault(self) -> Fault | None:
         """Which injected fault, if any, answers the accepted request at hand."""
         with self._lock:
             draw = self._random.random()
-        for fault, rate in self.faults.rates().items():
-            if draw < rate:
-                return _Fault(fault)
-            draw -= rate
-        return None
+        return self.faults.drawn(draw)
 
     def server_error(self) -> int:
         """The status of an injected server error: 500, 502 or 503."""
@@ -240,30 +131,6 @@ class Sandbox:
         """Keep one arrival, whatever it was answered."""
         with self._lock:
             self.arrivals.append(arrival)
-
-    def max_in_window(
-        self, key: LimitKey, seconds: float, *, statuses: Container[int] | None = None
-    ) -> int:
-        """The most arrivals of `key` (with one of `statuses`, if given) within any
-        half-open interval of `seconds`."""
-        with self._lock:
-            seen = list(self.arrivals)
-        times = sorted(
-            a.at
-            for a in seen
-            if a.key is key and (statuses is None or a.status in statuses)
-        )
-        return most_in_window(times, seconds)
-
-
-def most_in_window(times: list[float], seconds: float) -> int:
-    """The most of the sorted `times` within any half-open interval of `seconds`."""
-    best = low = 0
-    for high, moment in enumerate(times):
-        while times[low] + seconds <= moment:
-            low += 1
-        best = max(best, high - low + 1)
-    return best
 
 
 def _wait(log: deque[float], rule: Rule, now: float) -> float | None:
@@ -291,8 +158,8 @@ def create_app(
     """
     sandbox = Sandbox(rules, faults or Faults(), clock)
     routes = [
-        Route(path, _endpoint(sandbox, key), methods=[method])
-        for path, method, key in _ROUTES
+        Route(end.path, _endpoint(sandbox, end.key), methods=[end.method])
+        for end in ENDPOINTS.values()
     ]
     refuse = partial(_refuse, sandbox)
     app = Starlette(routes=routes, exception_handlers={404: refuse, 405: refuse})
@@ -355,14 +222,14 @@ async def _serve(sandbox: Sandbox, request: Request, key: LimitKey) -> Response:
     # and a drop must reach the client as a broken answer, whatever the timing.
     raw = await request.body()
     fault = sandbox.draw_fault()
-    if fault is _Fault.TOO_MANY:
+    if fault is Fault.TOO_MANY:
         return JSONResponse(_TOO_MANY, 429)
-    if fault is _Fault.SERVER_ERROR:
+    if fault is Fault.SERVER_ERROR:
         status = sandbox.server_error()
         return _error(status, _SERVER_ERRORS[status], "injected server error")
-    if fault is _Fault.DROP:
+    if fault is Fault.DROP:
         return _DropResponse()
-    if fault is _Fault.SLOW:
+    if fault is Fault.SLOW:
         await anyio.sleep(sandbox.faults.slow_seconds)
     return _echo(sandbox, request, key, raw)
 
@@ -399,96 +266,3 @@ class _DropResponse(Response):
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": b"{", "more_body": True})
         raise Dropped
-
-
-class _QuietDrops(logging.Filter):
-    """Keeps uvicorn from logging a traceback for each connection dropped on purpose."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], Dropped))
-
-
-_QUIET_DROPS = _QuietDrops()
-
-
-def _server(app: Starlette, host: str, port: int, level: str) -> uvicorn.Server:
-    # One filter instance, so adding it again (each `running`) is a no-op.
-    logging.getLogger("uvicorn.error").addFilter(_QUIET_DROPS)
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level=level,
-        access_log=False,
-        lifespan="off",
-        timeout_graceful_shutdown=2,
-    )
-    return uvicorn.Server(config)
-
-
-def serve(
-    app: Starlette, *, host: str, port: int, announce: Callable[[str], None]
-) -> None:
-    """Serve until Ctrl-C (the `batchrun sandbox` command), logging warnings only.
-
-    `announce` gets the base URL once the port is bound (port 0 picks a free one).
-    Raises UsageError when the address cannot be bound (e.g. the port is in use).
-    """
-    try:
-        sock = _bound(host, port)
-    except OSError as exc:
-        reason = exc.strerror or exc
-        msg = f"cannot listen on {host}:{port}: {reason}. Try another --port."
-        raise UsageError(msg) from None
-    with sock:
-        announce(_base_url(host, sock.getsockname()[1]))
-        _server(app, host, port, "warning").run(sockets=[sock])
-
-
-@contextlib.contextmanager
-def running(app: Starlette, *, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """Serve `app` in a background thread; yield its base URL; stop it on exit.
-
-    `port=0` picks a free port. The socket is bound before the server starts, so
-    the URL is known (and connectable) as soon as this yields.
-    """
-    with _bound(host, port) as sock:
-        server = _server(app, host, port, "error")
-        thread = threading.Thread(
-            target=server.run, kwargs={"sockets": [sock]}, daemon=True
-        )
-        thread.start()
-        try:
-            _await_start(server, thread)
-            yield _base_url(host, sock.getsockname()[1])
-        finally:
-            server.should_exit = True
-            thread.join(timeout=_THREAD_SECONDS)
-
-
-def _bound(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # Naming IPPROTO_TCP lets asyncio recognise the socket as TCP and set
-    # TCP_NODELAY; without it each answer on a kept-alive connection waits ~40 ms
-    # for Nagle's algorithm.
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def _await_start(server: uvicorn.Server, thread: threading.Thread) -> None:
-    deadline = time.monotonic() + _THREAD_SECONDS
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            msg = "the sandbox server did not start (see the log above)"
-            raise RuntimeError(msg)
-        time.sleep(0.005)
-
-
-def _base_url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

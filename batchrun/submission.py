@@ -12,27 +12,31 @@ flight; a second SIGINT stops at once. Either way the store stays consistent.
 from __future__ import annotations
 
 import contextlib
+import random
 import signal
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from batchrun.clock import SystemClock
+from batchrun.client import Client
+from batchrun.clock import Clock, SystemClock
 from batchrun.errors import EXIT_OK, EXIT_SOME_FAILED, EXIT_STOPPED
+from batchrun.events import EventSink
 from batchrun.jobs import scan
 from batchrun.journal import Journal
 from batchrun.ledger import Ledger, MemoryLedger
-from batchrun.limits import LimitKey, Rule
+from batchrun.limits import LimitKey, Rule, table_text
 from batchrun.pacer import Pacer
 from batchrun.paths import StatePaths, client_fingerprint
+from batchrun.progress import open_progress
 from batchrun.results import ResultsFile
 from batchrun.runlock import RunLock
-from batchrun.runner import Runner, Settings
+from batchrun.runner import Recorder, Runner, Settings
 from batchrun.sqlite_ledger import SqliteLedger
 from batchrun.state import JobState, RunStore
 
@@ -80,7 +84,7 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
         rows = scan(job.jobs_file, check_duplicates=False)
         store.sync(rows, path=str(job.jobs_file), restart=job.restart)
         store.recover(retry_failed=job.retry_failed, retry_unknown=job.retry_unknown)
-        store.set_meta("rules", _rules_text(job.rules))
+        store.set_meta("rules", table_text(job.rules))
         store.set_meta("pace", job.settings.pace)
         _announce(store, say)
         if _pending(store):
@@ -95,43 +99,66 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
 async def _run(
     job: Submission, store: RunStore, journal: Journal, say: Callable[[str], None]
 ) -> bool:
-    from batchrun.client import Client
-    from batchrun.progress import open_progress
-
     clock = SystemClock()
     ledger = _ledger(job)
     sink = open_progress(sys.stdout, clock=clock)
-    target = job.target
     try:
-        client = Client(
-            base_url=target.base_url,
-            token=target.token,
-            scope=str(job.jobs_file.resolve()),
-            timeout=target.timeout,
-            connections=job.settings.concurrency,
-            transport=target.transport,
-            ca_bundle=target.ca_bundle,
-        )
-        pacer = Pacer(
+        async with open_run(
+            job.target,
             rules=job.rules,
+            settings=job.settings,
             ledger=ledger,
             clock=clock,
-            pace=job.settings.pace,
             sink=sink,
-        )
-        async with client:
-            runner = Runner(
-                sender=client,
-                pacer=pacer,
-                clock=clock,
-                sink=sink,
-                recorder=journal,
-                settings=job.settings,
-            )
+            recorder=journal,
+            scope=str(job.jobs_file.resolve()),
+        ) as runner:
             return await _supervised(runner, store, job.deadline, say)
     finally:
         ledger.close()  # the last answers reach the other processes
         sink.close()
+
+
+@contextlib.asynccontextmanager
+async def open_run(
+    target: Target,
+    *,
+    rules: Mapping[LimitKey, Rule],
+    settings: Settings,
+    ledger: Ledger,
+    clock: Clock,
+    sink: EventSink,
+    recorder: Recorder,
+    scope: str,
+    rng: random.Random | None = None,
+) -> AsyncIterator[Runner]:
+    """A Runner wired to a Client of `target` and a Pacer over `ledger`: the one
+    wiring that `submit`, the benchmarks and the tests share.
+
+    `scope` names the jobs file in each job's Idempotency-Key.
+    """
+    client = Client(
+        base_url=target.base_url,
+        token=target.token,
+        scope=scope,
+        timeout=target.timeout,
+        connections=settings.concurrency,
+        transport=target.transport,
+        ca_bundle=target.ca_bundle,
+    )
+    pacer = Pacer(
+        rules=rules, ledger=ledger, clock=clock, pace=settings.pace, sink=sink
+    )
+    async with client:
+        yield Runner(
+            sender=client,
+            pacer=pacer,
+            clock=clock,
+            sink=sink,
+            recorder=recorder,
+            settings=settings,
+            rng=rng,
+        )
 
 
 async def _supervised(
@@ -243,7 +270,3 @@ def _exit_code(store: RunStore, *, stopped: bool, say: Callable[[str], None]) ->
     if by_state[JobState.FAILED] or by_state[JobState.UNKNOWN]:
         return EXIT_SOME_FAILED
     return EXIT_STOPPED if left else EXIT_OK
-
-
-def _rules_text(rules: dict[LimitKey, Rule]) -> str:
-    return ",".join(f"{key.value}={rule}" for key, rule in rules.items())

@@ -21,7 +21,6 @@ import aiometer
 import anyio
 import httpx
 
-from batchrun.client import Client
 from batchrun.clock import SystemClock
 from batchrun.endpoints import JobType
 from batchrun.events import JobFinished, JobRequeued, JobSent
@@ -29,11 +28,11 @@ from batchrun.jobs import Job
 from batchrun.journal import Journal
 from batchrun.ledger import MemoryLedger
 from batchrun.limits import LimitKey, Rule
-from batchrun.pacer import Pacer
 from batchrun.results import ResultsFile
-from batchrun.runner import Runner, Settings
+from batchrun.runner import Settings
 from batchrun.sqlite_ledger import SqliteLedger
 from batchrun.state import RunStore
+from batchrun.submission import Target, open_run
 from bench.anchors import Acquire, aiometer_rate
 
 PATH = "/teams/acme/data/run-query"
@@ -119,20 +118,17 @@ async def drive_batchrun(
             results = stack.enter_context(ResultsFile(Path(folder) / "results.jsonl"))
             recorder = Journal(store, results)
             source = store.pending(LimitKey.RUN_QUERY)
-        clock = SystemClock()
-        pacer = Pacer(rules=rules, ledger=ledger, clock=clock, sink=NullSink())
-        client = Client(
-            base_url=base_url, token=None, scope="bench", connections=concurrency
-        )
-        async with client:
-            runner = Runner(
-                sender=client,
-                pacer=pacer,
-                clock=clock,
-                sink=sink or NullSink(),
-                recorder=recorder,
-                settings=Settings(concurrency=concurrency),
-            )
+        target = Target(base_url=base_url, token=None, timeout=30.0)
+        async with open_run(
+            target,
+            rules=rules,
+            settings=Settings(concurrency=concurrency),
+            ledger=ledger,
+            clock=SystemClock(),
+            sink=sink or NullSink(),
+            recorder=recorder,
+            scope="bench",
+        ) as runner:
             tally = await runner.run(
                 {LimitKey.RUN_QUERY: source}, {LimitKey.RUN_QUERY: count}
             )

@@ -19,9 +19,11 @@ from typing import Any
 import anyio
 
 from batchrun.limits import LimitKey, Rule, limit_table, parse_override
-from batchrun.sandbox import create_app, most_in_window, running
+from batchrun.sandbox import create_app
+from batchrun.serving import running
 from batchrun.slots import eta
 from bench import anchors, drivers
+from tests.oracles import most_in_window
 
 Driver = Callable[[str, dict[LimitKey, Rule], int, int], Awaitable[int]]
 CONCURRENCY = 8

@@ -6,13 +6,12 @@ import random
 
 import httpx
 
-from batchrun.client import Client
 from batchrun.clock import LoopClock
 from batchrun.events import Event
 from batchrun.ledger import MemoryLedger
-from batchrun.pacer import Pacer
 from batchrun.results import JobResult
-from batchrun.runner import Runner, Settings
+from batchrun.runner import Settings
+from batchrun.submission import Target, open_run
 
 BASE = "https://api.example.test"
 
@@ -51,20 +50,22 @@ class ListRecorder:
 def make_runner(
     router, rules, sink, *, recorder=None, token=None, timeout=30.0, **settings
 ):
-    """A Runner and its Client over a respx router, on the test's (virtual) clock."""
-    clock = LoopClock()
-    pacer = Pacer(rules=rules, ledger=MemoryLedger(), clock=clock, sink=sink)
-    transport = httpx.MockTransport(router.async_handler)
-    client = Client(
-        base_url=BASE, token=token, scope="f", timeout=timeout, transport=transport
+    """An async context of a Runner (`submission.open_run`) over a respx router,
+    on the test's (virtual) clock."""
+    target = Target(
+        base_url=BASE,
+        token=token,
+        timeout=timeout,
+        transport=httpx.MockTransport(router.async_handler),
     )
-    runner = Runner(
-        sender=client,
-        pacer=pacer,
-        clock=clock,
+    return open_run(
+        target,
+        rules=rules,
+        settings=Settings(**settings),
+        ledger=MemoryLedger(),
+        clock=LoopClock(),
         sink=sink,
         recorder=recorder or ListRecorder(),
-        settings=Settings(**settings),
+        scope="f",
         rng=random.Random(1),
     )
-    return client, runner

@@ -136,7 +136,8 @@ def test_typer_usage_errors_exit_2(tmp_path):
 def test_failed_jobs_exit_1(tmp_path):
     """Jobs the server refuses with a 4xx fail, and submit exits 1."""
     from batchrun.limits import limit_table
-    from batchrun.sandbox import create_app, running
+    from batchrun.sandbox import create_app
+    from batchrun.serving import running
 
     with running(create_app(rules=limit_table())) as url:
         result = runner.invoke(
@@ -159,7 +160,8 @@ def test_token_is_never_shown(tmp_path):
 def test_token_comes_from_the_environment(tmp_path):
     """BATCHRUN_TOKEN is sent as the bearer token."""
     from batchrun.limits import limit_table
-    from batchrun.sandbox import create_app, running
+    from batchrun.sandbox import create_app
+    from batchrun.serving import running
 
     server = create_app(rules=limit_table())
     with running(server) as url:

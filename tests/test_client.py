@@ -19,10 +19,11 @@ from batchrun.client import (
 )
 from batchrun.endpoints import JobType
 from batchrun.errors import UsageError
+from batchrun.faults import Faults
 from batchrun.jobs import Job
 from batchrun.limits import limit_table
 from batchrun.outcome import Kind
-from batchrun.sandbox import Faults, create_app
+from batchrun.sandbox import create_app
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,8 @@ from batchrun.events import JobRequeued, JobSent, Status
 from batchrun.jobs import Job
 from batchrun.limits import LimitKey, limit_table, parse_rule
 from batchrun.results import JobResult, ResultsFile
-from batchrun.sandbox import create_app, running
+from batchrun.sandbox import create_app
+from batchrun.serving import running
 from tests.fakes import BASE, ListSink, make_runner
 
 QUERY = f"{BASE}/teams/t1/data/run-query"
@@ -69,7 +70,7 @@ async def run_one(router, tmp_path, *, seconds=30.0, **settings):
     path = tmp_path / "results.jsonl"
     with ResultsFile(path) as results:
         recorder = ResultsRecorder(results)
-        client, runner = make_runner(
+        async with make_runner(
             router,
             rules,
             sink,
@@ -77,8 +78,7 @@ async def run_one(router, tmp_path, *, seconds=30.0, **settings):
             token=TOKEN,
             timeout=seconds,
             **settings,
-        )
-        async with client:
+        ) as runner:
             job = Job("a", JobType.RUN_QUERY, "t1", {"q": 1})
             await runner.run({LimitKey.RUN_QUERY: [job]}, {LimitKey.RUN_QUERY: 1})
     [result] = recorder.results

@@ -37,10 +37,9 @@ async def run_jobs(router, jobs, *, rule="100/1s", recorder=None, **settings):
     """Run `jobs` (all run-query) through a Runner; return (tally, recorder, sink)."""
     sink, recorder = ListSink(), recorder or ListRecorder()
     rules = {LimitKey.RUN_QUERY: parse_rule(rule)}
-    client, runner = make_runner(
+    async with make_runner(
         router, rules, sink, recorder=recorder, token="s3cret", **settings
-    )
-    async with client:
+    ) as runner:
         tally = await runner.run(
             {LimitKey.RUN_QUERY: jobs}, {LimitKey.RUN_QUERY: len(jobs)}
         )
@@ -196,11 +195,11 @@ async def test_stop_before_run_sends_nothing_and_reports_left():
     route = router.post(QUERY).respond(200, json={})
     sink = ListSink()
     rules = {LimitKey.RUN_QUERY: parse_rule("1/1s")}
-    _, runner = make_runner(router, rules, sink)
-    runner.stop()
-    tally = await runner.run(
-        {LimitKey.RUN_QUERY: [query("a")]}, {LimitKey.RUN_QUERY: 1}
-    )
+    async with make_runner(router, rules, sink) as runner:
+        runner.stop()
+        tally = await runner.run(
+            {LimitKey.RUN_QUERY: [query("a")]}, {LimitKey.RUN_QUERY: 1}
+        )
     assert route.call_count == 0
     assert sink.of(RunFinished)[0].stopped
     assert tally.left == 1
@@ -266,13 +265,12 @@ async def test_a_key_waiting_for_its_slot_does_not_hold_up_another():
         LimitKey.INVITE: parse_rule("1/10s"),
     }
     sink = ListSink()
-    client, runner = make_runner(router, rules, sink, concurrency=2)
     start = anyio.current_time()
     jobs = {
         LimitKey.INVITE: [invite(f"i{n}") for n in range(3)],
         LimitKey.RUN_QUERY: [query(f"q{n}") for n in range(20)],
     }
-    async with client:
+    async with make_runner(router, rules, sink, concurrency=2) as runner:
         tally = await runner.run(jobs, {k: len(v) for k, v in jobs.items()})
     assert tally.done == 23
     sent = {e.job_id: e.at - start for e in sink.of(JobSent)}
@@ -298,13 +296,15 @@ async def test_stop_ends_the_waits_and_lets_requests_in_flight_finish():
         LimitKey.INVITE: parse_rule("1/1m"),
     }
     sink = ListSink()
-    client, runner = make_runner(router, rules, sink, concurrency=4)
     jobs = {
         LimitKey.RUN_QUERY: [query(f"q{n}") for n in range(3)],
         LimitKey.INVITE: [invite(f"i{n}") for n in range(3)],
     }
     start = anyio.current_time()
-    async with client, anyio.create_task_group() as tasks:
+    async with (
+        make_runner(router, rules, sink, concurrency=4) as runner,
+        anyio.create_task_group() as tasks,
+    ):
 
         async def stop_soon() -> None:
             await anyio.sleep(1)

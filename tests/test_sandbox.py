@@ -16,18 +16,11 @@ from hypothesis import strategies as st
 from starlette.applications import Starlette
 
 from batchrun.errors import UsageError
+from batchrun.faults import Faults, parse_faults
 from batchrun.limits import LimitKey, Rule, Window, parse_rule
-from batchrun.sandbox import (
-    Arrival,
-    Dropped,
-    Faults,
-    Sandbox,
-    create_app,
-    most_in_window,
-    parse_faults,
-    running,
-    serve,
-)
+from batchrun.sandbox import Arrival, Sandbox, create_app
+from batchrun.serving import Dropped, running, serve
+from tests.oracles import max_in_window, most_in_window
 
 pytestmark = pytest.mark.anyio
 
@@ -454,18 +447,18 @@ def hand_made_sandbox() -> Sandbox:
 def test_max_in_window_counts_only_its_key():
     """max_in_window counts arrivals of the given key only, in time order."""
     sandbox = hand_made_sandbox()
-    assert sandbox.max_in_window(LimitKey.RUN_QUERY, 10.0) == 3
-    assert sandbox.max_in_window(LimitKey.RUN_QUERY, 10.5) == 4
-    assert sandbox.max_in_window(LimitKey.INVITE, 10.0) == 1
-    assert sandbox.max_in_window(LimitKey.AVATAR, 10.0) == 0
+    assert max_in_window(sandbox, LimitKey.RUN_QUERY, 10.0) == 3
+    assert max_in_window(sandbox, LimitKey.RUN_QUERY, 10.5) == 4
+    assert max_in_window(sandbox, LimitKey.INVITE, 10.0) == 1
+    assert max_in_window(sandbox, LimitKey.AVATAR, 10.0) == 0
 
 
 def test_max_in_window_filters_by_status():
     """With statuses, max_in_window counts only arrivals answered with one of them."""
     sandbox = hand_made_sandbox()
-    assert sandbox.max_in_window(LimitKey.RUN_QUERY, 10.0, statuses={200}) == 2
-    assert sandbox.max_in_window(LimitKey.RUN_QUERY, 10.0, statuses={429}) == 1
-    assert sandbox.max_in_window(LimitKey.RUN_QUERY, 20.0, statuses={0, 200}) == 4
+    assert max_in_window(sandbox, LimitKey.RUN_QUERY, 10.0, statuses={200}) == 2
+    assert max_in_window(sandbox, LimitKey.RUN_QUERY, 10.0, statuses={429}) == 1
+    assert max_in_window(sandbox, LimitKey.RUN_QUERY, 20.0, statuses={0, 200}) == 4
 
 
 # Faults

@@ -15,8 +15,10 @@ from typer.testing import CliRunner
 
 from batchrun.cli import app
 from batchrun.limits import LimitKey, limit_table, parse_override, parse_rule
-from batchrun.sandbox import create_app, running
+from batchrun.sandbox import create_app
+from batchrun.serving import running
 from batchrun.slots import Pace, eta
+from tests.oracles import max_in_window
 
 pytestmark = pytest.mark.e2e
 runner = CliRunner()
@@ -60,7 +62,7 @@ def test_120_jobs_at_30_per_2s_finish_near_ideal_with_no_429(tmp_path, pace):
     sandbox = server.state.sandbox
     statuses = Counter(a.status for a in sandbox.arrivals)
     assert statuses == {200: 120}
-    assert sandbox.max_in_window(LimitKey.RUN_QUERY, 2.0) <= 30
+    assert max_in_window(sandbox, LimitKey.RUN_QUERY, 2.0) <= 30
     ideal = eta(120, rule, now=0.0, pace=pace)
     assert elapsed < 1.2 * ideal, (elapsed, ideal)
 

@@ -1,0 +1,178 @@
+"""What a run looks like as numbers: counts per key, ETAs and summary rows.
+
+`Board` is built from the runner's events and read by both views in `progress.py`;
+it knows no terminal. ETAs come from the limits (`slots.eta` over the jobs not yet
+sent and each key's recent sends), never from the past rate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from batchrun import durations
+from batchrun.events import (
+    Event,
+    JobFinished,
+    JobRequeued,
+    JobSent,
+    RunFinished,
+    RunStarted,
+    SlotWait,
+    Status,
+    Tally,
+)
+from batchrun.limits import LimitKey, Rule
+from batchrun.slots import Pace, eta
+
+_FAILURES_RECENT = 3
+NONE = "—"
+SUMMARY_COLUMNS = ("endpoint", "done", "failed", "left", "429s", "retries")
+
+
+@dataclass(slots=True, kw_only=True)
+class KeyCounts(Tally):
+    rule: Rule
+    sends: deque[float]
+    in_flight: int = 0
+    # From the last SlotWait: None waits for an answer; -inf once a request left.
+    slot: float | None = -math.inf
+
+    @property
+    def unsent(self) -> int:
+        return max(0, self.left - self.in_flight)
+
+
+def overall(states: Iterable[Tally]) -> Tally:
+    total = Tally()
+    for state in states:
+        total.add(state)
+    return total
+
+
+class Board:
+    """Counts per key, kept from the events; each sink shows one."""
+
+    def __init__(self) -> None:
+        self.keys: dict[LimitKey, KeyCounts] = {}
+        self.pace = Pace.EXACT
+        self.started: float | None = None
+        self.finished: RunFinished | None = None
+        self.failures = 0
+        self.recent: deque[str] = deque(maxlen=_FAILURES_RECENT)
+
+    def apply(self, event: Event) -> KeyCounts | None:
+        """Count `event`; return the state of its key, if the run has jobs of it."""
+        if isinstance(event, RunStarted):
+            self._start(event)
+            return None
+        if isinstance(event, RunFinished):
+            self.finished = event
+            return None
+        state = self.keys.get(event.key)
+        if state is not None:
+            _count(state, event)
+            if isinstance(event, JobFinished) and event.status is Status.FAILED:
+                self.failures += 1
+                self.recent.append(failure_text(event))
+        return state
+
+    def _start(self, event: RunStarted) -> None:
+        self.started = event.at
+        self.pace = event.pace
+        self.keys = {
+            key: KeyCounts(total=total, rule=rule, sends=deque(maxlen=rule.deepest))
+            for key, total in event.totals.items()
+            if total > 0 and (rule := event.rules.get(key)) is not None
+        }
+
+    def etas(self, now: float) -> dict[LimitKey, float]:
+        """Seconds from `now` until each key's last unsent job may leave."""
+        return {key: _eta(s, self.pace, now) for key, s in list(self.keys.items())}
+
+    def eta(self, now: float) -> float:
+        """Seconds from `now` until the run's last job may leave."""
+        return max(self.etas(now).values(), default=0.0)
+
+    def elapsed(self, now: float) -> float:
+        if self.started is None:
+            return 0.0
+        end = self.finished.at if self.finished is not None else now
+        return end - self.started
+
+
+def _count(
+    state: KeyCounts, event: JobSent | JobRequeued | JobFinished | SlotWait
+) -> None:
+    match event:
+        case JobSent():
+            state.in_flight += 1
+            state.sends.append(event.at)
+            state.slot = -math.inf
+        case JobRequeued():
+            state.in_flight = max(0, state.in_flight - 1)
+            state.rate_limited += event.rate_limited
+            state.retried += not event.rate_limited
+        case JobFinished():
+            state.in_flight = max(0, state.in_flight - 1)
+            state.done += event.status is Status.DONE
+            state.failed += event.status is Status.FAILED
+        case SlotWait():
+            state.slot = event.until
+
+
+def _eta(state: KeyCounts, pace: Pace, now: float) -> float:
+    count = state.unsent
+    if count == 0:
+        return 0.0
+    moment = eta(count, state.rule, now=now, pace=pace, recent=state.sends)
+    return max(0.0, moment - now)
+
+
+def failure_text(event: JobFinished) -> str:
+    status = f"HTTP {event.http_status}" if event.http_status else "unknown error"
+    reason = event.error or status
+    attempts = "attempt" if event.attempts == 1 else "attempts"
+    return (
+        f"job {event.job_id} ({event.key}) failed after {event.attempts} "
+        f"{attempts}: {reason}"
+    )
+
+
+def next_slot(state: KeyCounts, now: float) -> str:
+    if state.left <= 0:
+        return NONE
+    if state.slot is None:
+        return "after an answer"
+    if state.slot <= now:
+        return "now"
+    return f"in {durations.spoken(state.slot - now)}"
+
+
+def tally(counts: Tally) -> str:
+    return (
+        f"{counts.done}/{counts.total} done, {counts.failed} failed, "
+        f"{counts.rate_limited} 429s, {counts.retried} retries"
+    )
+
+
+def summary_rows(board: Board) -> list[tuple[str, ...]]:
+    named = [*board.keys.items(), ("total", overall(board.keys.values()))]
+    return [
+        (str(name), *map(str, (c.done, c.failed, c.left, c.rate_limited, c.retried)))
+        for name, c in named
+    ]
+
+
+def closing_lines(board: Board, now: float) -> list[str]:
+    c = overall(board.keys.values())
+    elapsed = durations.spoken(board.elapsed(now))
+    lines = [f"{c.done} done, {c.failed} failed, {c.left} left in {elapsed}."]
+    if board.finished is not None and board.finished.stopped:
+        lines.append(
+            f"Stopped early with {c.left} jobs left: "
+            "run the same command again to resume."
+        )
+    return lines

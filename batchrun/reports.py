@@ -1,0 +1,86 @@
+"""What `validate`, `status` and `plan` print: lines of text, or JSON for scripts.
+
+Pure rendering of values computed elsewhere (`jobs.Summary`, `overview.Status`,
+`overview.KeyPlan`); the CLI only echoes what these return.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from batchrun import durations
+from batchrun.jobs import Summary
+from batchrun.overview import KeyPlan, Status
+from batchrun.state import Failure
+
+_TEAMS_SHOWN = 10
+
+
+def summary_lines(jobs_file: Path, summary: Summary) -> list[str]:
+    """`validate`: how many valid jobs of each type, and the busiest teams."""
+    per_type = ", ".join(f"{kind.value} {n}" for kind, n in summary.per_type.items())
+    lines = [f"{jobs_file}: {summary.total} valid job(s): {per_type or 'none'}"]
+    if summary.per_team:
+        teams = sorted(summary.per_team.items(), key=lambda item: (-item[1], item[0]))
+        shown = ", ".join(f"{team} {n}" for team, n in teams[:_TEAMS_SHOWN])
+        more = (
+            f" and {len(teams) - _TEAMS_SHOWN} more"
+            if len(teams) > _TEAMS_SHOWN
+            else ""
+        )
+        lines.append(f"  {len(teams)} team(s): {shown}{more}")
+    return lines
+
+
+def status_lines(jobs_file: Path, found: Status) -> list[str]:
+    """`status`: counts per endpoint and state, failures, then the time left."""
+    if found.store is None:
+        return [f"{jobs_file}: no run yet."]
+    lines = []
+    for key, states in found.states.items():
+        counts = ", ".join(f"{n} {state.value}" for state, n in states.items())
+        lines.append(f"{key.value}: {counts}")
+    for failure in found.failures:
+        lines.append(f"  failed: {failure.id} ({failure.type}): {failure.error}")
+    return lines + plan_lines(found.keys)
+
+
+def plan_lines(plans: list[KeyPlan]) -> list[str]:
+    """`plan`: per endpoint, the jobs left, the rule, the budget in use and the time."""
+    lines = []
+    for item in plans:
+        used = ", ".join(f"{n} of {window}" for window, n in item.used)
+        lines.append(
+            f"{item.jobs:,} {item.key.value} jobs at {item.rule}: "
+            f"{durations.spoken(item.seconds)} (in use now: {used})"
+        )
+    if len(plans) > 1:
+        longest = max(item.seconds for item in plans)
+        lines.append(f"all: {durations.spoken(longest)}")
+    return lines
+
+
+def status_json(jobs_file: Path, found: Status) -> dict[str, object]:
+    """`status --json`: the same as `status_lines`, as one object."""
+    return {
+        "file": str(jobs_file),
+        "states": {
+            k.value: {s.value: n for s, n in v.items()} for k, v in found.states.items()
+        },
+        "failures": [_failure_json(f) for f in found.failures],
+        "keys": [_plan_json(p) for p in found.keys],
+    }
+
+
+def _plan_json(plan: KeyPlan) -> dict[str, object]:
+    return {
+        "key": plan.key.value,
+        "jobs_left": plan.jobs,
+        "rule": str(plan.rule),
+        "in_use": dict(plan.used),
+        "eta_seconds": round(plan.seconds, 3),
+    }
+
+
+def _failure_json(failure: Failure) -> dict[str, str]:
+    return {"id": failure.id, "type": failure.type, "error": failure.error}
