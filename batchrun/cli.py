@@ -404,5 +404,5 @@ def _reported() -> Iterator[None]:
     try:
         yield
     except BatchrunError as exc:
-        typer.echo(f"Error: {exc.message}", err=True)
+        typer.echo(f"{exc.label}{exc.message}", err=True)
         raise typer.Exit(exc.exit_code) from None

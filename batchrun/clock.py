@@ -1,7 +1,8 @@
 """Time as a parameter: the `Clock` protocol and its two implementations.
 
-Pacing reads `now()` and waits with `sleep_until()`; nothing else in batchrun reads
-time directly, so tests can run the pacer and the runner on a virtual clock.
+The pacer, the runner and the progress views read `now()` from a Clock they are
+given; waiting is anyio's own, relative to that clock's moments. So tests run them
+on a virtual clock (trio's MockClock through `LoopClock`).
 """
 
 from __future__ import annotations
@@ -13,11 +14,9 @@ import anyio
 
 
 class Clock(Protocol):
-    """A source of the current time in seconds and a way to wait until a moment."""
+    """A source of the current time in seconds."""
 
     def now(self) -> float: ...
-
-    async def sleep_until(self, moment: float) -> None: ...
 
 
 class SystemClock:
@@ -26,15 +25,9 @@ class SystemClock:
     def now(self) -> float:
         return time.time()
 
-    async def sleep_until(self, moment: float) -> None:
-        await anyio.sleep(max(0.0, moment - time.time()))
-
 
 class LoopClock:
     """The event loop's own clock: virtual under trio's MockClock in tests."""
 
     def now(self) -> float:
         return anyio.current_time()
-
-    async def sleep_until(self, moment: float) -> None:
-        await anyio.sleep_until(moment)

@@ -12,7 +12,7 @@ import re
 
 from batchrun.errors import UsageError
 
-UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 # A number (optional: a bare unit means 1 of it) and a unit.
 PATTERN = r"(\d+(?:\.\d+)?|\.\d+)?\s*(ms|s|m|h)"
 _DURATION = re.compile(rf"^\s*{PATTERN}\s*$")
@@ -20,7 +20,7 @@ _DURATION = re.compile(rf"^\s*{PATTERN}\s*$")
 
 def seconds(number: str | None, unit: str) -> float:
     """The seconds in a matched number and unit of `PATTERN`."""
-    return float(number or 1) * UNIT_SECONDS[unit]
+    return float(number or 1) * _UNIT_SECONDS[unit]
 
 
 def parse(text: str) -> float:
@@ -35,7 +35,7 @@ def parse(text: str) -> float:
 def compact(value: float) -> str:
     """A duration in the rule grammar: `2s`, `1m`, `5m`, `1h`, `250ms`, `1.5s`."""
     for unit in ("h", "m", "s"):
-        size = UNIT_SECONDS[unit]
+        size = _UNIT_SECONDS[unit]
         if value >= size and (value / size).is_integer():
             return f"{int(value / size)}{unit}"
     if value < 1 and (value * 1000).is_integer():

@@ -16,9 +16,6 @@ from collections.abc import Sequence
 
 EXIT_OK = 0
 EXIT_SOME_FAILED = 1
-EXIT_USAGE = 2
-EXIT_LOCKED = 3
-EXIT_STATE = 74  # EX_IOERR from sysexits.h.
 EXIT_STOPPED = 75  # EX_TEMPFAIL from sysexits.h: "try again later".
 
 
@@ -26,6 +23,8 @@ class BatchrunError(Exception):
     """Base of every error batchrun reports to its user."""
 
     exit_code = 1
+    # How the CLI introduces the message on stderr.
+    label = "Error: "
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -35,7 +34,7 @@ class BatchrunError(Exception):
 class UsageError(BatchrunError):
     """Raised when a flag, a limit rule or a setting is malformed."""
 
-    exit_code = EXIT_USAGE
+    exit_code = 2
 
 
 class JobsFileError(BatchrunError):
@@ -44,7 +43,7 @@ class JobsFileError(BatchrunError):
     `problems` holds `(line, reason)` pairs; line 0 means the file as a whole.
     """
 
-    exit_code = EXIT_USAGE
+    exit_code = 2
     shown = 20
 
     def __init__(
@@ -70,16 +69,17 @@ class JobsFileError(BatchrunError):
 class RunLocked(BatchrunError):
     """Raised when another live process is already working on the same jobs file."""
 
-    exit_code = EXIT_LOCKED
+    exit_code = 3
 
 
 class StateError(BatchrunError):
     """Raised when the state folder or the ledger cannot be read or written."""
 
-    exit_code = EXIT_STATE
+    exit_code = 74  # EX_IOERR from sysexits.h.
 
 
 class StoppedEarly(BatchrunError):
     """Raised when a run stops on a deadline or signal with jobs left to resume."""
 
     exit_code = EXIT_STOPPED
+    label = ""  # not an error: the next run resumes

@@ -22,7 +22,7 @@ def client_fingerprint(base_url: str, token: str | None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def private_dir(path: Path) -> Path:
+def _private_dir(path: Path) -> Path:
     """Create `path` (and parents) readable by the user only."""
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -43,7 +43,7 @@ class StatePaths:
     def resolve(cls, explicit: Path | None) -> StatePaths:
         """--state-dir (or BATCHRUN_STATE_DIR), else the user's state folder."""
         root = explicit or Path(platformdirs.user_state_dir("batchrun"))
-        return cls(private_dir(root.expanduser()))
+        return cls(_private_dir(root.expanduser()))
 
     @property
     def ledger(self) -> Path:
@@ -51,7 +51,7 @@ class StatePaths:
 
     def run_folder(self, jobs_file: Path) -> Path:
         digest = hashlib.sha256(str(jobs_file.resolve()).encode()).hexdigest()[:16]
-        return private_dir(private_dir(self.root / "runs") / digest)
+        return _private_dir(_private_dir(self.root / "runs") / digest)
 
     def run_store(self, jobs_file: Path, client: str) -> Path:
         return self.run_folder(jobs_file) / f"{client}.db"

@@ -25,7 +25,7 @@ import anyio
 
 from batchrun.client import Client
 from batchrun.clock import Clock, SystemClock
-from batchrun.errors import EXIT_OK, EXIT_SOME_FAILED, EXIT_STOPPED
+from batchrun.errors import EXIT_OK, EXIT_SOME_FAILED, StoppedEarly
 from batchrun.events import EventSink
 from batchrun.jobs import scan
 from batchrun.journal import Journal
@@ -78,7 +78,11 @@ class Submission:
 
 
 def submit(job: Submission, *, say: Callable[[str], None]) -> int:
-    """Run one submission; return its exit code (CONTRACT.md section 4)."""
+    """Run one submission; return its exit code (CONTRACT.md section 4).
+
+    Raises:
+        StoppedEarly: when jobs are left after a deadline or a signal (exit 75).
+    """
     lock = RunLock(job.state.run_folder(job.jobs_file), job.jobs_file)
     with lock, _store(job) as store:
         rows = scan(job.jobs_file, check_duplicates=False)
@@ -259,9 +263,10 @@ def _exit_code(store: RunStore, *, stopped: bool, say: Callable[[str], None]) ->
     counts = store.counts()
     by_state = {s: sum(n for (_, st), n in counts.items() if st is s) for s in JobState}
     left = by_state[JobState.PENDING] + by_state[JobState.IN_FLIGHT]
+    resume = f"{left} job(s) left: run the same command to resume."
     if left and stopped:
-        say(f"Stopped early with {left} job(s) left: run the same command to resume.")
-        return EXIT_STOPPED
+        msg = f"Stopped early with {resume}"
+        raise StoppedEarly(msg)
     if by_state[JobState.UNKNOWN]:
         say(
             f"{by_state[JobState.UNKNOWN]} invite(s) may or may not have been sent "
@@ -269,4 +274,7 @@ def _exit_code(store: RunStore, *, stopped: bool, say: Callable[[str], None]) ->
         )
     if by_state[JobState.FAILED] or by_state[JobState.UNKNOWN]:
         return EXIT_SOME_FAILED
-    return EXIT_STOPPED if left else EXIT_OK
+    if left:
+        msg = f"Stopped with {resume}"
+        raise StoppedEarly(msg)
+    return EXIT_OK

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import httpx
 
@@ -25,7 +26,7 @@ class ListSink:
     def emit(self, event: Event) -> None:
         self.events.append(event)
 
-    def of(self, kind: type) -> list:
+    def of(self, kind: type) -> list[Any]:
         return [e for e in self.events if isinstance(e, kind)]
 
 

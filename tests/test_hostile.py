@@ -12,6 +12,7 @@ import json
 import sys
 import time
 from collections import Counter
+from typing import Any
 
 import anyio
 import httpx
@@ -154,7 +155,8 @@ async def test_retry_after_forms_set_the_wait_before_the_retry(
         return httpx.Response(429, headers={"Retry-After": retry_after()})
 
     router = respx.Router()
-    router.post(QUERY).side_effect = [too_many, httpx.Response(200, json={})]
+    answers: list[Any] = [too_many, httpx.Response(200, json={})]
+    router.post(QUERY).side_effect = answers
     result, _, sink = await run_one(router, tmp_path, backoff=1.0)
     [requeued] = sink.of(JobRequeued)
     first, second = (e.at for e in sink.of(JobSent))

@@ -13,7 +13,7 @@ from batchrun.jobs import scan
 from batchrun.limits import parse_rule
 from batchrun.paths import StatePaths, client_fingerprint
 from batchrun.results import JobResult
-from batchrun.slots import Pace
+from batchrun.slots import Grant, Pace
 from batchrun.sqlite_ledger import SqliteLedger
 from batchrun.state import RunStore
 
@@ -56,6 +56,7 @@ def test_plan_counts_the_ledger_in_use_now(tmp_path):
     rule = parse_rule("15/1m+500/1h")
     for _ in range(15):
         grant = ledger.reserve("run-query", rule, Pace.EXACT, time.time())
+        assert isinstance(grant, Grant)
         ledger.release(grant.ticket, time.time())
     ledger.close()
     result = runner.invoke(

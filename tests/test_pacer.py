@@ -87,7 +87,9 @@ class Sent:
 
 def simulate(rule: Rule, pace: Pace, ready: list[float], latency: list[float]):
     """Grant every job FIFO through a MemoryLedger, as early as it allows."""
-    ledger, answers, sent = MemoryLedger(), [], []
+    ledger = MemoryLedger()
+    answers: list[tuple[float, int]] = []
+    sent: list[Sent] = []
     moment = -math.inf
     for job_ready, job_latency in zip(ready, latency, strict=True):
         moment = max(moment, job_ready)
@@ -248,4 +250,5 @@ async def test_waits_are_reported_as_events():
     await send_all(make_pacer("1/1s", sink=sink), 2, 0.5)
     waits = [e.until for e in sink.seen if isinstance(e, SlotWait)]
     assert waits[0] is None
+    assert waits[1] is not None
     assert waits[1] - t0 == pytest.approx(1.5)

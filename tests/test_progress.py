@@ -36,9 +36,6 @@ class FakeClock:
     def now(self) -> float:
         return self.time
 
-    async def sleep_until(self, moment: float) -> None:
-        self.time = max(self.time, moment)
-
 
 class TTY(io.StringIO):
     """An in-memory stream that says it is a terminal."""

@@ -11,12 +11,11 @@ import respx
 import trio.testing
 
 from batchrun.endpoints import JobType
-from batchrun.events import JobRequeued, JobSent, RunFinished, Status
+from batchrun.events import JobRequeued, JobSent, RunFinished, Status, Tally
 from batchrun.jobs import Job
 from batchrun.journal import Journal
 from batchrun.limits import LimitKey, parse_rule
 from batchrun.results import ResultsFile
-from batchrun.runner import Tally
 from batchrun.state import RunStore
 from tests.fakes import BASE, ListRecorder, ListSink, make_runner
 

@@ -6,6 +6,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable
+from typing import Any
 
 import anyio
 import httpx
@@ -630,7 +631,8 @@ def test_running_serves_on_loopback_until_the_block_ends():
 
 def test_serve_runs_uvicorn_on_the_given_address(monkeypatch):
     """serve() binds the address, announces its URL, and runs uvicorn on the socket."""
-    seen, announced = [], []
+    seen: list[Any] = []
+    announced: list[str] = []
 
     def run(self, sockets=None):
         seen.append((self.config, sockets[0].getsockname()))
