@@ -7,11 +7,16 @@ Pure rendering of values computed elsewhere (`jobs.Summary`, `overview.Status`,
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from batchrun import durations
-from batchrun.jobs import Summary
-from batchrun.overview import KeyPlan, Status
-from batchrun.state import Failure
+
+if TYPE_CHECKING:
+    # Types only: `status` and `plan` import overview when they run, so that
+    # `--help` and `validate` do not load SQLite.
+    from batchrun.jobs import Summary
+    from batchrun.overview import KeyPlan, Status
+    from batchrun.state import Failure
 
 _TEAMS_SHOWN = 10
 
