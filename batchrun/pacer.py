@@ -4,12 +4,17 @@ The slot itself is `slots.earliest_slot` (the sliding-window rule, stated there)
 checked and recorded atomically by a `Ledger`; the pacer only orders the senders of
 each key and sleeps until the computed slot, or until an answer of the key arrives
 when in-flight requests fill a window.
+
+After a 429 the key cools down (`cool_down`), and then is half-open, as a circuit
+breaker is: it grants one probe and nothing more until the probe's answer, so a
+server that still refuses costs one 429, not a burst of them.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import anyio
 
@@ -18,6 +23,16 @@ from batchrun.events import EventSink, SlotWait
 from batchrun.ledger import Ledger
 from batchrun.limits import LimitKey, Rule
 from batchrun.slots import Grant, Pace, Wait
+
+
+@dataclass(slots=True)
+class _Cooling:
+    """A key's cool-down episode: when it began and ends, and its probe."""
+
+    began: float = -math.inf
+    until: float = -math.inf
+    half_open: bool = False
+    probe: int | None = None
 
 
 class Pacer:
@@ -45,7 +60,7 @@ class Pacer:
         self._turns = {key: anyio.Lock(fast_acquire=True) for key in self._rules}
         # Made only while a sender sleeps on the key (at most one: turns are FIFO).
         self._answers: dict[LimitKey, anyio.Event] = {}
-        self._cool_until = dict.fromkeys(self._rules, -math.inf)
+        self._cooling = {key: _Cooling() for key in self._rules}
 
     @property
     def rules(self) -> Mapping[LimitKey, Rule]:
@@ -63,21 +78,46 @@ class Pacer:
                 await self._sleep(key, wait.until)
 
     def release(self, key: LimitKey, ticket: int) -> None:
-        """Record the answer of a granted request, waking a sender waiting on it."""
+        """Record the answer of a granted request, waking a sender waiting on it.
+
+        The answer of a half-open key's probe closes the circuit: the key sends at
+        its rule again, unless the answer was a 429 and `cool_down` follows.
+        """
         self._ledger.release(ticket, self._clock.now())
+        cooling = self._cooling[key]
+        if cooling.probe == ticket:
+            cooling.probe = None
+            cooling.half_open = False
         answer = self._answers.pop(key, None)
         if answer is not None:
             answer.set()
 
     def cool_down(self, key: LimitKey, until: float) -> None:
-        """Grant no slot of `key` before `until` (after a 429 from the server)."""
-        self._cool_until[key] = max(self._cool_until[key], until)
+        """Grant no slot of `key` before `until` (after a 429 from the server), then
+        one probe. A cool-down that starts while another runs extends that episode."""
+        cooling = self._cooling[key]
+        now = self._clock.now()
+        if now >= cooling.until:
+            cooling.began = now
+        cooling.until = max(cooling.until, until)
+        cooling.half_open = True
+
+    def cooling(self, key: LimitKey) -> tuple[float, float]:
+        """When the key's latest cool-down began, and when it ends (or ended)."""
+        cooling = self._cooling[key]
+        return cooling.began, cooling.until
 
     def _try(self, key: LimitKey) -> Grant | Wait:
         now = self._clock.now()
-        if now < self._cool_until[key]:
-            return Wait(self._cool_until[key])
-        return self._ledger.reserve(key, self._rules[key], self._pace, now)
+        cooling = self._cooling[key]
+        if now < cooling.until:
+            return Wait(cooling.until)
+        if cooling.probe is not None:
+            return Wait(None)  # half-open: the probe's answer decides
+        grant = self._ledger.reserve(key, self._rules[key], self._pace, now)
+        if cooling.half_open and isinstance(grant, Grant):
+            cooling.probe = grant.ticket
+        return grant
 
     async def _sleep(self, key: LimitKey, until: float | None) -> None:
         # An answer of this key may open a slot sooner (or the ledger may name a

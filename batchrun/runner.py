@@ -39,6 +39,9 @@ from batchrun.pacer import Pacer
 from batchrun.results import JobResult
 from batchrun.slots import Pace
 
+# 2 ** 64 seconds outlasts any cap; a float step stays far from overflowing.
+_LARGEST_EXPONENT = 64
+
 
 class Sender(Protocol):
     """Makes one attempt of a job (batchrun.client.Client)."""
@@ -79,6 +82,7 @@ class _Try:
     job: Job
     attempts: int = 0
     failures: int = 0
+    sent_at: float = -math.inf
 
 
 @dataclass(slots=True)
@@ -240,6 +244,7 @@ class Runner:
         self, key: LimitKey, queue: _Queue, attempt: _Try, ticket: int
     ) -> None:
         attempt.attempts += 1
+        attempt.sent_at = self._clock.now()
         self._recorder.started(attempt.job, attempt.attempts)
         self._emit(JobSent(self._clock.now(), key, attempt.job.id, attempt.attempts))
         try:
@@ -265,13 +270,24 @@ class Runner:
     def _rate_limited(
         self, key: LimitKey, queue: _Queue, attempt: _Try, outcome: Outcome
     ) -> None:
+        """One cool-down per episode: a 429 for a request sent before the key's
+        current cool-down began was part of the burst that caused it, and only waits
+        for that cool-down to end; a later 429 (the probe's) starts a longer one."""
         self._tally.rate_limited += 1
-        queue.rate_limited_streak += 1
-        delay = outcome.retry_after
-        if delay is None:
-            delay = self._backoff(queue.rate_limited_streak)
-        # The whole key waits: its other jobs would only collect 429s too.
-        self._pacer.cool_down(key, self._clock.now() + delay)
+        now = self._clock.now()
+        began, until = self._pacer.cooling(key)
+        if attempt.sent_at <= began:
+            delay = max(0.0, until - now)
+        else:
+            queue.rate_limited_streak += 1
+            # Without Retry-After, never longer than the key's longest window: by
+            # then every window the server could be counting in has room again.
+            cap = self._pacer.rules[key].longest
+            asked = outcome.retry_after
+            streak = queue.rate_limited_streak
+            delay = self._backoff(streak, cap=cap) if asked is None else asked
+            # The whole key waits: its other jobs would only collect 429s too.
+            self._pacer.cool_down(key, now + delay)
         self._requeue(key, queue, attempt, delay, outcome, rate_limited=True)
 
     def _transient(
@@ -282,7 +298,7 @@ class Runner:
             self._finish(key, attempt, outcome)
             return
         self._tally.retried += 1
-        delay = self._backoff(attempt.failures)
+        delay = self._backoff(attempt.failures, cap=self._settings.backoff_cap)
         self._requeue(key, queue, attempt, delay, outcome, rate_limited=False)
 
     def _requeue(
@@ -323,11 +339,14 @@ class Runner:
             )
         )
 
-    def _backoff(self, failures: int) -> float:
-        """Exponential backoff with "equal jitter": between half and all of the step."""
-        step = min(
-            self._settings.backoff_cap, self._settings.backoff * 2 ** (failures - 1)
-        )
+    def _backoff(self, failures: int, *, cap: float) -> float:
+        """Exponential backoff with "equal jitter": between half and all of the step.
+
+        The exponent stops growing once the step passes any cap, so a server that
+        answers 429 for ever cannot overflow it.
+        """
+        exponent = min(failures - 1, _LARGEST_EXPONENT)
+        step = min(cap, self._settings.backoff * 2**exponent)
         return self._rng.uniform(step / 2, step)
 
     def _finished(self) -> RunFinished:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import anyio
 import httpx
@@ -103,12 +104,75 @@ async def test_429_without_retry_after_backs_off_exponentially():
     router = respx.Router()
     route = router.post(QUERY)
     route.side_effect = [httpx.Response(429)] * 3 + [httpx.Response(200, json={})]
-    _, _, sink = await run_jobs(router, [query("a")], backoff=1.0)
+    _, _, sink = await run_jobs(router, [query("a")], rule="100/1m", backoff=1.0)
     delays = [e.delay for e in sink.of(JobRequeued)]
     assert [0.5 <= delays[0] <= 1, 1 <= delays[1] <= 2, 2 <= delays[2] <= 4] == [
         True
     ] * 3
     assert all(e.rate_limited for e in sink.of(JobRequeued))
+
+
+async def test_429_backoff_is_bounded_by_the_keys_longest_window():
+    """Without Retry-After, a key never cools down longer than its longest window."""
+    router = respx.Router()
+    route = router.post(QUERY)
+    route.side_effect = [httpx.Response(429)] * 8 + [httpx.Response(200, json={})]
+    _, _, sink = await run_jobs(router, [query("a")], rule="100/2s", backoff=1.0)
+    delays = [e.delay for e in sink.of(JobRequeued)]
+    assert max(delays) <= 2.0
+    assert min(delays[4:]) >= 1.0  # half the capped step, with jitter
+
+
+async def test_a_burst_of_concurrent_429s_is_one_cool_down():
+    """Eight requests in flight all answered 429 deepen the backoff once, not eight
+    times: each is requeued to the end of the one cool-down."""
+    calls = 0
+
+    async def refuse_the_first_eight(request):
+        nonlocal calls
+        calls += 1
+        await anyio.sleep(0.1)  # so that all eight are in flight together
+        return httpx.Response(429 if calls <= 8 else 200, json={})
+
+    router = respx.Router()
+    router.post(QUERY).side_effect = refuse_the_first_eight
+    jobs = [query(f"j{n}") for n in range(8)]
+    _, _, sink = await run_jobs(router, jobs, rule="100/1m", backoff=1.0)
+    requeued = sink.of(JobRequeued)
+    ends = {round(e.at + e.delay, 6) for e in requeued}
+    assert len(ends) == 1
+    assert 0.5 <= requeued[0].delay <= 1.0  # the first step, not the eighth
+
+
+async def test_after_a_cool_down_one_probe_goes_first():
+    """After a cool-down the key sends one request and waits for its answer before
+    it sends the others (half-open)."""
+    router = respx.Router()
+    route = router.post(QUERY)
+
+    async def slow_ok(request):
+        await anyio.sleep(3)
+        return httpx.Response(200, json={})
+
+    answers: list[Any] = [httpx.Response(429, headers={"Retry-After": "5"})]
+    route.side_effect = answers + [slow_ok] * 6
+    start = anyio.current_time()
+    jobs = [query(f"j{n}") for n in range(6)]
+    _, _, sink = await run_jobs(router, jobs, concurrency=4)
+    sends = sorted(round(e.at - start, 6) for e in sink.of(JobSent))
+    # The first is refused at once and the key cools down to 5. At 5 one probe
+    # leaves, and the others wait for its answer at 8 (without the probe, four
+    # would leave at 5); then they go at the rule, four at a time.
+    assert sends == [0, 5, 8, 8, 8, 8, 11]
+
+
+async def test_a_server_that_answers_429_for_ever_does_not_crash_the_backoff():
+    """1,100 consecutive 429s (an exhausted daily quota) back off without overflow."""
+    router = respx.Router()
+    route = router.post(QUERY)
+    route.side_effect = [httpx.Response(429)] * 1100 + [httpx.Response(200, json={})]
+    tally, _, _ = await run_jobs(router, [query("a")], rule="100/1s", backoff=1.0)
+    assert (tally.done, tally.rate_limited) == (1, 1100)
 
 
 async def test_5xx_then_2xx_retries_and_succeeds():
