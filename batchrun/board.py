@@ -18,6 +18,7 @@ from batchrun.events import (
     JobFinished,
     JobRequeued,
     JobSent,
+    RuleLearned,
     RunFinished,
     RunStarted,
     SlotWait,
@@ -39,6 +40,9 @@ class KeyCounts(Tally):
     in_flight: int = 0
     # From the last SlotWait: None waits for an answer; -inf once a request left.
     slot: float | None = -math.inf
+    # Set once the server showed a stricter limit than the rule (RuleLearned).
+    learned: str | None = None
+    spread: bool = False
 
     @property
     def unsent(self) -> int:
@@ -104,7 +108,8 @@ class Board:
 
 
 def _count(
-    state: KeyCounts, event: JobSent | JobRequeued | JobFinished | SlotWait
+    state: KeyCounts,
+    event: JobSent | JobRequeued | JobFinished | SlotWait | RuleLearned,
 ) -> None:
     match event:
         case JobSent():
@@ -121,12 +126,17 @@ def _count(
             state.failed += event.status is Status.FAILED
         case SlotWait():
             state.slot = event.until
+        case RuleLearned():
+            state.rule = event.rule
+            state.learned = event.evidence
+            state.spread = event.spread
 
 
 def _eta(state: KeyCounts, pace: Pace, now: float) -> float:
     count = state.unsent
     if count == 0:
         return 0.0
+    pace = Pace.SPREAD if state.spread else pace
     moment = eta(count, state.rule, now=now, pace=pace, recent=state.sends)
     return max(0.0, moment - now)
 

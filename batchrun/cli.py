@@ -331,6 +331,7 @@ def _settings(
         backoff=1.0 / time_scale,
         backoff_cap=60.0 / time_scale,
         pace=pace,
+        time_scale=time_scale,
     )
 
 

@@ -104,6 +104,18 @@ class SlotWait:
 
 
 @dataclass(frozen=True, slots=True)
+class RuleLearned:
+    """The server showed it allows less than `key`'s rule: it now paces by `rule`
+    (and evenly, if `spread`), because of `evidence`."""
+
+    at: float
+    key: LimitKey
+    rule: Rule
+    spread: bool
+    evidence: str
+
+
+@dataclass(frozen=True, slots=True)
 class RunFinished:
     """A run ended; `stopped` is True when it stopped early with jobs left."""
 
@@ -116,7 +128,15 @@ class RunFinished:
     stopped: bool
 
 
-Event = RunStarted | JobSent | JobRequeued | JobFinished | SlotWait | RunFinished
+Event = (
+    RunStarted
+    | JobSent
+    | JobRequeued
+    | JobFinished
+    | SlotWait
+    | RuleLearned
+    | RunFinished
+)
 
 
 class EventSink(Protocol):

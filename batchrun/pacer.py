@@ -7,7 +7,9 @@ when in-flight requests fill a window.
 
 After a 429 the key cools down (`cool_down`), and then is half-open, as a circuit
 breaker is: it grants one probe and nothing more until the probe's answer, so a
-server that still refuses costs one 429, not a burst of them.
+server that still refuses costs one 429, not a burst of them. Likewise, while a
+window holds more requests than the server has yet been seen to accept in it
+(`learning.KeyLog.careful`), the key has one request in flight at most.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import anyio
 
 from batchrun.clock import Clock
 from batchrun.events import EventSink, SlotWait
+from batchrun.learning import Learner, Lesson
 from batchrun.ledger import Ledger
 from batchrun.limits import LimitKey, Rule
 from batchrun.slots import Grant, Pace, Wait
@@ -50,17 +53,19 @@ class Pacer:
         clock: Clock,
         pace: Pace = Pace.EXACT,
         sink: EventSink | None = None,
+        time_scale: float = 1.0,
     ) -> None:
         self._rules = dict(rules)
         self._ledger = ledger
         self._clock = clock
-        self._pace = pace
+        self._paces = dict.fromkeys(self._rules, pace)
         self._sink = sink
         # fast_acquire: an uncontended turn costs no trip through the event loop.
         self._turns = {key: anyio.Lock(fast_acquire=True) for key in self._rules}
         # Made only while a sender sleeps on the key (at most one: turns are FIFO).
         self._answers: dict[LimitKey, anyio.Event] = {}
         self._cooling = {key: _Cooling() for key in self._rules}
+        self.learner = Learner(time_scale=time_scale)
 
     @property
     def rules(self) -> Mapping[LimitKey, Rule]:
@@ -102,6 +107,16 @@ class Pacer:
         cooling.until = max(cooling.until, until)
         cooling.half_open = True
 
+    def learn(self, key: LimitKey, lesson: Lesson) -> None:
+        """Pace `key` by the lesson's rule from now on (and evenly, if it says so)."""
+        self._rules[key] = lesson.rule
+        if lesson.spread:
+            self._paces[key] = Pace.SPREAD
+
+    def pace(self, key: LimitKey) -> Pace:
+        """How `key` is paced now."""
+        return self._paces[key]
+
     def cooling(self, key: LimitKey) -> tuple[float, float]:
         """When the key's latest cool-down began, and when it ends (or ended)."""
         cooling = self._cooling[key]
@@ -114,7 +129,11 @@ class Pacer:
             return Wait(cooling.until)
         if cooling.probe is not None:
             return Wait(None)  # half-open: the probe's answer decides
-        grant = self._ledger.reserve(key, self._rules[key], self._pace, now)
+        if self.learner.in_flight(key) and self.learner.careful(
+            key, self._rules[key], now
+        ):
+            return Wait(None)  # past what the server has been seen to accept
+        grant = self._ledger.reserve(key, self._rules[key], self._paces[key], now)
         if cooling.half_open and isinstance(grant, Grant):
             cooling.probe = grant.ticket
         return grant

@@ -27,6 +27,7 @@ from batchrun.events import (
     JobFinished,
     JobRequeued,
     JobSent,
+    RuleLearned,
     RunFinished,
     RunStarted,
     Status,
@@ -69,6 +70,9 @@ class Settings:
     backoff: float = 1.0
     backoff_cap: float = 60.0
     pace: Pace = Pace.EXACT
+    # Windows are divided by this (demos, tests): so are the windows a 429 may be
+    # explained by.
+    time_scale: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "max_attempts"):
@@ -142,6 +146,7 @@ class Runner:
         self._recorder = recorder
         self._settings = settings
         self._rng = rng or random.Random()
+        self._learner = pacer.learner
         self._order = itertools.count()
         self._tally = Tally()
         self._queues: list[tuple[LimitKey, _Queue]] = []
@@ -245,6 +250,7 @@ class Runner:
     ) -> None:
         attempt.attempts += 1
         attempt.sent_at = self._clock.now()
+        sent = self._learner.sent(key, attempt.sent_at)
         self._recorder.started(attempt.job, attempt.attempts)
         self._emit(JobSent(self._clock.now(), key, attempt.job.id, attempt.attempts))
         try:
@@ -252,7 +258,11 @@ class Runner:
         finally:
             self._pacer.release(key, ticket)
             self._in_flight -= 1
+        # Only an answer says whether the server's limiter let the request through.
+        refused = None if outcome.status is None else outcome.kind is Kind.RATE_LIMITED
+        self._learner.answered(key, sent, self._clock.now(), refused=refused)
         self._settle(key, queue, attempt, outcome)
+        self._review(key)
         if self._idle:
             self._notify()  # an answer may free a slot, or end the run
 
@@ -288,7 +298,19 @@ class Runner:
             delay = self._backoff(streak, cap=cap) if asked is None else asked
             # The whole key waits: its other jobs would only collect 429s too.
             self._pacer.cool_down(key, now + delay)
+            self._learner.episode(key, self._pacer.cooling(key)[0])
         self._requeue(key, queue, attempt, delay, outcome, rate_limited=True)
+
+    def _review(self, key: LimitKey) -> None:
+        """Once a 429 episode of `key` has settled, pace by what it taught."""
+        spread = self._pacer.pace(key) is Pace.SPREAD
+        lesson = self._learner.review(key, self._pacer.rules[key], spread=spread)
+        if lesson is None:
+            return
+        self._pacer.learn(key, lesson)
+        at = self._clock.now()
+        spread = self._pacer.pace(key) is Pace.SPREAD
+        self._emit(RuleLearned(at, key, lesson.rule, spread, lesson.evidence))
 
     def _transient(
         self, key: LimitKey, queue: _Queue, attempt: _Try, outcome: Outcome

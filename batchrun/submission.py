@@ -151,7 +151,12 @@ async def open_run(
         ca_bundle=target.ca_bundle,
     )
     pacer = Pacer(
-        rules=rules, ledger=ledger, clock=clock, pace=settings.pace, sink=sink
+        rules=rules,
+        ledger=ledger,
+        clock=clock,
+        pace=settings.pace,
+        sink=sink,
+        time_scale=settings.time_scale,
     )
     async with client:
         yield Runner(

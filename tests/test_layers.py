@@ -18,7 +18,7 @@ LAYERS = [
     ["errors", "clock", "strict_json"],
     ["durations", "database"],
     ["limits"],
-    ["endpoints", "slots", "outcome"],
+    ["endpoints", "slots", "outcome", "learning"],
     ["events", "jobfile"],
     ["jobs", "paths", "runlock"],
     # state and sending

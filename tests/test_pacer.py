@@ -243,6 +243,16 @@ async def test_cool_down_holds_the_key():
     assert [s - t0 for s in starts] == pytest.approx([7.0, 7.0])
 
 
+async def test_after_a_cool_down_one_probe_goes_alone():
+    """After a cool-down the key is half-open: one request leaves, and the next
+    only once its answer has come."""
+    pacer = make_pacer("100/1s")
+    t0 = anyio.current_time()
+    pacer.cool_down(KEY, t0 + 5.0)
+    starts = await send_all(pacer, 3, 2.0)
+    assert [s - t0 for s in starts] == pytest.approx([5.0, 7.0, 7.0])
+
+
 async def test_waits_are_reported_as_events():
     """Each wait emits a SlotWait: first for an answer, then for the window."""
     sink = Events()

@@ -1,0 +1,270 @@
+"""Learning a key's real limit from what the server accepted and what it refused.
+
+The API's documentation does not settle its run-query limit, nor say whether it
+counts in fixed or sliding windows; a 429 is the server's one certain word. After a
+429 episode has settled (every request of it answered), `infer` reads this process's
+log of the key's requests and explains the refusals with one window (COUNT/W), W
+taken from the rule's own windows and the lengths the API description uses (1 s,
+10 s, 1 m, 5 m, 1 h, 24 h, scaled with the run's time scale):
+
+- a refusal of a request that left while N accepted requests were counted in W (sent
+  before it, answered within W of its start: the pacer's own way of counting) says
+  the server allows at most N per W, if W is the window that refused it;
+- an accepted request that left while N were counted says the server allows at
+  least N + 1 per W, so a W whose refusals came at fewer is not the one.
+
+Of the windows consistent with both, the shortest is taken (the loosest reading
+that explains the log): if it is wrong, the next probe is refused and rules it out,
+one 429 per wrong guess. Invariant: a lesson only ever adds a window or lowers a
+count, so the rule it gives never allows more than the rule it came from.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from batchrun import durations
+from batchrun.limits import Rule, Window
+
+# The window lengths, in seconds, that the API description uses or that common
+# servers count in.
+_CANDIDATES = (1.0, 10.0, 60.0, 300.0, 3600.0, 86400.0)
+# Requests older than the longest candidate window cannot bear on a lesson; past
+# this many the oldest are dropped, which keeps `infer` cheap (quadratic in it).
+_KEPT = 2000
+
+
+@dataclass(slots=True)
+class Sent:
+    """One request of the key: when it left, when its answer came, and whether that
+    answer was a 429 (None while unanswered)."""
+
+    start: float
+    end: float | None = None
+    refused: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Lesson:
+    """What a settled 429 episode taught: a tighter rule and why; or, when the rule
+    already held and the server still refused (`spread`), to space requests evenly."""
+
+    rule: Rule
+    evidence: str
+    spread: bool = False
+
+
+def candidates(rule: Rule, *, time_scale: float = 1.0) -> tuple[float, ...]:
+    """The window lengths a refusal may be explained by, shortest first."""
+    scaled = {seconds / time_scale for seconds in _CANDIDATES}
+    return tuple(sorted(scaled | {w.seconds for w in rule.windows}))
+
+
+@dataclass(slots=True)
+class KeyLog:
+    """This process's recent requests of one key, in the order they left, and what
+    the server has been seen to let through.
+
+    `proven[W]` is the most accepted requests that arrived within any W: the server
+    surely allows that many per W. Beyond it, the key is sent carefully (one
+    request in flight), so that a server stricter than the rule refuses one
+    request, not every request in flight.
+    """
+
+    sent: deque[Sent] = field(default_factory=lambda: deque(maxlen=_KEPT))
+    arrivals: list[float] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)
+    proven: dict[float, int] = field(default_factory=dict)
+    unanswered: int = 0
+
+    def started(self, at: float) -> Sent:
+        """Log a request that leaves at `at`; `answered` fills in its answer."""
+        entry = Sent(at)
+        self.sent.append(entry)
+        self.unanswered += 1
+        return entry
+
+    def answered(self, entry: Sent, at: float, refused: bool | None) -> None:
+        """Record the answer of `entry` (`refused` None: no answer, e.g. a timeout)."""
+        entry.end, entry.refused = at, refused
+        self.unanswered -= 1
+        _bounded_insort(self.ends, at)
+        if refused is False:
+            moment = _arrival(entry)
+            _bounded_insort(self.arrivals, moment)
+            for seconds, count in self.proven.items():
+                self.proven[seconds] = max(count, self._within(moment, seconds))
+
+    def careful(self, rule: Rule, now: float) -> bool:
+        """Whether some window of `rule` already holds as many requests as the
+        server has been seen to accept in it."""
+        for window in rule.windows:
+            if window.seconds not in self.proven:
+                self.proven[window.seconds] = self._proven(window.seconds)
+            used = self.unanswered + len(self.ends)
+            used -= bisect.bisect_right(self.ends, now - window.seconds)
+            if used >= self.proven[window.seconds]:
+                return True
+        return False
+
+    def settled(self, since: float) -> bool:
+        """Whether every request that left at or before `since` has its answer."""
+        return all(s.end is not None for s in self.sent if s.start <= since)
+
+    def _proven(self, seconds: float) -> int:
+        return max((self._within(m, seconds) for m in self.arrivals), default=0)
+
+    def _within(self, moment: float, seconds: float) -> int:
+        later = bisect.bisect_right(self.arrivals, moment)
+        return later - bisect.bisect_right(self.arrivals, moment - seconds)
+
+
+def _bounded_insort(values: list[float], value: float) -> None:
+    bisect.insort(values, value)
+    if len(values) > 2 * _KEPT:
+        del values[:_KEPT]
+
+
+def infer(log: Sequence[Sent], rule: Rule, windows: Iterable[float]) -> Lesson | None:
+    """The shortest window that explains every refusal in `log` and contradicts no
+    acceptance, as a tightened `rule`; None if the log has no refusal or none fits.
+
+    A lesson that would not change `rule` is also None: then the server refused
+    requests that an exact log of this rule already holds to (it counts in a way
+    the log does not match) and only a different pace can help.
+    """
+    answered = [s for s in log if s.end is not None and s.refused is not None]
+    refusals = sum(1 for s in answered if s.refused)
+    if not refusals:
+        return None
+    for seconds in sorted(windows):
+        most, least = _bounds(answered, seconds)
+        if most >= least:
+            # `least` the server has surely let through in `seconds`; between it
+            # and `most` the log cannot tell, so the count learned is the safe one.
+            lesson = _tightened(rule, Window(least, seconds), refusals)
+            if lesson is not None:
+                return lesson
+    return None
+
+
+def _bounds(log: Sequence[Sent], seconds: float) -> tuple[int, int]:
+    """Bounds on the count per `seconds` of a server that refused and accepted as
+    in `log`: at most the fewest accepted requests that arrived within `seconds`
+    up to a refusal; at least the most that arrived within `seconds` up to an
+    acceptance (the server let them all through).
+
+    A request is taken to arrive halfway through its round trip; requests that
+    seem to arrive together all count, whatever order they really came in.
+    """
+    arrivals = sorted(_arrival(s) for s in log if s.refused is False)
+    most, least = len(arrivals), 1
+    for entry in log:
+        moment = _arrival(entry)
+        inside = bisect.bisect_right(arrivals, moment) - bisect.bisect_right(
+            arrivals, moment - seconds
+        )
+        if entry.refused:
+            most = min(most, inside)
+        else:
+            least = max(least, inside)
+    return most, least
+
+
+def _arrival(entry: Sent) -> float:
+    end = entry.start if entry.end is None else entry.end
+    return (entry.start + end) / 2
+
+
+def _tightened(rule: Rule, window: Window, refusals: int) -> Lesson | None:
+    """`rule` with `window` added, or None if `rule` already holds to it."""
+    if any(_implies(w, window) for w in rule.windows):
+        return None
+    windows = [w for w in rule.windows if not _implies(window, w)]
+    tighter = Rule(tuple(sorted([*windows, window], key=lambda w: w.seconds)))
+    evidence = (
+        f"{refusals} request(s) refused after {window.count} accepted within "
+        f"{durations.compact(window.seconds)}"
+    )
+    return Lesson(tighter, evidence)
+
+
+def _implies(strict: Window, loose: Window) -> bool:
+    """Whether holding to `strict` also holds to `loose` (fewer in a longer time)."""
+    return strict.seconds >= loose.seconds and strict.count <= loose.count
+
+
+class Learner:
+    """Logs each key's requests and, once a 429 episode has settled, says what it
+    taught (`review`)."""
+
+    def __init__(self, *, time_scale: float = 1.0) -> None:
+        self._time_scale = time_scale
+        self._logs: dict[str, KeyLog] = {}
+        self._episodes: dict[str, float] = {}
+
+    def sent(self, key: str, at: float) -> Sent:
+        """Log a request of `key` leaving at `at`."""
+        return self._log(key).started(at)
+
+    def answered(
+        self, key: str, entry: Sent, at: float, *, refused: bool | None
+    ) -> None:
+        """Log the answer of a request of `key` (`refused`: None if no answer came)."""
+        self._log(key).answered(entry, at, refused)
+
+    def careful(self, key: str, rule: Rule, now: float) -> bool:
+        """Whether `key` should have one request in flight at most (`KeyLog`)."""
+        return self._log(key).careful(rule, now)
+
+    def in_flight(self, key: str) -> int:
+        """This process's requests of `key` still waiting for their answer."""
+        return self._log(key).unanswered
+
+    def _log(self, key: str) -> KeyLog:
+        log = self._logs.get(key)
+        if log is None:
+            log = self._logs[key] = KeyLog()
+        return log
+
+    def episode(self, key: str, began: float) -> None:
+        """A 429 episode of `key` began at `began`: review it once it settles."""
+        self._episodes[key] = began
+
+    def review(self, key: str, rule: Rule, *, spread: bool) -> Lesson | None:
+        """The lesson of `key`'s episode once every request sent before it began
+        has its answer; None while it has not settled, or when none is pending.
+
+        A window no longer than the rule's own is learned at once. When none
+        explains the log, the server counts in another way (weighted counters, a
+        leaky bucket) or over a longer window (an hourly quota): spacing requests
+        evenly is tried first, as it costs nothing if the count was right, and a
+        longer window is learned only if 429s still come when spread.
+        """
+        began = self._episodes.get(key)
+        log = self._logs.get(key)
+        if began is None or log is None or not log.settled(began):
+            return None
+        del self._episodes[key]
+        if not any(s.refused is False for s in log.sent):
+            return None  # nothing was ever accepted: no count to learn from
+        windows = candidates(rule, time_scale=self._time_scale)
+        lesson = infer(log.sent, rule, [w for w in windows if w <= rule.longest])
+        if lesson is not None or not _refused_amid_acceptances(log.sent, rule):
+            # Refused with nothing accepted in any window (a spent quota, or
+            # other clients of the token): there is no count to learn, only waiting.
+            return lesson
+        if spread:
+            return infer(log.sent, rule, [w for w in windows if w > rule.longest])
+        why = "429s came although requests kept to the rule"
+        return Lesson(rule, f"{why}: the server counts in another way", spread=True)
+
+
+def _refused_amid_acceptances(log: Sequence[Sent], rule: Rule) -> bool:
+    """Whether some refusal came with accepted requests within the rule's window."""
+    answered = [s for s in log if s.end is not None and s.refused is not None]
+    most, _ = _bounds(answered, rule.longest)
+    return most > 0

@@ -1,0 +1,221 @@
+"""Learning the server's real limit: `learning.infer` over logs, and whole runs on a
+virtual clock against a sandbox stricter than the client's rule."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import anyio
+import httpx
+import pytest
+import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
+
+from batchrun.client import asgi_transport
+from batchrun.clock import LoopClock
+from batchrun.endpoints import JobType
+from batchrun.events import RuleLearned
+from batchrun.jobs import Job
+from batchrun.learning import Learner, Sent, candidates, infer
+from batchrun.ledger import MemoryLedger
+from batchrun.limits import (
+    LimitKey,
+    Rule,
+    Window,
+    limit_table,
+    parse_override,
+    parse_rule,
+)
+from batchrun.runner import Settings
+from batchrun.sandbox import create_app
+from batchrun.slots import eta
+from batchrun.submission import Target, open_run
+from tests.fakes import ListRecorder, ListSink
+
+WINDOWS = candidates(parse_rule("30/2s"))
+
+
+def burst(
+    accepted: int, refused: int, *, at: float = 0.0, rtt: float = 0.01
+) -> list[Sent]:
+    """A burst sent at `at`: `accepted` answered 2xx, then `refused` answered 429."""
+    return [Sent(at, at + rtt, False) for _ in range(accepted)] + [
+        Sent(at, at + rtt, True) for _ in range(refused)
+    ]
+
+
+def test_a_burst_is_explained_by_the_shortest_window_that_fits():
+    """10 accepted and then refused within 0.01 s: the loosest reading is 10/1s."""
+    lesson = infer(burst(10, 8), parse_rule("30/2s"), WINDOWS)
+    assert lesson is not None
+    assert str(lesson.rule) == "10/1s+30/2s"
+    assert "8 request(s) refused after 10 accepted within 1s" in lesson.evidence
+
+
+def test_a_refused_probe_rules_the_short_window_out():
+    """A probe refused 1.05 s after the burst, with none accepted in the last second:
+    1 s cannot be the window; 2 s is."""
+    log = [*burst(10, 8), Sent(1.05, 1.06, True)]
+    lesson = infer(log, parse_rule("10/1s+30/2s"), WINDOWS)
+    assert lesson is not None
+    assert str(lesson.rule) == "10/2s"
+
+
+def test_acceptances_rule_long_windows_out():
+    """10 accepted at 0 s and 10 more at 15 s, refusals each time, and a probe
+    refused at 16.5 s: 10 per 10 s. Not 10 per minute (the server let 20 through
+    within a minute), nor per second (the probe found the last second empty)."""
+    log = [*burst(10, 5), *burst(10, 5, at=15.0), Sent(16.5, 16.51, True)]
+    lesson = infer(log, parse_rule("30/1m"), candidates(parse_rule("30/1m")))
+    assert lesson is not None
+    assert str(lesson.rule) == "10/10s+30/1m"
+
+
+def test_refusals_with_nothing_accepted_teach_nothing():
+    """A server that refuses everything (a spent quota) gives no count to learn."""
+    learner = Learner()
+    for _ in range(3):
+        entry = learner.sent("k", 0.0)
+        entry.end, entry.refused = 0.01, True
+    learner.episode("k", 0.0)
+    assert learner.review("k", parse_rule("30/2s"), spread=False) is None
+
+
+def test_refusals_under_a_rule_already_kept_switch_to_spread():
+    """10 accepted in the first second, then refused at 2.5 s with 5 accepted in
+    the last 2 s (a weighted counter): no window explains both, so the lesson is
+    to space requests evenly."""
+    learner = Learner()
+    for n in range(10):
+        entry = learner.sent("k", n * 0.1)
+        entry.end, entry.refused = n * 0.1 + 0.01, False
+    for n in range(6):
+        entry = learner.sent("k", 2.0 + n * 0.1)
+        entry.end, entry.refused = 2.0 + n * 0.1 + 0.01, n == 5
+    learner.episode("k", 2.5)
+    lesson = learner.review("k", parse_rule("10/2s"), spread=False)
+    assert lesson is not None
+    assert lesson.spread
+    assert str(lesson.rule) == "10/2s"
+
+
+def test_review_waits_until_the_episode_has_settled():
+    """No lesson while a request sent before the episode began is still in flight."""
+    learner = Learner()
+    done = [learner.sent("k", 0.0) for _ in range(3)]
+    pending = learner.sent("k", 0.0)
+    for entry in done:
+        entry.end, entry.refused = 0.01, False
+    refused = learner.sent("k", 0.0)
+    refused.end, refused.refused = 0.01, True
+    learner.episode("k", 0.01)
+    assert learner.review("k", parse_rule("30/2s"), spread=False) is None
+    pending.end, pending.refused = 0.02, True
+    assert learner.review("k", parse_rule("30/2s"), spread=False) is not None
+
+
+rules = st.lists(
+    st.tuples(st.integers(1, 40), st.sampled_from([0.5, 1.0, 2.0, 10.0, 60.0])),
+    min_size=1,
+    max_size=3,
+).map(lambda ws: Rule(tuple(Window(c, s) for c, s in ws)))
+logs = st.lists(
+    st.tuples(st.floats(0, 100), st.floats(0, 2), st.booleans()), max_size=60
+).map(lambda xs: [Sent(a, a + b, r) for a, b, r in sorted(xs)])
+
+
+@given(rules, logs)
+def test_a_lesson_never_loosens_the_rule(rule, log):
+    """Whatever the log, the learned rule holds to every window of the old one."""
+    lesson = infer(log, rule, candidates(rule))
+    if lesson is None:
+        return
+    for old in rule.windows:
+        assert any(
+            new.seconds >= old.seconds and new.count <= old.count
+            for new in lesson.rule.windows
+        ), (rule, lesson.rule)
+
+
+# Whole runs, on trio's virtual clock, against the sandbox in process.
+
+
+@pytest.fixture
+def anyio_backend():
+    """Virtual time: cool-downs and windows cost nothing."""
+    return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
+
+
+class Latency(httpx.AsyncBaseTransport):
+    """Half a round trip before the server sees a request, half after it answers,
+    so that requests overlap in flight as they do over a network."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, rtt: float) -> None:
+        self._inner, self._half = inner, rtt / 2
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        await anyio.sleep(self._half)
+        response = await self._inner.handle_async_request(request)
+        await anyio.sleep(self._half)
+        return response
+
+
+async def run_against(server_rule: str, client_rule: str, jobs: int, rtt: float = 0.05):
+    """Run `jobs` run-query jobs at `client_rule` against a sandbox enforcing
+    `server_rule`, `rtt` away; return (sandbox, sink, seconds)."""
+    server = limit_table(overrides=[parse_override(f"run-query={server_rule}")])
+    app = create_app(rules=server, clock=anyio.current_time)
+    transport = Latency(asgi_transport(app), rtt)
+    target = Target(
+        base_url="http://sandbox", token=None, timeout=30.0, transport=transport
+    )
+    sink = ListSink()
+    start = anyio.current_time()
+    async with open_run(
+        target,
+        rules={LimitKey.RUN_QUERY: parse_rule(client_rule)},
+        settings=Settings(),
+        ledger=MemoryLedger(),
+        clock=LoopClock(),
+        sink=sink,
+        recorder=ListRecorder(),
+        scope="learning",
+    ) as runner:
+        work = [Job(f"q{n}", JobType.RUN_QUERY, "t", {}) for n in range(jobs)]
+        await runner.run({LimitKey.RUN_QUERY: work}, {LimitKey.RUN_QUERY: jobs})
+    return app.state.sandbox, sink, anyio.current_time() - start
+
+
+@pytest.mark.parametrize(
+    ("server", "client"),
+    [
+        pytest.param("10/2s", "30/2s", id="3x-stricter-count"),
+        pytest.param("15/1m+500/1h", "30/1m", id="profile-a-client-b-server"),
+    ],
+)
+async def test_a_stricter_server_is_learned_and_the_run_ends_near_its_ideal(
+    server, client
+):
+    """Every job done once, few 429s, and a makespan near the ideal under the
+    server's real rule."""
+    sandbox, sink, seconds = await run_against(server, client, 60)
+    statuses = Counter(a.status for a in sandbox.arrivals)
+    assert statuses[200] == 60
+    assert statuses[429] <= 3
+    assert sink.of(RuleLearned)
+    # The client still keeps its own rule: the ideal holds to both.
+    both = Rule(parse_rule(server).windows + parse_rule(client).windows)
+    ideal = eta(60, both, now=0.0)
+    assert seconds <= 1.25 * ideal, (
+        seconds,
+        ideal,
+        [str(e.rule) for e in sink.of(RuleLearned)],
+    )
+
+
+async def test_a_shorter_server_window_is_learned_as_itself():
+    """A 10/10s server under a 30/1m client rule is learned as 10 per 10 s, not as
+    a 6x too slow 10 per minute."""
+    _, sink, _ = await run_against("10/10s", "30/1m", 40)
+    assert str(sink.of(RuleLearned)[-1].rule) == "10/10s+30/1m"
