@@ -141,6 +141,22 @@ def _eta(state: KeyCounts, pace: Pace, now: float) -> float:
     return max(0.0, moment - now)
 
 
+def learned_text(event: RuleLearned) -> str:
+    """A line saying what the server showed about a key's limit, and what now."""
+    pace = ", spaced evenly" if event.spread else ""
+    return (
+        f"{event.key}: the server allows less than the rule; now {event.rule}{pace} "
+        f"({event.evidence})"
+    )
+
+
+def rule_text(state: KeyCounts) -> str:
+    """A key's rule as a view shows it, marked when learned from the server."""
+    if state.learned is None:
+        return str(state.rule)
+    return f"{state.rule} (learned{', spread' if state.spread else ''})"
+
+
 def failure_text(event: JobFinished) -> str:
     status = f"HTTP {event.http_status}" if event.http_status else "unknown error"
     reason = event.error or status

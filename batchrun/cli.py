@@ -344,16 +344,15 @@ def _target(
     inject: list[str] | None,
     ca_bundle: Path | None,
 ) -> Target:
-    from batchrun.client import asgi_transport, tls_context
+    from batchrun.client import asgi_transport
     from batchrun.submission import Target
 
-    if ca_bundle is not None:
-        tls_context(ca_bundle)  # a bad bundle exits 2 before anything starts
     if sandbox:
         from batchrun import faults
         from batchrun.sandbox import create_app
 
         app = create_app(rules=rules, faults=faults.parse_faults(inject or []))
+        _check_ca_bundle(ca_bundle)
         transport = asgi_transport(app)
         return Target(
             base_url="http://sandbox.local",
@@ -369,7 +368,16 @@ def _target(
         msg = "No API to talk to: give --base-url (or BATCHRUN_BASE_URL), or --sandbox."
         raise UsageError(msg)
     _check_base_url(base_url)
+    _check_ca_bundle(ca_bundle)
     return Target(base_url=base_url, token=token, timeout=timeout, ca_bundle=ca_bundle)
+
+
+def _check_ca_bundle(ca_bundle: Path | None) -> None:
+    """A bad bundle exits 2 before anything starts."""
+    from batchrun.client import tls_context
+
+    if ca_bundle is not None:
+        tls_context(ca_bundle)
 
 
 def _check_base_url(url: str) -> None:

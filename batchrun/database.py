@@ -67,6 +67,11 @@ def write_transaction(db: sqlite3.Connection) -> Iterator[None]:
 def _migrate(
     db: sqlite3.Connection, path: Path | str, migrations: Sequence[str]
 ) -> None:
+    # Read first: a file already up to date is opened without taking the write
+    # lock, so `status` never waits behind a running submit.
+    (version,) = db.execute("PRAGMA user_version").fetchone()
+    if version == len(migrations):
+        return
     with write_transaction(db):
         (version,) = db.execute("PRAGMA user_version").fetchone()
         if version > len(migrations):

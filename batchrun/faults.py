@@ -27,7 +27,7 @@ _FAULT_HINT = (
 )
 # The sum of fault rates is rounded to this many digits first, so float noise
 # (1.0000000000000002) does not round up.
-_NOISE_DIGITS = 6
+NOISE_DIGITS = 6
 _N = TypeVar("_N", int, float)
 
 
@@ -53,7 +53,7 @@ class Faults:
 
     def __post_init__(self) -> None:
         rates = self.rates()
-        total = round(math.fsum(rates.values()), _NOISE_DIGITS)
+        total = round(math.fsum(rates.values()), NOISE_DIGITS)
         if not all(0 <= r <= 1 for r in rates.values()) or total > 1:
             shown = ", ".join(f"{name}={r:g}" for name, r in rates.items() if r)
             msg = (

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from batchrun import durations
-from batchrun.errors import UsageError
+from batchrun.errors import StateError, UsageError
 
 _WINDOW = re.compile(rf"^\s*(\d+)\s*/\s*{durations.PATTERN}\s*$")
 _GRAMMAR_HINT = (
@@ -168,9 +168,13 @@ def table_text(table: Mapping[LimitKey, Rule]) -> str:
 def read_table(text: str) -> dict[LimitKey, Rule]:
     """The rule table stored by `table_text` (or, from earlier builds, as
     `key=rule` pairs joined by commas)."""
-    if not text.startswith("{"):
-        return dict(parse_override(part) for part in text.split(",") if part)
-    return {
-        LimitKey(key): Rule(tuple(Window(int(c), float(w)) for c, w in windows))
-        for key, windows in json.loads(text).items()
-    }
+    try:
+        if not text.startswith("{"):
+            return dict(parse_override(part) for part in text.split(",") if part)
+        return {
+            LimitKey(key): Rule(tuple(Window(int(c), float(w)) for c, w in windows))
+            for key, windows in json.loads(text).items()
+        }
+    except (ValueError, TypeError, UsageError):
+        msg = f"the stored limit table {text[:60]!r} is damaged"
+        raise StateError(msg) from None

@@ -28,8 +28,10 @@ from batchrun.board import (
     KeyCounts,
     closing_lines,
     failure_text,
+    learned_text,
     next_slot,
     overall,
+    rule_text,
     summary_rows,
     tally,
 )
@@ -39,6 +41,7 @@ from batchrun.events import (
     EventSink,
     JobFinished,
     JobRequeued,
+    RuleLearned,
     RunFinished,
     RunStarted,
     Status,
@@ -113,6 +116,8 @@ class _PlainLog:
                 self._finished(event, state)
             elif isinstance(event, JobRequeued):
                 self._requeued(event)
+            elif isinstance(event, RuleLearned):
+                self._line(learned_text(event))
             if event.at - self._last >= self._every:
                 self._progress(event.at)
 
@@ -262,7 +267,7 @@ class _LiveView:
             numbers = (s.failed, s.rate_limited, s.retried, s.in_flight)
             table.add_row(
                 Text(key),
-                Text(str(s.rule)),
+                Text(rule_text(s)),
                 f"{s.done}/{s.total}",
                 *(str(n) for n in numbers),
                 next_slot(s, now),

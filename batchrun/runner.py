@@ -51,7 +51,7 @@ class Sender(Protocol):
 
 
 class Recorder(Protocol):
-    """Keeps where each job stands (batchrun.state.Journal): told before a request
+    """Keeps where each job stands (batchrun.journal.Journal): told before a request
     leaves, when a job is requeued, and when it reaches its end."""
 
     def started(self, job: Job, attempt: int) -> None: ...

@@ -38,7 +38,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from batchrun.endpoints import ENDPOINTS
-from batchrun.faults import Fault, Faults
+from batchrun.faults import NOISE_DIGITS, Fault, Faults
 from batchrun.limits import LimitKey, Rule
 from batchrun.serving import Dropped
 
@@ -55,9 +55,6 @@ _SERVER_ERRORS = {
     502: "BAD_GATEWAY",
     503: "SERVICE_UNAVAILABLE",
 }
-# Retry-After is rounded to this many digits first, so float noise
-# (8.000000000000002) does not round up.
-_NOISE_DIGITS = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +209,7 @@ async def _answer(
 
 
 def _too_many(wait: float) -> Response:
-    retry_after = max(1, math.ceil(round(wait, _NOISE_DIGITS)))
+    retry_after = max(1, math.ceil(round(wait, NOISE_DIGITS)))
     return JSONResponse(_TOO_MANY, 429, headers={"Retry-After": str(retry_after)})
 
 

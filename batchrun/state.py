@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from batchrun.database import open_database, write_transaction
-from batchrun.endpoints import JobType
+from batchrun.endpoints import ENDPOINTS, JobType
 from batchrun.errors import JobsFileError
 from batchrun.jobfile import Problem
 from batchrun.jobs import Job
@@ -182,7 +182,7 @@ class RunStore:
     def recover(self, *, retry_failed: bool, retry_unknown: bool) -> None:
         """Settle what an earlier run left in flight, and requeue what is asked."""
         unsafe = tuple(
-            t.value for t in JobType if not Job("", t).endpoint.safe_to_repeat
+            t.value for t, end in ENDPOINTS.items() if not end.safe_to_repeat
         )
         marks = ",".join("?" * len(unsafe))
         with write_transaction(self._db):

@@ -19,7 +19,7 @@ import limits.storage
 import limits.strategies
 from aiometer._impl.meters import RateLimitMeter
 
-from batchrun import ledger as ledger_module
+from batchrun import sqlite_ledger as ledger_module
 from batchrun.clock import SystemClock
 from batchrun.ledger import MemoryLedger
 from batchrun.limits import LimitKey, Rule, parse_rule
@@ -54,7 +54,7 @@ def memory_ledger(grants: int) -> float:
 
 
 def sqlite_ledger_class() -> Any:
-    """batchrun.ledger.SqliteLedger if the lead's work has landed, else None."""
+    """batchrun.sqlite_ledger.SqliteLedger if the lead's work has landed, else None."""
     return getattr(ledger_module, "SqliteLedger", None)
 
 

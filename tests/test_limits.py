@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchrun.errors import UsageError
+from batchrun.errors import StateError, UsageError
 from batchrun.limits import (
     LimitKey,
     Profile,
@@ -13,6 +13,8 @@ from batchrun.limits import (
     limit_table,
     parse_override,
     parse_rule,
+    read_table,
+    table_text,
 )
 
 
@@ -134,3 +136,23 @@ def test_window_prints_in_the_grammar():
         "1/90s",
         "1/2h",
     ]
+
+
+def test_a_rule_table_survives_storing():
+    """table_text and read_table round-trip every key's windows."""
+    table = limit_table(profile=Profile.B, time_scale=30)
+    assert read_table(table_text(table)) == table
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param('{"nope": [[1, 1.0]]}', id="unknown-key"),
+        pytest.param('{"invite": [[0, 1.0]]}', id="zero-count"),
+        pytest.param("{oops", id="not-json"),
+    ],
+)
+def test_a_damaged_stored_table_is_a_state_error(text):
+    """A damaged stored table exits 74 with a message, not a traceback."""
+    with pytest.raises(StateError, match="damaged"):
+        read_table(text)

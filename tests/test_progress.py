@@ -13,6 +13,7 @@ from batchrun.events import (
     JobFinished,
     JobRequeued,
     JobSent,
+    RuleLearned,
     RunFinished,
     RunStarted,
     SlotWait,
@@ -458,3 +459,23 @@ def test_requeue_line_carries_the_retry_after_note(plain, stream):
         "429 (rate limited); Retry-After of 86400 s capped at 900 s"
         in texts(stream)[-1]
     )
+
+
+def test_a_learned_rule_is_a_plain_line_and_marks_the_live_rule(plain, stream):
+    """RuleLearned prints one line naming the new rule and why; the board's rule
+    for the key becomes it, marked as learned."""
+    plain.emit(start())
+    plain.emit(RuleLearned(1.0, RQ, parse_rule("10/2s"), False, "8 refused after 10"))
+    assert (
+        "run-query: the server allows less than the rule; now 10/2s"
+        in stream.getvalue()
+    )
+    assert "(8 refused after 10)" in stream.getvalue()
+
+
+def test_live_row_marks_a_learned_rule(live, stream):
+    """The live table shows a learned rule with '(learned)'."""
+    live.emit(start())
+    live.emit(RuleLearned(1.0, RQ, parse_rule("10/2s"), True, "why"))
+    live.close()
+    assert "10/2s (learned, spread)" in stream.getvalue()
