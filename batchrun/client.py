@@ -9,6 +9,7 @@ is strict, storable JSON (else as text), and the token never appears in it.
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import hashlib
 import math
@@ -222,7 +223,9 @@ def _seconds_until_date(value: str, now: float | None) -> float | None:
     except (TypeError, ValueError, IndexError):
         return None
     if moment.tzinfo is None:
-        return None
+        # "-0000", which email.utils.formatdate writes and servers send, means
+        # UTC (RFC 5322 section 3.3); Python reads it as "no zone".
+        moment = moment.replace(tzinfo=datetime.UTC)
     return moment.timestamp() - (time.time() if now is None else now)
 
 
