@@ -1,0 +1,65 @@
+"""The simulation harness: whole runs of today's runner against server models."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchrun.events import Status
+from batchrun.limiters import LimiterKind
+from batchrun.limits import parse_rule
+from batchrun.slots import eta
+from tests.simulation import Server, ideal, scenarios, simulate
+
+SCENARIOS = scenarios()
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
+def test_every_job_is_accepted_and_ends_done_exactly_once(scenario):
+    """Against every server model, each job is accepted once and ends done once."""
+    run = simulate(client=scenario.client, server=scenario.server)
+    assert run.finished
+    assert set(run.accepted.values()) == {1}
+    assert len(run.accepted) == 60
+    assert set(run.ended.values()) == {(Status.DONE,)}
+    assert len(run.ended) == 60
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS[:4], ids=[s.name for s in SCENARIOS[:4]])
+def test_harness_counts_what_the_runner_counts(scenario):
+    """The arrivals' 429s are the runner's, and each job arrived once per 429 plus one."""
+    run = simulate(client=scenario.client, server=scenario.server)
+    assert sum(run.rate_limited.values()) == run.tally.rate_limited
+    assert len(run.arrivals) == 60 + run.tally.rate_limited
+    assert all(a.sent <= a.at <= run.makespan for a in run.arrivals)
+
+
+def test_a_seed_gives_one_run():
+    """Two runs with one seed see the same arrivals; another seed differs."""
+    server = SCENARIOS[4].server  # weighted, with Retry-After
+    first, again = (simulate(client="30/2s", server=server, seed=3) for _ in "ab")
+    assert first.arrivals == again.arrivals
+    assert simulate(client="30/2s", server=server, seed=4).arrivals != first.arrivals
+
+
+def test_ideal_under_a_sliding_log_is_the_pacers_eta():
+    """For a sliding log, the greedy ideal is `slots.eta` under the server's rule."""
+    rule = parse_rule("15/1m+20/2m")
+    server = Server(LimiterKind.SLIDING, rule)
+    assert ideal(server, 60) == pytest.approx(eta(60, rule, now=0.0))
+
+
+def test_a_server_with_the_clients_rule_and_count_sends_no_429():
+    """Client and sliding server at 10/2s: no 429, within 10 % of the ideal."""
+    server = Server(LimiterKind.SLIDING, parse_rule("10/2s"))
+    run = simulate(client="10/2s", server=server)
+    assert run.tally.rate_limited == 0
+    assert 1.0 < run.ratio < 1.1
+
+
+def test_a_run_past_the_bound_stops_and_is_not_finished():
+    """A run cut off by its bound ends no job twice and reports itself unfinished."""
+    server = Server(LimiterKind.SLIDING, parse_rule("10/2s"))
+    run = simulate(client="10/2s", server=server, bound=5.0)
+    assert not run.finished
+    assert 10 <= run.tally.done < 60
+    assert set(run.ended.values()) == {(Status.DONE,)}
