@@ -28,6 +28,7 @@ import trio.testing
 from batchrun.clock import LoopClock
 from batchrun.endpoints import JobType
 from batchrun.events import Status, Tally
+from batchrun.faults import NOISE_DIGITS
 from batchrun.jobs import Job
 from batchrun.ledger import MemoryLedger
 from batchrun.limiters import Limiter, LimiterKind, make_limiter
@@ -39,9 +40,6 @@ from batchrun.slots import Pace
 from tests.fakes import ListRecorder, ListSink
 
 KEY = LimitKey.RUN_QUERY
-# Real servers send Retry-After in whole seconds (RFC 9110 delay-seconds), as does
-# the sandbox; a wait of 0.2 s is told as 1 s.
-_NOISE_DIGITS = 6
 # Past this many simulated seconds the run is stopped and counted as not finished.
 BOUND = 1800.0
 
@@ -136,7 +134,8 @@ class _Server:
             return Outcome(Kind.DONE, 200, {"ok": True})
         if not self._server.retry_after:
             return Outcome(Kind.RATE_LIMITED, 429, error="429 (rate limited)")
-        told = max(1, math.ceil(round(wait, _NOISE_DIGITS)))
+        # Whole seconds (RFC 9110 delay-seconds), as the sandbox tells it.
+        told = max(1, math.ceil(round(wait, NOISE_DIGITS)))
         return Outcome(Kind.RATE_LIMITED, 429, retry_after=told, error="429")
 
 
