@@ -45,6 +45,8 @@ class Sent:
     start: float
     end: float | None = None
     refused: bool | None = None
+    # The Retry-After of a refusal, if the server gave one.
+    wait: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,12 @@ class KeyLog:
                 return True
         return False
 
+    def rearm(self) -> None:
+        """Forget what the server was seen to accept: after a lesson its state is
+        unknown, so the key proves its budget again, one request at a time."""
+        self.arrivals.clear()
+        self.proven.clear()
+
     def settled(self, since: float) -> bool:
         """Whether every request that left at or before `since` has its answer."""
         return all(s.end is not None for s in self.sent if s.start <= since)
@@ -129,8 +137,9 @@ def _bounded_insort(values: list[float], value: float) -> None:
 
 
 def infer(log: Sequence[Sent], rule: Rule, windows: Iterable[float]) -> Lesson | None:
-    """The shortest window that explains every refusal in `log` and contradicts no
-    acceptance, as a tightened `rule`; None if the log has no refusal or none fits.
+    """The first of `windows` that explains every refusal in `log` and contradicts
+    no acceptance, as a tightened `rule`; None if the log has no refusal or none
+    fits.
 
     A lesson that would not change `rule` is also None: then the server refused
     requests that an exact log of this rule already holds to (it counts in a way
@@ -140,7 +149,7 @@ def infer(log: Sequence[Sent], rule: Rule, windows: Iterable[float]) -> Lesson |
     refusals = sum(1 for s in answered if s.refused)
     if not refusals:
         return None
-    for seconds in sorted(windows):
+    for seconds in windows:
         most, least = _bounds(answered, seconds)
         if most >= least:
             # `least` the server has surely let through in `seconds`; between it
@@ -168,10 +177,25 @@ def _bounds(log: Sequence[Sent], seconds: float) -> tuple[int, int]:
             arrivals, moment - seconds
         )
         if entry.refused:
-            most = min(most, inside)
+            most = min(most, inside if _agrees(entry, arrivals, seconds) else 0)
         else:
             least = max(least, inside)
     return most, least
+
+
+def _agrees(refusal: Sent, arrivals: list[float], seconds: float) -> bool:
+    """Whether a refusal's Retry-After fits a window of `seconds`: then it names
+    about when the oldest accepted arrival within it leaves the window. Servers
+    round it up to whole seconds, and the arrival is an estimate, hence the slack.
+    """
+    if refusal.wait is None:
+        return True
+    moment = _arrival(refusal)
+    oldest = bisect.bisect_right(arrivals, moment - seconds)
+    if oldest >= len(arrivals) or arrivals[oldest] > moment:
+        return True  # nothing within the window: `inside` is 0 anyway
+    predicted = arrivals[oldest] + seconds - moment
+    return -0.1 * seconds - 0.05 <= refusal.wait - predicted <= 1.0 + 0.1 * seconds
 
 
 def _arrival(entry: Sent) -> float:
@@ -211,9 +235,17 @@ class Learner:
         return self._log(key).started(at)
 
     def answered(
-        self, key: str, entry: Sent, at: float, *, refused: bool | None
+        self,
+        key: str,
+        entry: Sent,
+        at: float,
+        *,
+        refused: bool | None,
+        wait: float | None = None,
     ) -> None:
-        """Log the answer of a request of `key` (`refused`: None if no answer came)."""
+        """Log the answer of a request of `key` (`refused`: None if no answer
+        came; `wait`: a refusal's Retry-After)."""
+        entry.wait = wait
         self._log(key).answered(entry, at, refused)
 
     def careful(self, key: str, rule: Rule, now: float) -> bool:
@@ -252,13 +284,22 @@ class Learner:
         if not any(s.refused is False for s in log.sent):
             return None  # nothing was ever accepted: no count to learn from
         windows = candidates(rule, time_scale=self._time_scale)
-        lesson = infer(log.sent, rule, [w for w in windows if w <= rule.longest])
+        # The rule's own windows first: the best guess at the server's time scale.
+        own = sorted({w.seconds for w in rule.windows})
+        shorter = [w for w in windows if w < rule.longest and w not in own]
+        lesson = infer(log.sent, rule, own + shorter)
+        if lesson is not None:
+            log.rearm()
         if lesson is not None or not _refused_amid_acceptances(log.sent, rule):
             # Refused with nothing accepted in any window (a spent quota, or
             # other clients of the token): there is no count to learn, only waiting.
             return lesson
         if spread:
-            return infer(log.sent, rule, [w for w in windows if w > rule.longest])
+            lesson = infer(log.sent, rule, [w for w in windows if w > rule.longest])
+            if lesson is not None:
+                log.rearm()
+            return lesson
+        log.rearm()
         why = "429s came although requests kept to the rule"
         return Lesson(rule, f"{why}: the server counts in another way", spread=True)
 

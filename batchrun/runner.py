@@ -260,7 +260,9 @@ class Runner:
             self._in_flight -= 1
         # Only an answer says whether the server's limiter let the request through.
         refused = None if outcome.status is None else outcome.kind is Kind.RATE_LIMITED
-        self._learner.answered(key, sent, self._clock.now(), refused=refused)
+        self._learner.answered(
+            key, sent, self._clock.now(), refused=refused, wait=outcome.retry_after
+        )
         self._settle(key, queue, attempt, outcome)
         self._review(key)
         if self._idle:

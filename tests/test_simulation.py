@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from batchrun.events import Status
 from batchrun.limiters import LimiterKind
-from batchrun.limits import parse_rule
+from batchrun.limits import Rule, Window, parse_rule
 from batchrun.slots import eta
 from tests.simulation import Server, ideal, scenarios, simulate
 
@@ -63,3 +65,23 @@ def test_a_run_past_the_bound_stops_and_is_not_finished():
     assert not run.finished
     assert 10 <= run.tally.done < 60
     assert set(run.ended.values()) == {(Status.DONE,)}
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    kind=st.sampled_from([LimiterKind.SLIDING, LimiterKind.FIXED]),
+    count=st.integers(3, 25),
+    seconds=st.sampled_from([1.0, 2.0]),
+    retry_after=st.booleans(),
+    seed=st.integers(0, 3),
+)
+def test_any_stricter_server_is_learned_with_few_429s(
+    kind, count, seconds, retry_after, seed
+):
+    """For random sliding or fixed server rules stricter than the client's 30/2s,
+    the run finishes, every job is accepted once, and a key gets at most 3 429s."""
+    server = Server(kind, Rule((Window(count, seconds),)), retry_after=retry_after)
+    run = simulate(client="30/2s", server=server, count=40, seed=seed)
+    assert run.finished
+    assert set(run.accepted.values()) == {1}
+    assert max(run.rate_limited.values(), default=0) <= 3
