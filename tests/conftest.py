@@ -1,10 +1,24 @@
-"""Fixtures shared by every test: a clean environment and the anyio backend."""
+"""Fixtures shared by every test: a clean environment, the anyio backend, and a
+real redis-server of the tests' own on loopback (no fakes for the Redis ledger)."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+import redis
+
+# Read at import: `clean_environ` strips BATCHRUN_* from every test.
+REQUIRE_REDIS = os.environ.get("BATCHRUN_REQUIRE_REDIS") == "1"
+REDIS_PASSWORD = "s3cret-ledger-pw"
 
 
 @pytest.fixture(autouse=True)
@@ -20,3 +34,82 @@ def clean_environ(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
 def anyio_backend() -> str:
     """Async tests run on asyncio unless a module asks for trio's virtual clock."""
     return "asyncio"
+
+
+@dataclass(frozen=True)
+class RedisServer:
+    """A running redis-server: its port and URL (with the password in it)."""
+
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"redis://:{REDIS_PASSWORD}@127.0.0.1:{self.port}/0"
+
+    def connect(self) -> redis.Redis:
+        return redis.Redis(port=self.port, password=REDIS_PASSWORD)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (free when asked)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _no_redis(reason: str) -> None:
+    message = f"REDIS TESTS NOT RUN: {reason} (apt-get install redis-server)"
+    if REQUIRE_REDIS:
+        pytest.fail(f"{message}; BATCHRUN_REQUIRE_REDIS=1 makes that a failure")
+    pytest.skip(message)
+
+
+def _started(folder: Path) -> tuple[subprocess.Popen[bytes], RedisServer]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        _no_redis("no redis-server binary on PATH")
+    server = RedisServer(free_port())
+    # No persistence, loopback only: nothing outlives the test session.
+    args = ["--port", str(server.port), "--bind", "127.0.0.1", "--save", ""]
+    args += ["--appendonly", "no", "--dir", str(folder)]
+    args += ["--requirepass", REDIS_PASSWORD]
+    process = subprocess.Popen([str(binary), *args], stdout=subprocess.DEVNULL)
+    return process, server
+
+
+def _wait_ready(server: RedisServer) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            server.connect().ping()
+            return
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+@contextmanager
+def redis_process(folder: Path) -> Iterator[RedisServer]:
+    """A redis-server of its own on a free loopback port, stopped on leaving."""
+    process, server = _started(folder)
+    try:
+        _wait_ready(server)
+        yield server
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A redis-server for the whole session (tests that need none skip it)."""
+    with redis_process(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """The session's Redis, emptied for this test."""
+    redis_server.connect().flushall()
+    return redis_server.url
