@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -46,7 +47,8 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://:{REDIS_PASSWORD}@127.0.0.1:{self.port}/0"
 
-    def connect(self) -> redis.Redis:
+    def connect(self) -> Any:
+        # Any: redis-py types a sync client's replies as `Awaitable | Any`.
         return redis.Redis(port=self.port, password=REDIS_PASSWORD)
 
 

@@ -147,7 +147,9 @@ def test_an_answer_after_the_expiry_replaces_the_expiry(redis_url):
     assert other.reserve("k", rule, Pace.EXACT, 9.0) == Wait(18.0)
 
 
-def test_old_answers_are_pruned_by_the_longest_window_any_host_uses(redis_url):
+def test_old_answers_are_pruned_by_the_longest_window_any_host_uses(
+    redis_url, redis_server
+):
     """Answers no window can need go; a host with a shorter rule does not prune
     what another host's longer window still needs."""
     clock = [0.0]
@@ -159,7 +161,8 @@ def test_old_answers_are_pruned_by_the_longest_window_any_host_uses(redis_url):
         assert isinstance(grant, Grant)
         ledger.release(grant.ticket, clock[0] + 0.5)
     ledger.reserve("k", short, Pace.EXACT, clock[0])
-    done = ledger._redis.zrange(PREFIX + "k:done", 0, -1, withscores=True)
+    db = redis_server.connect()
+    done = db.zrange(PREFIX + "k:done", 0, -1, withscores=True)
     assert min(at for _, at in done) >= clock[0] - 10.0
     assert 9 <= len(done) <= 11
 
@@ -221,18 +224,20 @@ def test_usage_shows_other_hosts_on_the_callers_clock(redis_url):
     assert reader.usage("k", rule) == Usage(1, [150.5], 150.0)
 
 
-def test_every_key_expires_after_the_longest_window_and_the_hold(redis_url):
+def test_every_key_expires_after_the_longest_window_and_the_hold(
+    redis_url, redis_server
+):
     """An idle client leaves nothing behind: each key's TTL is its longest window
     plus the hold; a learned limit is kept for 30 days."""
     ledger = RedisLedger(redis_url, client="c", hold=30.0, now=time.time)
     rule = parse_rule("5/1m+10/2m")
-    for _ in range(2):
-        grant = ledger.reserve("k", rule, Pace.EXACT, time.time())
-        assert isinstance(grant, Grant)
-    ledger.release(grant.ticket, time.time())
+    grants = [ledger.reserve("k", rule, Pace.EXACT, time.time()) for _ in range(2)]
+    assert isinstance(grants[0], Grant)
+    assert isinstance(grants[1], Grant)
+    ledger.release(grants[0].ticket, time.time())
     ledger.remember("k", "{}")
     ledger.close()
-    db = ledger._redis
+    db = redis_server.connect()
     ttls = {k.decode(): db.pttl(k) for k in db.keys("*")}
     learned = ttls.pop(PREFIX + "k:learned")
     assert sorted(ttls) == [PREFIX + f"k:{p}" for p in ("done", "meta", "open")]
