@@ -31,7 +31,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
-from batchrun.errors import StateError, UsageError
+from batchrun.errors import LedgerLost, StateError, UsageError
 from batchrun.limits import Rule
 from batchrun.slots import Grant, Pace, Usage, Wait
 
@@ -146,7 +146,10 @@ class RedisLedger:
         self._answers: list[tuple[str, int, float, int]] = []
         self._redis = _connect(url)
         self._reserve = self._redis.register_script(_RESERVE)
-        self._call(self._redis.ping)
+        try:
+            self._call(self._redis.ping)
+        except LedgerLost as exc:
+            raise StateError(exc.message) from None  # never worked: not "lost"
 
     def reserve(self, key: str, rule: Rule, pace: Pace, now: float) -> Grant | Wait:
         """Decide and record in one script run; see the module docstring."""
@@ -198,7 +201,7 @@ class RedisLedger:
         is safe: the other hosts count those requests until their leases expire."""
         try:
             self._flush()
-        except StateError:
+        except LedgerLost:
             pass
         finally:
             self._redis.close()
@@ -226,7 +229,7 @@ class RedisLedger:
         try:
             return action(*args, **kwargs)
         except RedisError as exc:
-            raise StateError(_explain(self._url, exc)) from None
+            raise LedgerLost(_explain(self._url, exc)) from None
 
 
 def _connect(url: str) -> redis.Redis:

@@ -10,7 +10,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,8 @@ class RedisServer:
     """A running redis-server: its port and URL (with the password in it)."""
 
     port: int
+    # The server's process, when the test owns it (to kill it).
+    process: subprocess.Popen[bytes] | None = field(default=None, compare=False)
 
     @property
     def url(self) -> str:
@@ -76,7 +78,7 @@ def _started(folder: Path) -> tuple[subprocess.Popen[bytes], RedisServer]:
     args += ["--appendonly", "no", "--dir", str(folder)]
     args += ["--requirepass", REDIS_PASSWORD]
     process = subprocess.Popen([str(binary), *args], stdout=subprocess.DEVNULL)
-    return process, server
+    return process, replace(server, process=process)
 
 
 def _wait_ready(server: RedisServer) -> None:
@@ -94,6 +96,7 @@ def _wait_ready(server: RedisServer) -> None:
 @contextmanager
 def redis_process(folder: Path) -> Iterator[RedisServer]:
     """A redis-server of its own on a free loopback port, stopped on leaving."""
+    folder.mkdir(parents=True, exist_ok=True)
     process, server = _started(folder)
     try:
         _wait_ready(server)
