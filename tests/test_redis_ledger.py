@@ -340,8 +340,20 @@ def test_redis_lost_mid_run_is_a_state_error(tmp_path):
     ledger.close()
 
 
-def test_a_url_that_is_not_redis_is_a_usage_error():
-    """--ledger with another scheme is bad usage (exit 2), shown without secrets."""
-    with pytest.raises(UsageError, match=r"http://:\*\*\*@h") as caught:
-        RedisLedger("http://:pw@h/0", client="c", hold=1.0, now=time.time)
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        pytest.param("http://:pw@h/0", "http://:***@h/0", id="scheme"),
+        pytest.param(
+            "redis://:pw@127.0.0.1:99999999/0",
+            "redis://:***@127.0.0.1:99999999/0",
+            id="port",
+        ),
+    ],
+)
+def test_a_url_that_is_not_a_redis_url_is_a_usage_error(url, shown):
+    """--ledger that is no Redis URL is bad usage (exit 2), shown without secrets."""
+    with pytest.raises(UsageError) as caught:
+        RedisLedger(url, client="c", hold=1.0, now=time.time)
+    assert shown in caught.value.message
     assert "pw@" not in caught.value.message
