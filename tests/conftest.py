@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import redis
+import trustme
 
 # Read at import: `clean_environ` strips BATCHRUN_* from every test.
 REQUIRE_REDIS = os.environ.get("BATCHRUN_REQUIRE_REDIS") == "1"
@@ -44,14 +45,22 @@ class RedisServer:
     port: int
     # The server's process, when the test owns it (to kill it).
     process: subprocess.Popen[bytes] | None = field(default=None, compare=False)
+    # The CA that signed its certificate, when it speaks TLS only.
+    ca: Path | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://:{REDIS_PASSWORD}@127.0.0.1:{self.port}/0"
+        if self.ca is None:
+            return f"redis://:{REDIS_PASSWORD}@127.0.0.1:{self.port}/0"
+        where = f"127.0.0.1:{self.port}/0?ssl_ca_certs={self.ca}"
+        return f"rediss://:{REDIS_PASSWORD}@{where}"
 
     def connect(self) -> Any:
         # Any: redis-py types a sync client's replies as `Awaitable | Any`.
-        return redis.Redis(port=self.port, password=REDIS_PASSWORD)
+        tls: dict[str, Any] = {}
+        if self.ca is not None:
+            tls = {"ssl": True, "ssl_ca_certs": str(self.ca)}
+        return redis.Redis("127.0.0.1", self.port, password=REDIS_PASSWORD, **tls)
 
 
 def free_port() -> int:
@@ -68,13 +77,31 @@ def _no_redis(reason: str) -> None:
     pytest.skip(message)
 
 
-def _started(folder: Path) -> tuple[subprocess.Popen[bytes], RedisServer]:
+def _tls_args(folder: Path, port: int) -> tuple[list[str], Path]:
+    """Arguments for TLS only on `port`, with a certificate for 127.0.0.1 signed
+    by a CA made here (trustme); and that CA's file."""
+    ca, files = trustme.CA(), {n: folder / f"{n}.pem" for n in ("ca", "cert", "key")}
+    issued = ca.issue_cert("127.0.0.1")
+    ca.cert_pem.write_to_path(str(files["ca"]))
+    issued.cert_chain_pems[0].write_to_path(str(files["cert"]))
+    issued.private_key_pem.write_to_path(str(files["key"]))
+    args = ["--port", "0", "--tls-port", str(port), "--tls-auth-clients", "no"]
+    for name, option in (("cert", "cert"), ("key", "key"), ("ca", "ca-cert")):
+        args += [f"--tls-{option}-file", str(files[name])]
+    return args, files["ca"]
+
+
+def _started(folder: Path, *, tls: bool) -> tuple[subprocess.Popen[bytes], RedisServer]:
     binary = shutil.which("redis-server")
     if binary is None:
         _no_redis("no redis-server binary on PATH")
     server = RedisServer(free_port())
+    args = ["--port", str(server.port)]
+    if tls:
+        args, ca = _tls_args(folder, server.port)
+        server = replace(server, ca=ca)
     # No persistence, loopback only: nothing outlives the test session.
-    args = ["--port", str(server.port), "--bind", "127.0.0.1", "--save", ""]
+    args += ["--bind", "127.0.0.1", "--save", ""]
     args += ["--appendonly", "no", "--dir", str(folder)]
     args += ["--requirepass", REDIS_PASSWORD]
     process = subprocess.Popen([str(binary), *args], stdout=subprocess.DEVNULL)
@@ -94,10 +121,11 @@ def _wait_ready(server: RedisServer) -> None:
 
 
 @contextmanager
-def redis_process(folder: Path) -> Iterator[RedisServer]:
-    """A redis-server of its own on a free loopback port, stopped on leaving."""
+def redis_process(folder: Path, *, tls: bool = False) -> Iterator[RedisServer]:
+    """A redis-server of its own on a free loopback port (TLS only if `tls`),
+    stopped on leaving."""
     folder.mkdir(parents=True, exist_ok=True)
-    process, server = _started(folder)
+    process, server = _started(folder, tls=tls)
     try:
         _wait_ready(server)
         yield server

@@ -357,3 +357,15 @@ def test_a_url_that_is_not_a_redis_url_is_a_usage_error(url, shown):
         RedisLedger(url, client="c", hold=1.0, now=time.time)
     assert shown in caught.value.message
     assert "pw@" not in caught.value.message
+
+
+def test_rediss_speaks_tls_and_verifies_the_certificate(tmp_path):
+    """rediss:// works with the server's CA given (`?ssl_ca_certs=`), and a
+    certificate the client cannot verify is an exit-74 error."""
+    with redis_process(tmp_path, tls=True) as server:
+        ledger = RedisLedger(server.url, client="c", hold=1.0, now=time.time)
+        grant = ledger.reserve("k", parse_rule("1/1s"), Pace.EXACT, time.time())
+        assert isinstance(grant, Grant)
+        ledger.close()
+        untrusted = server.url.partition("?")[0]
+        assert_state_error(untrusted, "rediss://:***@127.0.0.1", "certificate")
