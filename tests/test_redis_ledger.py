@@ -61,6 +61,55 @@ def expected(db, key, pace, server, now, unwritten) -> Wait | None:
     return Wait(now + (slot - server)) if slot > server else None
 
 
+class Host:
+    """One host of the property test: its ledger, on its own skewed clock, and
+    what it holds that Redis does not yet know (tickets, unwritten answers)."""
+
+    def __init__(self, url: str, skew: float, server: list[float]) -> None:
+        self.url, self.skew, self.server = url, skew, server
+        self.ledger = self._start()
+
+    def _start(self) -> RedisLedger:
+        self.tickets: dict[int, str] = {}  # in flight: ticket → key, oldest first
+        self.unwritten: dict[bytes, tuple[str, float]] = {}
+        return RedisLedger(
+            self.url,
+            client="c",
+            hold=HOLD,
+            now=lambda: self.server[0] + self.skew,
+            server_clock=lambda: self.server[0],
+        )
+
+    def reserve(self, db, key: str, pace: Pace) -> None:
+        now = self.server[0] + self.skew
+        want = expected(db, key, pace, self.server[0], now, self.unwritten)
+        got = self.ledger.reserve(key, RULES[key], pace, now)
+        self.unwritten = {}
+        if want is None:
+            assert isinstance(got, Grant)
+            self.tickets[got.ticket] = key
+        else:
+            assert got == want
+
+    def release(self) -> None:
+        if self.tickets:
+            ticket = next(iter(self.tickets))
+            now = self.server[0] + self.skew
+            self.ledger.release(ticket, now)
+            member = f"{self.ledger._name}:{ticket}".encode()
+            self.unwritten[member] = (self.tickets.pop(ticket), now)
+
+    def die(self) -> None:
+        """Killed: its unwritten answers are lost, its leases expire."""
+        self.ledger._redis.close()
+        self.ledger = self._start()
+
+    def restart(self) -> None:
+        """Stopped cleanly: close() writes its answers."""
+        self.ledger.close()
+        self.ledger = self._start()
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(step, max_size=60))
 def test_every_host_sees_what_redis_holds(redis_server: RedisServer, steps):
@@ -68,53 +117,18 @@ def test_every_host_sees_what_redis_holds(redis_server: RedisServer, steps):
     restarts, is the one a brute-force reading of Redis gives."""
     db = redis_server.connect()
     db.flushall()
-    server = 1000.0
-
-    def host(who: int) -> RedisLedger:
-        return RedisLedger(
-            redis_server.url,
-            client="c",
-            hold=HOLD,
-            now=lambda: server + SKEWS[who],
-            server_clock=lambda: server,
-        )
-
-    hosts = [host(who) for who in range(len(SKEWS))]
-    tickets: list[list[int]] = [[] for _ in SKEWS]
-    keys: list[dict[int, str]] = [{} for _ in SKEWS]
-    unwritten: list[dict[bytes, tuple[str, float]]] = [{} for _ in SKEWS]
+    server = [1000.0]
+    hosts = [Host(redis_server.url, skew, server) for skew in SKEWS]
     try:
         for action, who, key, later, pace in steps:
-            server += later
-            now = server + SKEWS[who]
+            server[0] += later
             if action == "reserve":
-                want = expected(db, key, pace, server, now, unwritten[who])
-                got = hosts[who].reserve(key, RULES[key], pace, now)
-                unwritten[who] = {}
-                if want is None:
-                    assert isinstance(got, Grant)
-                    tickets[who].append(got.ticket)
-                    keys[who][got.ticket] = key
-                else:
-                    assert got == want
-            elif action == "release" and tickets[who]:
-                ticket = tickets[who].pop(0)
-                hosts[who].release(ticket, now)
-                member = f"{hosts[who]._name}:{ticket}".encode()
-                unwritten[who][member] = (keys[who].pop(ticket), now)
-            elif action == "die":
-                # Killed: its unwritten answers are lost, its leases expire.
-                hosts[who]._redis.close()
-                tickets[who], unwritten[who] = [], {}
-                hosts[who] = host(who)
-            elif action == "restart":
-                # Stopped cleanly: close() writes its answers.
-                hosts[who].close()
-                tickets[who], unwritten[who] = [], {}
-                hosts[who] = host(who)
+                hosts[who].reserve(db, key, pace)
+            else:
+                getattr(hosts[who], action)()
     finally:
-        for ledger in hosts:
-            ledger.close()
+        for host in hosts:
+            host.ledger.close()
 
 
 def virtual_host(
