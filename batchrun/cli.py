@@ -82,6 +82,18 @@ _StateDirOpt = Annotated[
         help="Where runs and the send ledger live. Default: the user's state folder.",
     ),
 ]
+_LedgerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ledger",
+        envvar="BATCHRUN_LEDGER_URL",
+        metavar="URL",
+        show_default=False,
+        help="Where the client's budget lives: redis://[:PASSWORD@]HOST:PORT/DB "
+        "(rediss:// for TLS) shares it across machines. Default: SQLite in the "
+        "state folder (this machine).",
+    ),
+]
 _BaseUrlOpt = Annotated[
     str | None, typer.Option(envvar="BATCHRUN_BASE_URL", help="The API's base URL.")
 ]
@@ -162,6 +174,7 @@ def submit(
     inject: _InjectOpt = None,
     time_scale: _TimeScaleOpt = 1.0,
     state_dir: _StateDirOpt = None,
+    ledger: _LedgerOpt = None,
     ca_bundle: _CaBundleOpt = None,
     deadline: _DeadlineOpt = None,
     retry_failed: _RetryFailedFlag = False,
@@ -184,6 +197,7 @@ def submit(
             retry_failed=retry_failed,
             retry_unknown=retry_unknown,
             restart=restart,
+            ledger_url=ledger,
         )
         raise typer.Exit(submit(job, say=lambda text: typer.echo(text, err=True)))
 
@@ -200,6 +214,7 @@ def validate(jobs_file: _JobsArg) -> None:
 def status(
     jobs_file: _JobsArg,
     state_dir: _StateDirOpt = None,
+    ledger: _LedgerOpt = None,
     base_url: _BaseUrlOpt = None,
     token: _TokenOpt = None,
     as_json: Annotated[
@@ -211,7 +226,8 @@ def status(
 
     with _reported():
         paths = StatePaths.resolve(state_dir)
-        found = read_status(jobs_file, paths, _client(base_url, token))
+        client = _client(base_url, token)
+        found = read_status(jobs_file, paths, client, ledger_url=ledger)
     if as_json:
         typer.echo(json.dumps(reports.status_json(jobs_file, found), indent=2))
     else:
@@ -225,6 +241,7 @@ def plan(
     limit: _LimitOpt = None,
     pace: _PaceOpt = Pace.EXACT,
     state_dir: _StateDirOpt = None,
+    ledger: _LedgerOpt = None,
     base_url: _BaseUrlOpt = None,
     token: _TokenOpt = None,
 ) -> None:
@@ -234,7 +251,8 @@ def plan(
     with _reported():
         rules = _rules(profile, limit, 1.0)
         client = _client(base_url, token) or client_fingerprint("", None)
-        plans = make_plan(jobs_file, rules, pace, StatePaths.resolve(state_dir), client)
+        paths = StatePaths.resolve(state_dir)
+        plans = make_plan(jobs_file, rules, pace, paths, client, ledger_url=ledger)
     if not plans:
         typer.echo("Nothing to send.")
     _echo(reports.plan_lines(plans))

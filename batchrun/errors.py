@@ -5,6 +5,7 @@
     ├── JobsFileError        exit 2  (a jobs file with bad rows; nothing was sent)
     ├── RunLocked            exit 3  (another run holds this jobs file)
     ├── StateError           exit 74 (the state folder or the ledger cannot be used)
+    │   └── LedgerLost       exit 74 (the ledger went away mid-run: the run stops, 75)
     └── StoppedEarly         exit 75 (deadline or signal, jobs left to resume)
 
 `cli.py` converts these to a message on stderr and the exit code, once, at the edge.
@@ -76,6 +77,14 @@ class StateError(BatchrunError):
     """Raised when the state folder or the ledger cannot be read or written."""
 
     exit_code = 74  # EX_IOERR from sysexits.h.
+
+
+class LedgerLost(StateError):
+    """Raised when a shared ledger that worked stops answering during a run.
+
+    The runner turns it into a stop: no new requests, those in flight finished,
+    exit 75, so that a rerun resumes once the ledger is back.
+    """
 
 
 class StoppedEarly(BatchrunError):

@@ -40,6 +40,14 @@ class Ledger(Protocol):
         """The key's history as the pacer sees it (for status and plans)."""
         ...
 
+    def recall(self, key: str) -> str | None:
+        """The text last remembered for `key` (a learned limit), if any."""
+        ...
+
+    def remember(self, key: str, text: str) -> None:
+        """Keep an opaque text for `key` for later runs (at least 30 days)."""
+        ...
+
 
 @dataclass(slots=True)
 class _KeyLog:
@@ -60,6 +68,7 @@ class MemoryLedger:
         self._logs: defaultdict[str, _KeyLog] = defaultdict(_KeyLog)
         self._tickets: dict[int, str] = {}
         self._last_ticket = 0
+        self._learned: dict[str, str] = {}
 
     def reserve(self, key: str, rule: Rule, pace: Pace, now: float) -> Grant | Wait:
         log = self._logs[key]
@@ -86,6 +95,12 @@ class MemoryLedger:
     def usage(self, key: str, rule: Rule) -> Usage:
         log = self._logs[key]
         return Usage(log.in_flight, log.finished, log.last_start)
+
+    def recall(self, key: str) -> str | None:
+        return self._learned.get(key)
+
+    def remember(self, key: str, text: str) -> None:
+        self._learned[key] = text
 
     def close(self) -> None:
         pass

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchrun.jobs import read_jobs
+from batchrun.ledger import Ledger
 from batchrun.limits import LimitKey, Rule, read_table
 from batchrun.paths import StatePaths
+from batchrun.shared_ledger import open_shared_ledger
 from batchrun.slots import Pace, eta
-from batchrun.sqlite_ledger import SqliteLedger
 from batchrun.state import Failure, JobState, RunStore
 
 _SETTLED = {JobState.DONE, JobState.FAILED, JobState.UNKNOWN}
@@ -43,8 +44,15 @@ class Status:
     keys: list[KeyPlan] = field(default_factory=list)
 
 
-def status(jobs_file: Path, paths: StatePaths, client: str | None) -> Status:
-    """The latest run of `jobs_file` (for `client`, if given)."""
+def status(
+    jobs_file: Path,
+    paths: StatePaths,
+    client: str | None,
+    *,
+    ledger_url: str | None = None,
+) -> Status:
+    """The latest run of `jobs_file` (for `client`, if given); the budget in use is
+    read from the ledger at `ledger_url` (None: SQLite in `paths`)."""
     found = _store_path(paths, jobs_file, client)
     if found is None:
         return Status(None)
@@ -59,7 +67,7 @@ def status(jobs_file: Path, paths: StatePaths, client: str | None) -> Status:
         k: s.get(JobState.PENDING, 0) + s.get(JobState.IN_FLIGHT, 0)
         for k, s in states.items()
     }
-    keys = _plans(pending, rules, pace, paths, found.stem)
+    keys = _plans(pending, rules, pace, _Budget(paths, found.stem, ledger_url))
     return Status(found, states, failures, keys)
 
 
@@ -69,6 +77,8 @@ def plan(
     pace: Pace,
     paths: StatePaths,
     client: str,
+    *,
+    ledger_url: str | None = None,
 ) -> list[KeyPlan]:
     """How long the jobs of `jobs_file` not yet settled take under `rules` now."""
     jobs = read_jobs(jobs_file)
@@ -78,18 +88,32 @@ def plan(
         with RunStore(found) as store:
             settled = store.ids_in(_SETTLED)
     left = Counter(job.key for job in jobs if job.id not in settled)
-    return _plans(dict(left), rules, pace, paths, client)
+    return _plans(dict(left), rules, pace, _Budget(paths, client, ledger_url))
+
+
+@dataclass(frozen=True, slots=True)
+class _Budget:
+    """Where a client's budget in use is read: its ledger."""
+
+    paths: StatePaths
+    client: str
+    ledger_url: str | None = field(repr=False)  # may hold a password
 
 
 def _plans(
     left: dict[LimitKey, int],
     rules: dict[LimitKey, Rule],
     pace: Pace,
-    paths: StatePaths,
-    client: str,
+    budget: _Budget,
 ) -> list[KeyPlan]:
     now = time.time()
-    ledger = SqliteLedger(paths.ledger, client=client, hold=0.0, now=lambda: now)
+    ledger = open_shared_ledger(
+        budget.ledger_url,
+        state=budget.paths,
+        client=budget.client,
+        hold=0.0,
+        now=lambda: now,
+    )
     try:
         return [
             _plan(key, n, rules[key], pace, ledger, now)
@@ -101,7 +125,7 @@ def _plans(
 
 
 def _plan(
-    key: LimitKey, jobs: int, rule: Rule, pace: Pace, ledger: SqliteLedger, now: float
+    key: LimitKey, jobs: int, rule: Rule, pace: Pace, ledger: Ledger, now: float
 ) -> KeyPlan:
     usage = ledger.usage(key.value, rule)
     used = [

@@ -5,6 +5,7 @@ waits for the key's pacer slot, and sends. Outcomes
 (CONTRACT.md section 4) are settled as they come: done and failed jobs are recorded,
 429s requeue the job and cool the key down, transient errors retry with backoff.
 Every job sent is released back to the pacer, whatever happens to its request.
+A ledger lost mid-run (`LedgerLost` from a slot) stops the run as `stop` does.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Protocol
 import anyio
 
 from batchrun.clock import Clock
+from batchrun.errors import LedgerLost
 from batchrun.events import (
     Event,
     EventSink,
@@ -156,6 +158,7 @@ class Runner:
         self._changed = anyio.Event()
         self._waits: set[anyio.CancelScope] = set()
         self._stop_requested = False
+        self.ledger_lost: LedgerLost | None = None
 
     async def run(
         self, jobs: Mapping[LimitKey, Iterable[Job]], totals: Mapping[LimitKey, int]
@@ -210,7 +213,13 @@ class Runner:
         queue.claimed = True
         try:
             with self._stoppable():
-                ticket = await self._pacer.acquire(key)
+                try:
+                    ticket = await self._pacer.acquire(key)
+                except LedgerLost as lost:
+                    # No budget to draw on: send nothing more; answers still come.
+                    self.ledger_lost = lost
+                    self.stop()
+                    return None
                 attempt = queue.pop(self._clock.now())
                 self._in_flight += 1
                 return key, queue, attempt, ticket

@@ -34,6 +34,15 @@ CREATE TABLE IF NOT EXISTS send_log (
     keep_until REAL NOT NULL
 );
 """,
+    # Learned limits (`remember`): one opaque text per client and key.
+    """
+CREATE TABLE IF NOT EXISTS learned (
+    client TEXT NOT NULL,
+    key TEXT NOT NULL,
+    text TEXT NOT NULL,
+    PRIMARY KEY (client, key)
+);
+""",
 )
 # History older than this (or than the rule's longest window) is pruned, from the
 # oldest rows, a bounded batch at a time.
@@ -153,6 +162,21 @@ class SqliteLedger:
             self._write_answers()
             self._catch_up()
         return self._logs[key].usage(rule, self._now())
+
+    def recall(self, key: str) -> str | None:
+        """The text last remembered for `key` by any process of this client."""
+        row = self._db.execute(
+            "SELECT text FROM learned WHERE client = ? AND key = ?", (self._client, key)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def remember(self, key: str, text: str) -> None:
+        """Keep `text` for `key`; kept until replaced (the file has no expiry)."""
+        with write_transaction(self._db):
+            self._db.execute(
+                "INSERT OR REPLACE INTO learned (client, key, text) VALUES (?, ?, ?)",
+                (self._client, key, text),
+            )
 
     def _write_answers(self) -> None:
         self._db.executemany(

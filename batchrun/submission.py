@@ -37,7 +37,7 @@ from batchrun.progress import open_progress
 from batchrun.results import ResultsFile
 from batchrun.runlock import RunLock
 from batchrun.runner import Recorder, Runner, Settings
-from batchrun.sqlite_ledger import SqliteLedger
+from batchrun.shared_ledger import open_shared_ledger
 from batchrun.state import JobState, RunStore
 
 
@@ -75,6 +75,8 @@ class Submission:
     retry_failed: bool = False
     retry_unknown: bool = False
     restart: bool = False
+    # --ledger: Redis URL, or None for SQLite; out of repr, as it may hold a password.
+    ledger_url: str | None = field(default=None, repr=False)
 
 
 def submit(job: Submission, *, say: Callable[[str], None]) -> int:
@@ -84,7 +86,9 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
         StoppedEarly: when jobs are left after a deadline or a signal (exit 75).
     """
     lock = RunLock(job.state.run_folder(job.jobs_file), job.jobs_file)
-    with lock, _store(job) as store:
+    # A ledger that cannot be used stops the run before the jobs file is read;
+    # closing it writes the last answers for the other processes.
+    with lock, _store(job) as store, contextlib.closing(_ledger(job)) as ledger:
         rows = scan(job.jobs_file, check_duplicates=False)
         store.sync(rows, path=str(job.jobs_file), restart=job.restart)
         store.recover(retry_failed=job.retry_failed, retry_unknown=job.retry_unknown)
@@ -93,7 +97,8 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
         _announce(store, say)
         if _pending(store):
             with ResultsFile(job.results) as results:
-                stopped = anyio.run(_run, job, store, Journal(store, results), say)
+                journal = Journal(store, results)
+                stopped = anyio.run(_run, job, store, ledger, journal, say)
             say(f"Results: {job.results}")
         else:
             stopped = False
@@ -101,10 +106,13 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
 
 
 async def _run(
-    job: Submission, store: RunStore, journal: Journal, say: Callable[[str], None]
+    job: Submission,
+    store: RunStore,
+    ledger: Ledger,
+    journal: Journal,
+    say: Callable[[str], None],
 ) -> bool:
     clock = SystemClock()
-    ledger = _ledger(job)
     sink = open_progress(sys.stdout, clock=clock)
     try:
         async with open_run(
@@ -119,7 +127,6 @@ async def _run(
         ) as runner:
             return await _supervised(runner, store, job.deadline, say)
     finally:
-        ledger.close()  # the last answers reach the other processes
         sink.close()
 
 
@@ -191,6 +198,10 @@ async def _supervised(
             tasks.start_soon(_after, deadline, stop)
         await runner.run(sources, pending)
         tasks.cancel_scope.cancel()
+    if runner.ledger_lost is not None:
+        lost = runner.ledger_lost.message
+        say(f"Ledger lost: {lost}\nStarted no new requests; those in flight ended.")
+        return True
     return stopped
 
 
@@ -234,10 +245,11 @@ def _store(job: Submission) -> Iterator[RunStore]:
 
 
 def _ledger(job: Submission) -> Ledger:
-    if job.target.is_sandbox:
+    if job.target.is_sandbox and job.ledger_url is None:
         return MemoryLedger()
-    return SqliteLedger(
-        job.state.ledger,
+    return open_shared_ledger(
+        job.ledger_url,
+        state=job.state,
         client=job.target.client,
         hold=job.target.timeout,
         now=SystemClock().now,

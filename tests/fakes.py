@@ -49,7 +49,15 @@ class ListRecorder:
 
 
 def make_runner(
-    router, rules, sink, *, recorder=None, token=None, timeout=30.0, **settings
+    router,
+    rules,
+    sink,
+    *,
+    recorder=None,
+    token=None,
+    timeout=30.0,
+    ledger=None,
+    **settings,
 ):
     """An async context of a Runner (`submission.open_run`) over a respx router,
     on the test's (virtual) clock."""
@@ -63,7 +71,7 @@ def make_runner(
         target,
         rules=rules,
         settings=Settings(**settings),
-        ledger=MemoryLedger(),
+        ledger=ledger or MemoryLedger(),
         clock=LoopClock(),
         sink=sink,
         recorder=recorder or ListRecorder(),

@@ -23,8 +23,8 @@ LAYERS = [
     ["jobs", "paths", "runlock"],
     # state and sending
     ["ledger"],
-    ["sqlite_ledger", "pacer", "results"],
-    ["state"],
+    ["sqlite_ledger", "redis_ledger", "pacer", "results"],
+    ["state", "shared_ledger"],
     ["journal", "client", "runner"],
     # what people see
     ["board"],

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchrun import sqlite_ledger as ledger_module
+from batchrun.ledger import MemoryLedger
 from batchrun.limits import parse_rule
 from batchrun.slots import Grant, Pace, Usage, Wait, earliest_slot
 from batchrun.sqlite_ledger import SqliteLedger
@@ -148,3 +149,25 @@ def test_old_rows_are_pruned_but_sequence_numbers_never_reused(tmp_path, monkeyp
     assert isinstance(busy.reserve("k", strict, Pace.EXACT, 10_000.0), Grant)
     # The idle process last looked at 100 s; it still sees that request.
     assert idle.reserve("k", strict, Pace.EXACT, 10_000.0) == Wait(10_001.0)
+
+
+def test_sqlite_keeps_learned_limits_for_every_process_of_the_client(tmp_path):
+    """What one process remembers, another recalls; other clients see none."""
+    path = tmp_path / "l.db"
+    one = SqliteLedger(path, client="c", hold=1.0, now=lambda: 0.0)
+    one.remember("run-query", '{"rule": "10/1m"}')
+    one.remember("run-query", '{"rule": "9/1m"}')
+    one.close()
+    two = SqliteLedger(path, client="c", hold=1.0, now=lambda: 0.0)
+    other = SqliteLedger(path, client="d", hold=1.0, now=lambda: 0.0)
+    assert two.recall("run-query") == '{"rule": "9/1m"}'
+    assert two.recall("invite") is None
+    assert other.recall("run-query") is None
+
+
+def test_memory_keeps_learned_limits_for_its_process():
+    """The memory ledger recalls what it was told, per key."""
+    ledger = MemoryLedger()
+    ledger.remember("invite", "{}")
+    assert ledger.recall("invite") == "{}"
+    assert ledger.recall("avatar") is None

@@ -11,9 +11,11 @@ import respx
 import trio.testing
 
 from batchrun.endpoints import JobType
+from batchrun.errors import LedgerLost
 from batchrun.events import JobRequeued, JobSent, RunFinished, Status, Tally
 from batchrun.jobs import Job
 from batchrun.journal import Journal
+from batchrun.ledger import MemoryLedger
 from batchrun.limits import LimitKey, parse_rule
 from batchrun.results import ResultsFile
 from batchrun.state import RunStore
@@ -376,3 +378,36 @@ def test_a_queue_hands_out_its_retry_even_if_the_clock_stepped_back():
     assert queue.due() == 10.0
     assert queue.pop(9.0) is retry
     assert queue.due() is None
+
+
+class LosingLedger(MemoryLedger):
+    """A ledger whose shared store goes away after `grants` grants."""
+
+    def __init__(self, grants: int) -> None:
+        super().__init__()
+        self.left = grants
+
+    def reserve(self, key, rule, pace, now):
+        if self.left == 0:
+            msg = "cannot use the ledger at redis://h:6379/0: gone"
+            raise LedgerLost(msg)
+        self.left -= 1
+        return super().reserve(key, rule, pace, now)
+
+
+async def test_a_ledger_lost_mid_run_stops_starting_requests():
+    """LedgerLost from a slot: the requests in flight end, no other starts, and
+    the runner says why it stopped."""
+    router = respx.Router(assert_all_called=True)
+    router.post(QUERY).respond(200, json={})
+    sink, recorder = ListSink(), ListRecorder()
+    rules = {LimitKey.RUN_QUERY: parse_rule("100/1s")}
+    jobs = [query(str(n)) for n in range(6)]
+    async with make_runner(
+        router, rules, sink, recorder=recorder, ledger=LosingLedger(2), concurrency=2
+    ) as runner:
+        tally = await runner.run({LimitKey.RUN_QUERY: jobs}, {LimitKey.RUN_QUERY: 6})
+    assert tally == Tally(done=2, total=6)
+    assert len(sink.of(JobSent)) == 2
+    assert runner.ledger_lost is not None
+    assert "redis://h:6379/0" in runner.ledger_lost.message
