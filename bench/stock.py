@@ -238,12 +238,12 @@ def express_server(
         "standardHeaders": standard_headers,
     }
     command = ["node", str(EXPRESS / "server.js"), json.dumps(options)]
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-    )
-    try:
-        url = f"http://127.0.0.1:{_announced_port(process)}"
-        what = f"express-rate-limit {limit}/{window_ms}ms {standard_headers}"
-        yield Server(url, lambda: _express_arrivals(url), what)
-    finally:
-        _stop(process)
+    pipe = subprocess.PIPE
+    # Popen as a context closes the stdout pipe once the child is gone.
+    with subprocess.Popen(command, stdout=pipe, stderr=subprocess.DEVNULL) as process:
+        try:
+            url = f"http://127.0.0.1:{_announced_port(process)}"
+            what = f"express-rate-limit {limit}/{window_ms}ms {standard_headers}"
+            yield Server(url, lambda: _express_arrivals(url), what)
+        finally:
+            _stop(process)

@@ -3,19 +3,23 @@
 The server is Python `limits` (moving window, as slowapi runs it), not batchrun's
 own sandbox: when the client's rule equals the server's, every job is accepted once
 and nothing is refused. Windows are scaled down (10/1s) so the run takes seconds.
-The nginx and express-rate-limit servers of bench/stock.py are exercised by
-`python -m bench stricter`, not here: they need programs the test extra lacks.
+The nginx and express-rate-limit servers of bench/stock.py need programs the test
+extra lacks (nginx; node and `npm ci`): their tests check only that each limiter
+is what bench/stricter.py assumes, and are skipped, saying why, without them.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections import Counter
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
 from batchrun.cli import app
+from bench import stock
 from tests.stock import limits_server
 
 pytestmark = pytest.mark.e2e
@@ -54,3 +58,43 @@ def test_equal_rules_against_limits_moving_window_are_done_once_with_no_429(
     assert len({a.key for a in arrivals}) == JOBS
     # Ideal 2.0 s (two full windows after the first ten); slack for a busy machine.
     assert elapsed < 5.0, elapsed
+
+
+def burst(server, count):
+    """`count` run-query POSTs one after the other; the answers."""
+    with httpx.Client(base_url=server.url, timeout=10.0) as http:
+        return [http.post("/teams/acme/data/run-query", json={}) for _ in range(count)]
+
+
+@pytest.mark.skipif(
+    shutil.which("nginx") is None,
+    reason="nginx is not installed (apt-get install -y nginx-light)",
+)
+def test_nginx_nodelay_accepts_burst_plus_one_then_answers_the_api_429():
+    """nginx limit_req burst=10 nodelay: 11 accepted at once, then the API's 429 body."""
+    with stock.nginx_server(rate="1r/s", burst=10, nodelay=True) as server:
+        answers = burst(server, 13)
+        arrivals = server.arrivals()
+    assert [a.status_code for a in answers] == [200] * 11 + [429] * 2
+    assert answers[-1].json()["error"]["code"] == "TOO_MANY_REQUESTS"
+    assert "retry-after" not in answers[-1].headers
+    assert [a.status for a in arrivals] == [200] * 11 + [429] * 2
+
+
+@pytest.mark.skipif(
+    shutil.which("node") is None or not (stock.EXPRESS / "node_modules").is_dir(),
+    reason="express-rate-limit needs node and `npm ci` in bench/express",
+)
+def test_express_draft_8_sends_retry_after_only_on_429():
+    """express-rate-limit 3/2s draft-8: RateLimit on every answer, Retry-After on 429."""
+    with stock.express_server(
+        window_ms=2000, limit=3, standard_headers="draft-8"
+    ) as server:
+        answers = burst(server, 4)
+        arrivals = server.arrivals()
+    assert [a.status_code for a in answers] == [200, 200, 200, 429]
+    assert answers[0].headers["RateLimit"].startswith('"3-in-2sec"; r=2; t=')
+    assert "retry-after" not in answers[0].headers
+    assert answers[-1].headers["Retry-After"] in {"1", "2"}
+    assert answers[-1].json()["error"]["code"] == "TOO_MANY_REQUESTS"
+    assert [a.status for a in arrivals] == [200, 200, 200, 429]
