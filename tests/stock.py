@@ -94,7 +94,7 @@ class _Log:
 
 def rate_items(rule: str) -> list[limits.RateLimitItem]:
     """`10/2s+500/120s` as limits items (whole seconds only, as limits takes them)."""
-    items = []
+    items: list[limits.RateLimitItem] = []
     for part in rule.split("+"):
         match = re.fullmatch(r"(\d+)/(\d+)s", part.strip())
         if match is None:

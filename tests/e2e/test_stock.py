@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import pytest
@@ -20,13 +21,13 @@ from typer.testing import CliRunner
 
 from batchrun.cli import app
 from bench import stock
-from tests.stock import limits_server
+from tests.stock import Server, limits_server
 
 pytestmark = pytest.mark.e2e
 JOBS = 30
 
 
-def query_jobs(tmp_path, count):
+def query_jobs(tmp_path: Path, count: int) -> Path:
     path = tmp_path / "jobs.csv"
     rows = [f"q{i:04d},run-query,acme," for i in range(count)]
     path.write_text("id,type,team_id,payload\n" + "\n".join(rows) + "\n")
@@ -60,7 +61,7 @@ def test_equal_rules_against_limits_moving_window_are_done_once_with_no_429(
     assert elapsed < 5.0, elapsed
 
 
-def burst(server, count):
+def burst(server: Server, count: int) -> list[httpx.Response]:
     """`count` run-query POSTs one after the other; the answers."""
     with httpx.Client(base_url=server.url, timeout=10.0) as http:
         return [http.post("/teams/acme/data/run-query", json={}) for _ in range(count)]
