@@ -151,7 +151,8 @@ def _submit(url: str, folder: Path, timeout: float, *extra: str) -> Outcome:
         started = time.time()
         process = subprocess.Popen(command, stdout=log, stderr=log, env=env)
         try:
-            return Outcome(started, time.time(), False, process.wait(timeout))
+            code = process.wait(timeout)
+            return Outcome(started, time.time(), False, code)
         except subprocess.TimeoutExpired:
             process.send_signal(signal.SIGTERM)
             try:
@@ -285,11 +286,17 @@ def summarize(
 
 
 def run_scenario(
-    scenario: Scenario, timeout: float, say: Callable[[str], None]
+    scenario: Scenario,
+    timeout: float,
+    say: Callable[[str], None],
+    tools: list[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every driver group against its own fresh server of `scenario`."""
+    """Every driver group (or those with one of `tools`) against its own fresh
+    server of `scenario`."""
     rows = []
     for group in DRIVERS:
+        if tools is not None and not any(tool in tools for tool, _ in group):
+            continue
         with scenario.server() as server, TemporaryDirectory() as name:
             folder = Path(name)
             _jobs_file(folder, JOBS)
@@ -312,13 +319,16 @@ def _line(row: dict[str, Any]) -> str:
 
 
 def measure(
-    timeout: float, say: Callable[[str], None], only: list[str] | None = None
+    timeout: float,
+    say: Callable[[str], None],
+    only: list[str] | None = None,
+    tools: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Every scenario (or those whose name holds one of `only`), one after another."""
     rows = []
     for scenario in SCENARIOS:
         if only is None or any(word in scenario.name for word in only):
-            rows += run_scenario(scenario, timeout, say)
+            rows += run_scenario(scenario, timeout, say, tools)
     return rows
 
 
@@ -351,6 +361,9 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument(
         "--scenario", nargs="+", help="only scenarios whose name holds one of these"
     )
+    parser.add_argument(
+        "--tool", nargs="+", help="only the driver groups with one of these tools"
+    )
     parser.add_argument("--out", type=Path, help="also write the rows as JSON here")
     return parser.parse_args()
 
@@ -359,7 +372,7 @@ def main() -> None:
     from bench.run import say
 
     args = _arguments()
-    rows = measure(args.timeout, say, args.scenario)
+    rows = measure(args.timeout, say, args.scenario, args.tool)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
     print(table(rows))
