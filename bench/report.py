@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.stricter import table as stricter_table
+
 
 def table(header: list[str], rows: list[list[Any]]) -> str:
     """A Markdown table."""
@@ -31,6 +33,10 @@ def pacing(runs: list[dict[str, Any]]) -> str:
     header = ["shape", "tool", "jobs", "most in a window / limit", "429s"]
     header += ["conn. errors retried"]
     return table([*header, "makespan s", "ideal s", "ratio"], rows)
+
+
+def stricter(rows: list[dict[str, Any]]) -> str:
+    return stricter_table(rows)
 
 
 def overhead(result: dict[str, Any]) -> str:

@@ -20,10 +20,19 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench import bigfile, chart, overhead, pacing, report, startup, throughput
+from bench import (
+    bigfile,
+    chart,
+    overhead,
+    pacing,
+    report,
+    startup,
+    stricter,
+    throughput,
+)
 
 HERE = Path(__file__).resolve().parent
-SECTIONS = ("pacing", "overhead", "throughput", "bigfile", "startup")
+SECTIONS = ("pacing", "overhead", "throughput", "bigfile", "startup", "stricter")
 PACKAGES = (
     "batchrun",
     "aiolimiter",
@@ -63,6 +72,12 @@ def _arguments() -> argparse.Namespace:
         help="seconds to wait for submit's first request (0: skip)",
     )
     add("--repeat", type=int, default=5, help="start-up runs per command")
+    add(
+        "--stricter-timeout",
+        type=float,
+        default=stricter.TIMEOUT,
+        help="seconds a stricter-server run may take before it counts as stalled",
+    )
     add(
         "--tables",
         action="store_true",
@@ -118,6 +133,7 @@ def _runners(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, 
         ),
         "bigfile": lambda: bigfile.measure(args.rows, cap, say),
         "startup": lambda: startup.measure(args.repeat, say),
+        "stricter": lambda: stricter.measure(args.stricter_timeout, say),
     }
 
 
@@ -128,6 +144,7 @@ def _print_tables(results: dict[str, Any]) -> None:
         "throughput": "3. Throughput, limits not binding",
         "bigfile": "4. A big jobs file",
         "startup": "5. Start-up",
+        "stricter": "6. Stricter server (issue 10)",
     }
     for section, title in titles.items():
         if section in results:
