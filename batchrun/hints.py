@@ -30,10 +30,12 @@ _NAMES = {
     "ratelimit-remaining": "RateLimit-Remaining",
     "ratelimit-reset": "RateLimit-Reset",
 }
-# (remaining, reset, reset-after) of each X- family: GitHub, Twitter, Discord.
+# (remaining, (reset, …)) of each X- family: GitHub and slowapi, Twitter,
+# Discord, and OpenAI's per-request one (whose reset reads like "6m0s").
 _X_FAMILIES = (
-    ("x-ratelimit-remaining", "x-ratelimit-reset", "x-ratelimit-reset-after"),
-    ("x-rate-limit-remaining", "x-rate-limit-reset", "x-rate-limit-reset-after"),
+    ("x-ratelimit-remaining", ("x-ratelimit-reset", "x-ratelimit-reset-after")),
+    ("x-rate-limit-remaining", ("x-rate-limit-reset", "x-rate-limit-reset-after")),
+    ("x-ratelimit-remaining-requests", ("x-ratelimit-reset-requests",)),
 )
 # Quota units that count requests: "requests" in draft 08's prose, "request" in
 # its registry; a policy in bytes or concurrency is no request rate.
@@ -46,6 +48,9 @@ _EPOCH_SECONDS = 1e9
 _EPOCH_MILLISECONDS = 1e11
 _RESET = "ratelimit reset"
 _SIGNED_DECIMAL = re.compile(r"-?[0-9]+(\.[0-9]+)?")
+_DURATION_PART = re.compile(r"([0-9]{1,9}(?:\.[0-9]{1,9})?)(ms|h|m|s)")
+_DURATION = re.compile(f"(?:{_DURATION_PART.pattern})+")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _NUMBER = re.compile(r"[0-9]{1,15}(\.[0-9]{1,9})?")
 
 
@@ -122,8 +127,8 @@ def read_hints(headers: Mapping[str, str], *, now: float, cap: float) -> Hints:
     _read_policy(headers.get("ratelimit-policy"), reading)
     _read_ratelimit(headers.get("ratelimit"), reading)
     _read_separate(headers, reading)
-    for remaining, reset, reset_after in _X_FAMILIES:
-        _read_family(headers, remaining, (reset, reset_after), reading)
+    for remaining, resets in _X_FAMILIES:
+        _read_family(headers, remaining, resets, reading)
     quota = _most_restrictive(reading.quotas)
     return Hints(
         retry_after=retry_after,
@@ -252,7 +257,7 @@ def _read_separate(headers: Mapping[str, str], reading: _Reading) -> None:
 def _read_family(
     headers: Mapping[str, str],
     remaining: str,
-    resets: tuple[str, str],
+    resets: tuple[str, ...],
     reading: _Reading,
 ) -> None:
     """One `X-RateLimit-*` family; its `-Limit` states no window, so no rule."""
@@ -289,7 +294,7 @@ def _smallest_count(name: str, text: str, reading: _Reading) -> int | None:
 
 def _reset(name: str, text: str, reading: _Reading) -> float | None:
     """Seconds until the quota refills, from a delta or an epoch (see top)."""
-    values = [_seconds(part.strip()) for part in text.split(",")]
+    values = [_reset_value(part.strip()) for part in text.split(",")]
     if any(value is None for value in values):
         reading.ignore(name, text, "not a number of seconds of 0 or more")
         return None
@@ -360,6 +365,19 @@ def _count(text: str) -> int | None:
 def _seconds(text: str) -> float | None:
     """A non-negative structured-field integer or decimal, else None."""
     return float(text) if _NUMBER.fullmatch(text) else None
+
+
+def _reset_value(text: str) -> float | None:
+    seconds = _seconds(text)
+    return seconds if seconds is not None else _duration(text)
+
+
+def _duration(text: str) -> float | None:
+    """Seconds of a Go-style duration such as "1h2m3.5s" or "20ms", else None."""
+    if not _DURATION.fullmatch(text):
+        return None
+    parts = _DURATION_PART.findall(text)
+    return sum(float(number) * _UNITS[unit] for number, unit in parts)
 
 
 def _text(member: _Member) -> str:

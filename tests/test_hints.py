@@ -307,6 +307,22 @@ def test_x_rate_limit_spelling_is_read():
     assert (found.remaining, found.reset) == (4, 9.0)
 
 
+@pytest.mark.parametrize(
+    ("reset", "seconds"),
+    [
+        pytest.param("6m0s", 360.0, id="minutes-seconds"),
+        pytest.param("1s", 1.0, id="seconds"),
+        pytest.param("20ms", 0.02, id="milliseconds"),
+        pytest.param("0h2m3.5s", 123.5, id="all-units"),
+        pytest.param("0", 0.0, id="bare-zero"),
+    ],
+)
+def test_openai_request_reset_durations(reset, seconds):
+    """OpenAI's X-RateLimit-Reset-Requests is a Go-style duration such as "6m0s"."""
+    found = hints(x_ratelimit_remaining_requests="0", x_ratelimit_reset_requests=reset)
+    assert found.reset == pytest.approx(seconds)
+
+
 def test_malformed_x_reset_is_ignored_with_a_note():
     """A reset that is no number is ignored and named in a note."""
     found = hints(x_ratelimit_remaining="0", x_ratelimit_reset="tomorrow")
@@ -351,6 +367,8 @@ _NAMES = st.sampled_from(
         "x-ratelimit-reset-after",
         "x-rate-limit-remaining",
         "x-rate-limit-reset",
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-reset-requests",
     ]
 )
 _VALUES = st.one_of(
@@ -358,6 +376,7 @@ _VALUES = st.one_of(
     st.text(alphabet='0123456789.,;=-"qwrt :', max_size=40),
     st.integers().map(str),
     st.floats().map(str),
+    st.from_regex(r"([0-9]{1,3}(\.[0-9])?(ms|h|m|s)){1,3}", fullmatch=True),
 )
 
 
