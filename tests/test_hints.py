@@ -17,10 +17,21 @@ from batchrun.limits import Window
 NOW = 1_795_429_376.0  # 2026-11-23, the capture day of the fixtures
 CAP = 900.0
 DATA = Path(__file__).parent / "data"
-FIXTURES = [
-    pytest.param(fixture, id=f"{path.stem[17:]}-{index}-{fixture['status']}")
+_CAPTURED = [
+    (path.stem.removeprefix("ratelimit_headers_"), index, fixture)
     for path in sorted(DATA.glob("ratelimit_headers_*.json"))
     for index, fixture in enumerate(json.loads(path.read_text()))
+]
+# nginx's limit_req states nothing, not even Retry-After on its 429.
+FIXTURES = [
+    pytest.param(fixture, id=f"{source}-{index}-{fixture['status']}")
+    for source, index, fixture in _CAPTURED
+    if source != "nginx"
+]
+SILENT = [
+    pytest.param(fixture, id=f"{source}-{index}-{fixture['status']}")
+    for source, index, fixture in _CAPTURED
+    if source == "nginx"
 ]
 
 
@@ -69,6 +80,12 @@ def test_fixture_retry_after(fixture):
 def test_fixture_reads_without_notes(fixture):
     """Nothing a stock limiter sends is ignored or capped."""
     assert read_hints(fixture["headers"], now=fixture["now"], cap=CAP).notes == ()
+
+
+@pytest.mark.parametrize("fixture", SILENT)
+def test_fixture_without_headers_states_nothing(fixture):
+    """nginx's limit_req sends no rate-limit header on a 200 nor on its 429."""
+    assert read_hints(fixture["headers"], now=fixture["now"], cap=CAP) == Hints()
 
 
 # --- Retry-After ------------------------------------------------------------------
