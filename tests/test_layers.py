@@ -18,7 +18,7 @@ LAYERS = [
     ["errors", "clock", "strict_json"],
     ["durations", "database"],
     ["limits"],
-    ["endpoints", "slots", "outcome", "learning", "limiters"],
+    ["endpoints", "slots", "outcome", "learning", "limiters", "hints"],
     ["events", "jobfile"],
     ["jobs", "paths", "runlock"],
     # state and sending
