@@ -9,10 +9,7 @@ is strict, storable JSON (else as text), and the token never appears in it.
 
 from __future__ import annotations
 
-import datetime
-import email.utils
 import hashlib
-import math
 import ssl
 import time
 from collections.abc import AsyncGenerator
@@ -24,6 +21,7 @@ import httpx
 
 from batchrun import __version__, strict_json
 from batchrun.errors import UsageError
+from batchrun.hints import Hints, read_hints
 from batchrun.jobs import Job
 from batchrun.outcome import Kind, Outcome
 
@@ -179,16 +177,33 @@ def _classify(
     response: httpx.Response, raw: bytes, *, cut: bool, secret: str | None
 ) -> Outcome:
     body, note = _body(raw, cut=cut, secret=secret)
+    headers = {name.lower(): value for name, value in response.headers.items()}
+    hints = read_hints(headers, now=time.time(), cap=RETRY_AFTER_CAP)
+    note = _joined(*hints.notes, note)
     status = response.status_code
     if 200 <= status < 300:
-        return Outcome(Kind.DONE, status, body, note=note)
+        return Outcome(Kind.DONE, status, body, note=note, hints=hints)
     if status == 429:
-        delay, delay_note = parse_retry_after(response.headers.get("Retry-After"))
-        note = _joined(delay_note, note)
-        return Outcome(Kind.RATE_LIMITED, status, body, delay, "HTTP 429", note)
+        return Outcome(
+            Kind.RATE_LIMITED,
+            status,
+            body,
+            _delay(hints),
+            "HTTP 429",
+            note,
+            hints=hints,
+        )
     error = f"HTTP {status} {response.reason_phrase}".strip()
     kind = Kind.TRANSIENT if status >= 500 or status == 408 else Kind.FAILED
-    return Outcome(kind, status, body, error=error, note=note)
+    return Outcome(kind, status, body, error=error, note=note, hints=hints)
+
+
+def _delay(hints: Hints) -> float | None:
+    """How long a 429 says to wait: Retry-After, else the reset of a quota the
+    server says is spent."""
+    if hints.retry_after is not None:
+        return hints.retry_after
+    return hints.reset if hints.remaining == 0 else None
 
 
 def parse_retry_after(
@@ -200,33 +215,9 @@ def parse_retry_after(
     """
     if value is None:
         return None, None
-    seconds = _retry_after_seconds(value.strip(), now)
-    if seconds is None:
-        return None, f"ignored malformed Retry-After {value[:40]!r}"
-    if seconds > RETRY_AFTER_CAP:
-        note = f"Retry-After of {seconds:.0f} s capped at {RETRY_AFTER_CAP:.0f} s"
-        return RETRY_AFTER_CAP, note
-    return max(0.0, seconds), None
-
-
-def _retry_after_seconds(value: str, now: float | None) -> float | None:
-    try:
-        seconds = float(value)
-    except ValueError:
-        return _seconds_until_date(value, now)
-    return seconds if math.isfinite(seconds) and seconds >= 0 else None
-
-
-def _seconds_until_date(value: str, now: float | None) -> float | None:
-    try:
-        moment = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if moment.tzinfo is None:
-        # "-0000", which email.utils.formatdate writes and servers send, means
-        # UTC (RFC 5322 section 3.3); Python reads it as "no zone".
-        moment = moment.replace(tzinfo=datetime.UTC)
-    return moment.timestamp() - (time.time() if now is None else now)
+    moment = time.time() if now is None else now
+    hints = read_hints({"retry-after": value}, now=moment, cap=RETRY_AFTER_CAP)
+    return hints.retry_after, _joined(*hints.notes)
 
 
 def _body(raw: bytes, *, cut: bool, secret: str | None) -> tuple[Any, str | None]:

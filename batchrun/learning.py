@@ -203,6 +203,21 @@ def _arrival(entry: Sent) -> float:
     return (entry.start + end) / 2
 
 
+def adopt(rule: Rule, policy: Iterable[Window], source: str) -> Lesson | None:
+    """`rule` tightened by the windows a server states (`source` names where),
+    or None if it already holds to all of them. Never a loosening: a stated window
+    looser than the rule is simply already kept."""
+    windows = list(rule.windows)
+    for window in policy:
+        if not any(_implies(w, window) for w in windows):
+            windows = [w for w in windows if not _implies(window, w)] + [window]
+    if len(windows) == len(rule.windows) and set(windows) == set(rule.windows):
+        return None
+    tighter = Rule(tuple(sorted(windows, key=lambda w: w.seconds)))
+    stated = "+".join(str(w) for w in policy)
+    return Lesson(tighter, f"the server states {stated} in its {source}")
+
+
 def _tightened(rule: Rule, window: Window, refusals: int) -> Lesson | None:
     """`rule` with `window` added, or None if `rule` already holds to it."""
     if any(_implies(w, window) for w in rule.windows):

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from batchrun.hints import Hints
+
 
 class Kind(StrEnum):
     """What an answer means for its job (CONTRACT.md section 4)."""
@@ -29,3 +31,5 @@ class Outcome:
     retry_after: float | None = None
     error: str | None = None
     note: str | None = None
+    # What the answer's headers said about the server's limits.
+    hints: Hints | None = None

@@ -117,6 +117,12 @@ class Pacer:
         """How `key` is paced now."""
         return self._paces[key]
 
+    def hold(self, key: LimitKey, until: float) -> None:
+        """Grant no slot of `key` before `until`, as a server that says its budget
+        is spent until then asks; unlike a 429's cool-down, no probe follows."""
+        cooling = self._cooling[key]
+        cooling.until = max(cooling.until, until)
+
     def cooling(self, key: LimitKey) -> tuple[float, float]:
         """When the key's latest cool-down began, and when it ends (or ended)."""
         cooling = self._cooling[key]

@@ -35,7 +35,9 @@ from batchrun.events import (
     Status,
     Tally,
 )
+from batchrun.hints import Hints
 from batchrun.jobs import Job
+from batchrun.learning import Lesson, adopt
 from batchrun.limits import LimitKey
 from batchrun.outcome import Kind, Outcome
 from batchrun.pacer import Pacer
@@ -273,6 +275,7 @@ class Runner:
             key, sent, self._clock.now(), refused=refused, wait=outcome.retry_after
         )
         self._settle(key, queue, attempt, outcome)
+        self._heed(key, outcome.hints)
         self._review(key)
         if self._idle:
             self._notify()  # an answer may free a slot, or end the run
@@ -312,12 +315,26 @@ class Runner:
             self._learner.episode(key, self._pacer.cooling(key)[0])
         self._requeue(key, queue, attempt, delay, outcome, rate_limited=True)
 
+    def _heed(self, key: LimitKey, hints: Hints | None) -> None:
+        """Follow what an answer's headers say: a stated policy stricter than the
+        rule is adopted before it costs a 429; a spent budget waits for its reset."""
+        if hints is None:
+            return
+        if hints.policy:
+            lesson = adopt(self._pacer.rules[key], hints.policy, "rate-limit headers")
+            if lesson is not None:
+                self._learned(key, lesson)
+        if hints.remaining == 0 and hints.reset:
+            self._pacer.hold(key, self._clock.now() + hints.reset)
+
     def _review(self, key: LimitKey) -> None:
         """Once a 429 episode of `key` has settled, pace by what it taught."""
         spread = self._pacer.pace(key) is Pace.SPREAD
         lesson = self._learner.review(key, self._pacer.rules[key], spread=spread)
-        if lesson is None:
-            return
+        if lesson is not None:
+            self._learned(key, lesson)
+
+    def _learned(self, key: LimitKey, lesson: Lesson) -> None:
         self._pacer.learn(key, lesson)
         at = self._clock.now()
         spread = self._pacer.pace(key) is Pace.SPREAD

@@ -18,7 +18,8 @@ LAYERS = [
     ["errors", "clock", "strict_json"],
     ["durations", "database"],
     ["limits"],
-    ["endpoints", "slots", "outcome", "learning", "limiters", "hints"],
+    ["hints"],
+    ["endpoints", "slots", "outcome", "learning", "limiters"],
     ["events", "jobfile"],
     ["jobs", "paths", "runlock"],
     # state and sending

@@ -219,3 +219,61 @@ async def test_a_shorter_server_window_is_learned_as_itself():
     a 6x too slow 10 per minute."""
     _, sink, _ = await run_against("10/10s", "30/1m", 40)
     assert str(sink.of(RuleLearned)[-1].rule) == "10/10s+30/1m"
+
+
+class HeaderServer:
+    """A sliding-log 10/2s server on the test's clock that states its limit in
+    `style` headers: "policy" (RateLimit-Policy) or "remaining" (X-RateLimit-*)."""
+
+    def __init__(self, style: str) -> None:
+        self.style, self.accepted, self.statuses = style, [], Counter()
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        await anyio.sleep(0.025)
+        now = anyio.current_time()
+        recent = [t for t in self.accepted if t > now - 2.0]
+        status = 429 if len(recent) >= 10 else 200
+        if status == 200:
+            self.accepted.append(now)
+            recent.append(now)
+        self.statuses[status] += 1
+        await anyio.sleep(0.025)
+        return httpx.Response(status, json={}, headers=self._headers(recent, now))
+
+    def _headers(self, recent: list[float], now: float) -> dict[str, str]:
+        if self.style == "policy":
+            return {"RateLimit-Policy": "10;w=2"}
+        reset = max(0.0, recent[0] + 2.0 - now) if recent else 0.0
+        return {
+            "X-RateLimit-Remaining": str(max(0, 10 - len(recent))),
+            "X-RateLimit-Reset": f"{reset:.3f}",
+        }
+
+
+@pytest.mark.parametrize("style", ["policy", "remaining"])
+async def test_stated_limits_are_followed_without_a_429(style):
+    """A server that states its policy, or its remaining budget and reset, is
+    kept to with no 429 at all, although the client's rule is 3x looser."""
+    server = HeaderServer(style)
+    target = Target(
+        base_url="http://api",
+        token=None,
+        timeout=30.0,
+        transport=httpx.MockTransport(server),
+    )
+    sink = ListSink()
+    async with open_run(
+        target,
+        rules={LimitKey.RUN_QUERY: parse_rule("30/2s")},
+        settings=Settings(),
+        ledger=MemoryLedger(),
+        clock=LoopClock(),
+        sink=sink,
+        recorder=ListRecorder(),
+        scope="headers",
+    ) as runner:
+        work = [Job(f"q{n}", JobType.RUN_QUERY, "t", {}) for n in range(40)]
+        await runner.run({LimitKey.RUN_QUERY: work}, {LimitKey.RUN_QUERY: 40})
+    assert server.statuses == {200: 40}
+    if style == "policy":
+        assert "states 10/2s" in sink.of(RuleLearned)[0].evidence
