@@ -226,7 +226,9 @@ class HeaderServer:
     `style` headers: "policy" (RateLimit-Policy) or "remaining" (X-RateLimit-*)."""
 
     def __init__(self, style: str) -> None:
-        self.style, self.accepted, self.statuses = style, [], Counter()
+        self.style = style
+        self.accepted: list[float] = []
+        self.statuses: Counter[int] = Counter()
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         await anyio.sleep(0.025)
