@@ -190,7 +190,7 @@ def submit(
             jobs_file=jobs_file,
             target=_target(base_url, token, timeout, sandbox, rules, inject, ca_bundle),
             rules=rules,
-            settings=_settings(concurrency, max_attempts, time_scale, pace),
+            settings=_settings(concurrency, max_attempts, time_scale, pace, limit),
             results=results or default_results_path(jobs_file),
             state=StatePaths.resolve(state_dir),
             deadline=None if deadline is None else durations.parse(deadline),
@@ -339,11 +339,18 @@ def _rules(
 
 
 def _settings(
-    concurrency: int, max_attempts: int, time_scale: float, pace: Pace
+    concurrency: int,
+    max_attempts: int,
+    time_scale: float,
+    pace: Pace,
+    limits: list[str] | None,
 ) -> Settings:
     from batchrun.runner import Settings
 
+    # A rule given with --limit wins over a limit learned earlier for its key.
+    told = frozenset(parse_override(text)[0] for text in limits or [])
     return Settings(
+        told=told,
         concurrency=concurrency,
         max_attempts=max_attempts,
         backoff=1.0 / time_scale,

@@ -22,11 +22,14 @@ count, so the rule it gives never allows more than the rule it came from.
 from __future__ import annotations
 
 import bisect
+import json
+import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from batchrun import durations
+from batchrun.errors import UsageError
 from batchrun.limits import Rule, Window
 
 # The window lengths, in seconds, that the API description uses or that common
@@ -201,6 +204,30 @@ def _agrees(refusal: Sent, arrivals: list[float], seconds: float) -> bool:
 def _arrival(entry: Sent) -> float:
     end = entry.start if entry.end is None else entry.end
     return (entry.start + end) / 2
+
+
+def stored(lesson: Lesson, *, time_scale: float, at: float) -> str:
+    """A lesson as the text a ledger keeps: windows in unscaled seconds, so a run
+    at another time scale reads the same limit; `at` is wall-clock seconds."""
+    windows = [[w.count, w.seconds * time_scale] for w in lesson.rule.windows]
+    fields = {"windows": windows, "spread": lesson.spread, "why": lesson.evidence}
+    return json.dumps({**fields, "at": at})
+
+
+def recalled(rule: Rule, text: str | None, *, time_scale: float) -> Lesson | None:
+    """The lesson a ledger kept (`stored`), applied to `rule`: only ever tighter
+    than `rule`, whatever was kept; None if nothing (or nothing readable) was."""
+    try:
+        kept = json.loads(text or "{}")
+        windows = [Window(int(c), float(s) / time_scale) for c, s in kept["windows"]]
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(kept["at"])))
+        why, spread = str(kept["why"]), bool(kept["spread"])
+    except (ValueError, TypeError, KeyError, UsageError):
+        return None
+    lesson = adopt(rule, windows, "") or Lesson(rule, "")
+    if lesson.rule == rule and not spread:
+        return None
+    return Lesson(lesson.rule, f"learned {when}: {why}", spread)
 
 
 def adopt(rule: Rule, policy: Iterable[Window], source: str) -> Lesson | None:

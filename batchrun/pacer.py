@@ -15,14 +15,14 @@ window holds more requests than the server has yet been seen to accept in it
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import anyio
 
-from batchrun.clock import Clock
+from batchrun.clock import Clock, SystemClock
 from batchrun.events import EventSink, SlotWait
-from batchrun.learning import Learner, Lesson
+from batchrun.learning import Learner, Lesson, recalled, stored
 from batchrun.ledger import Ledger
 from batchrun.limits import LimitKey, Rule
 from batchrun.slots import Grant, Pace, Wait
@@ -66,6 +66,7 @@ class Pacer:
         self._answers: dict[LimitKey, anyio.Event] = {}
         self._cooling = {key: _Cooling() for key in self._rules}
         self.learner = Learner(time_scale=time_scale)
+        self._time_scale = time_scale
 
     @property
     def rules(self) -> Mapping[LimitKey, Rule]:
@@ -107,11 +108,26 @@ class Pacer:
         cooling.until = max(cooling.until, until)
         cooling.half_open = True
 
-    def learn(self, key: LimitKey, lesson: Lesson) -> None:
-        """Pace `key` by the lesson's rule from now on (and evenly, if it says so)."""
+    def learn(self, key: LimitKey, lesson: Lesson, *, keep: bool = True) -> None:
+        """Pace `key` by the lesson's rule from now on (and evenly, if it says so),
+        and keep it in the ledger for later runs and other processes (`keep`)."""
         self._rules[key] = lesson.rule
         if lesson.spread:
             self._paces[key] = Pace.SPREAD
+        if keep:
+            text = stored(lesson, time_scale=self._time_scale, at=SystemClock().now())
+            self._ledger.remember(key.value, text)
+
+    def recall(self, keys: Iterable[LimitKey]) -> list[tuple[LimitKey, Lesson]]:
+        """Pace `keys` by what the ledger kept from earlier runs; say what."""
+        found = []
+        for key in keys:
+            text = self._ledger.recall(key.value)
+            lesson = recalled(self._rules[key], text, time_scale=self._time_scale)
+            if lesson is not None:
+                self.learn(key, lesson, keep=False)
+                found.append((key, lesson))
+        return found
 
     def pace(self, key: LimitKey) -> Pace:
         """How `key` is paced now."""

@@ -77,6 +77,8 @@ class Settings:
     # Windows are divided by this (demos, tests): so are the windows a 429 may be
     # explained by.
     time_scale: float = 1.0
+    # Keys whose rule the user gave (--limit): limits learned earlier do not apply.
+    told: frozenset[LimitKey] = frozenset()
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "max_attempts"):
@@ -151,6 +153,8 @@ class Runner:
         self._settings = settings
         self._rng = rng or random.Random()
         self._learner = pacer.learner
+        untold = [key for key in pacer.rules if key not in settings.told]
+        self._recalled = pacer.recall(untold)
         self._order = itertools.count()
         self._tally = Tally()
         self._queues: list[tuple[LimitKey, _Queue]] = []
@@ -170,9 +174,13 @@ class Runner:
         self._queues = [(key, _Queue(iter(key_jobs))) for key, key_jobs in jobs.items()]
         self._emit(
             RunStarted(
-                self._clock.now(), totals, self._pacer.rules, self._settings.pace
+                self._clock.now(), totals, dict(self._pacer.rules), self._settings.pace
             )
         )
+        for key, lesson in self._recalled:
+            spread = self._pacer.pace(key) is Pace.SPREAD
+            at = self._clock.now()
+            self._emit(RuleLearned(at, key, lesson.rule, spread, lesson.evidence))
         async with anyio.create_task_group() as workers:
             for _ in range(self._settings.concurrency):
                 workers.start_soon(self._work)

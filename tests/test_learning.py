@@ -3,6 +3,7 @@ virtual clock against a sandbox stricter than the client's rule."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import anyio
@@ -17,7 +18,7 @@ from batchrun.clock import LoopClock
 from batchrun.endpoints import JobType
 from batchrun.events import RuleLearned
 from batchrun.jobs import Job
-from batchrun.learning import Learner, Sent, candidates, infer
+from batchrun.learning import Learner, Lesson, Sent, candidates, infer, recalled, stored
 from batchrun.ledger import MemoryLedger
 from batchrun.limits import (
     LimitKey,
@@ -161,7 +162,15 @@ class Latency(httpx.AsyncBaseTransport):
         return response
 
 
-async def run_against(server_rule: str, client_rule: str, jobs: int, rtt: float = 0.05):
+async def run_against(
+    server_rule: str,
+    client_rule: str,
+    jobs: int,
+    rtt: float = 0.05,
+    *,
+    ledger: MemoryLedger | None = None,
+    settings: Settings | None = None,
+):
     """Run `jobs` run-query jobs at `client_rule` against a sandbox enforcing
     `server_rule`, `rtt` away; return (sandbox, sink, seconds)."""
     server = limit_table(overrides=[parse_override(f"run-query={server_rule}")])
@@ -175,8 +184,8 @@ async def run_against(server_rule: str, client_rule: str, jobs: int, rtt: float 
     async with open_run(
         target,
         rules={LimitKey.RUN_QUERY: parse_rule(client_rule)},
-        settings=Settings(),
-        ledger=MemoryLedger(),
+        settings=settings or Settings(),
+        ledger=MemoryLedger() if ledger is None else ledger,
         clock=LoopClock(),
         sink=sink,
         recorder=ListRecorder(),
@@ -219,6 +228,31 @@ async def test_a_shorter_server_window_is_learned_as_itself():
     a 6x too slow 10 per minute."""
     _, sink, _ = await run_against("10/10s", "30/1m", 40)
     assert str(sink.of(RuleLearned)[-1].rule) == "10/10s+30/1m"
+
+
+async def test_a_rerun_on_the_same_ledger_starts_from_what_was_learned():
+    """What one run learned is kept in the ledger: the next run (or another
+    process of the client) paces by it from its first request, with no 429."""
+    ledger = MemoryLedger()
+    await run_against("10/2s", "30/2s", 40, ledger=ledger)
+    sandbox, sink, _ = await run_against("10/2s", "30/2s", 40, ledger=ledger)
+    assert Counter(a.status for a in sandbox.arrivals) == {200: 40}
+    (recalled,) = sink.of(RuleLearned)
+    assert str(recalled.rule) == "10/2s"
+    assert recalled.evidence.startswith("learned ")
+
+
+async def test_a_limit_given_explicitly_wins_over_a_learned_one():
+    """--limit for a key means the user knows better: the kept lesson is not
+    applied (so this server, stricter than the rule given, refuses again)."""
+    ledger = MemoryLedger()
+    await run_against("10/2s", "30/2s", 40, ledger=ledger)
+    told = Settings(told=frozenset({LimitKey.RUN_QUERY}))
+    sandbox, sink, _ = await run_against(
+        "10/2s", "30/2s", 40, ledger=ledger, settings=told
+    )
+    assert Counter(a.status for a in sandbox.arrivals)[429] >= 1
+    assert not any(e.evidence.startswith("learned ") for e in sink.of(RuleLearned))
 
 
 class HeaderServer:
@@ -279,3 +313,61 @@ async def test_stated_limits_are_followed_without_a_429(style):
     assert server.statuses == {200: 40}
     if style == "policy":
         assert "states 10/2s" in sink.of(RuleLearned)[0].evidence
+
+
+# What a ledger keeps of a lesson.
+
+
+def test_a_kept_lesson_reads_back_at_any_time_scale():
+    """Windows are kept unscaled: a lesson learned at --time-scale 10 reads back
+    as the same real limit at scale 1 and at scale 10."""
+    lesson = Lesson(parse_rule("10/0.2s"), "3 of 8 refused", spread=True)
+    text = stored(lesson, time_scale=10.0, at=0.0)
+    assert json.loads(text)["windows"] == [[10, 2.0]]
+    for scale, rule, expected in [
+        (1.0, "30/2s", "10/2s"),
+        (10.0, "30/200ms", "10/200ms"),
+    ]:
+        back = recalled(parse_rule(rule), text, time_scale=scale)
+        assert back is not None
+        assert str(back.rule) == expected
+        assert back.spread
+        assert "3 of 8 refused" in back.evidence
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        None,
+        "",
+        "{}",
+        "not json",
+        '{"windows": [[0, 1]], "spread": false}',
+        '{"windows": "x", "spread": 1, "why": "", "at": 0}',
+        '{"windows": [[10, -1]], "spread": false, "why": "", "at": 0}',
+        '{"windows": [[10, 2]], "spread": false, "why": "", "at": "soon"}',
+    ],
+)
+def test_damaged_or_missing_kept_text_is_ignored(text):
+    assert recalled(parse_rule("30/2s"), text, time_scale=1.0) is None
+
+
+@given(
+    rules,
+    st.lists(
+        st.tuples(st.integers(1, 100), st.floats(0.5, 100_000)), min_size=1, max_size=3
+    ),
+    st.booleans(),
+)
+def test_a_kept_lesson_never_loosens_the_rule(rule, kept, spread):
+    """Whatever a ledger holds (another version, a hand edit), every window of
+    the rule in force is still kept."""
+    text = json.dumps({"windows": kept, "spread": spread, "why": "w", "at": 0})
+    back = recalled(rule, text, time_scale=1.0)
+    if back is None:
+        return
+    for old in rule.windows:
+        assert any(
+            new.seconds >= old.seconds and new.count <= old.count
+            for new in back.rule.windows
+        ), (rule, back.rule)
