@@ -144,6 +144,8 @@ def _eta(state: KeyCounts, pace: Pace, now: float) -> float:
 def learned_text(event: RuleLearned) -> str:
     """A line saying what the server showed about a key's limit, and what now."""
     pace = ", spaced evenly" if event.spread else ""
+    if event.kept:
+        return f"{event.key}: {event.rule}{pace}, {event.evidence}"
     return (
         f"{event.key}: the server allows less than the rule; now {event.rule}{pace} "
         f"({event.evidence})"

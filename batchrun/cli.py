@@ -252,10 +252,58 @@ def plan(
         rules = _rules(profile, limit, 1.0)
         client = _client(base_url, token) or client_fingerprint("", None)
         paths = StatePaths.resolve(state_dir)
-        plans = make_plan(jobs_file, rules, pace, paths, client, ledger_url=ledger)
+        told = _told(limit)
+        plans = make_plan(
+            jobs_file, rules, pace, paths, client, ledger_url=ledger, told=told
+        )
     if not plans:
         typer.echo("Nothing to send.")
     _echo(reports.plan_lines(plans))
+
+
+@app.command("limits")
+def limits_command(
+    base_url: _BaseUrlOpt = None,
+    token: _TokenOpt = None,
+    profile: _ProfileOpt = Profile.B,
+    limit: _LimitOpt = None,
+    state_dir: _StateDirOpt = None,
+    ledger: _LedgerOpt = None,
+    forget: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--forget",
+            metavar="KEY",
+            help="Forget what was learned of KEY's limit (or 'all'); repeatable.",
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object, for scripts.")
+    ] = False,
+) -> None:
+    """The rule each key is paced by for a client, and what was learned of it."""
+    from batchrun import overview
+
+    with _reported():
+        if base_url is None:
+            msg = (
+                "limits are learned per client: give its --base-url "
+                "(or BATCHRUN_BASE_URL) and its token"
+            )
+            raise UsageError(msg)
+        rules = _rules(profile, limit, 1.0)
+        client = client_fingerprint(base_url, token)
+        paths = StatePaths.resolve(state_dir)
+        forgotten = _forgotten(forget)
+        if forgotten:
+            overview.forget(forgotten, paths, client, ledger_url=ledger)
+        found = overview.limits(
+            rules, paths, client, ledger_url=ledger, told=_told(limit)
+        )
+    if as_json:
+        typer.echo(json.dumps(reports.limits_json(found), indent=2))
+    else:
+        _echo(reports.limits_lines(found, forgotten))
 
 
 @app.command("sandbox")
@@ -338,6 +386,23 @@ def _rules(
     return limit_table(profile=profile, overrides=overrides, time_scale=time_scale)
 
 
+def _told(limits: list[str] | None) -> frozenset[LimitKey]:
+    """The keys given a rule with --limit: a rule learned earlier does not apply."""
+    return frozenset(parse_override(text)[0] for text in limits or [])
+
+
+def _forgotten(names: list[str] | None) -> list[LimitKey]:
+    """The keys named by --forget ("all": every key)."""
+    if names and "all" in names:
+        return list(LimitKey)
+    try:
+        return [LimitKey(name) for name in names or []]
+    except ValueError:
+        known = ", ".join(key.value for key in LimitKey)
+        msg = f"--forget takes a key ({known}) or 'all'"
+        raise UsageError(msg) from None
+
+
 def _settings(
     concurrency: int,
     max_attempts: int,
@@ -347,10 +412,8 @@ def _settings(
 ) -> Settings:
     from batchrun.runner import Settings
 
-    # A rule given with --limit wins over a limit learned earlier for its key.
-    told = frozenset(parse_override(text)[0] for text in limits or [])
     return Settings(
-        told=told,
+        told=_told(limits),
         concurrency=concurrency,
         max_attempts=max_attempts,
         backoff=1.0 / time_scale,

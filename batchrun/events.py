@@ -106,13 +106,15 @@ class SlotWait:
 @dataclass(frozen=True, slots=True)
 class RuleLearned:
     """The server showed it allows less than `key`'s rule: it now paces by `rule`
-    (and evenly, if `spread`), because of `evidence`."""
+    (and evenly, if `spread`), because of `evidence`; `kept`: an earlier run (or
+    another process of the client) learned it, and the ledger kept it."""
 
     at: float
     key: LimitKey
     rule: Rule
     spread: bool
     evidence: str
+    kept: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -210,7 +210,10 @@ def stored(lesson: Lesson, *, time_scale: float, at: float) -> str:
     """A lesson as the text a ledger keeps: windows in unscaled seconds, so a run
     at another time scale reads the same limit; `at` is wall-clock seconds."""
     windows = [[w.count, w.seconds * time_scale] for w in lesson.rule.windows]
-    fields = {"windows": windows, "spread": lesson.spread, "why": lesson.evidence}
+    why = lesson.evidence
+    if time_scale != 1:
+        why += f" (at --time-scale {time_scale:g})"
+    fields = {"windows": windows, "spread": lesson.spread, "why": why}
     return json.dumps({**fields, "at": at})
 
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchrun.jobs import read_jobs
+from batchrun.learning import Lesson, recalled
 from batchrun.ledger import Ledger
-from batchrun.limits import LimitKey, Rule, read_table
+from batchrun.limits import LimitKey, Rule, read_keys, read_table
 from batchrun.paths import StatePaths
 from batchrun.shared_ledger import open_shared_ledger
 from batchrun.slots import Pace, eta
@@ -25,13 +28,15 @@ _SETTLED = {JobState.DONE, JobState.FAILED, JobState.UNKNOWN}
 
 @dataclass(frozen=True, slots=True)
 class KeyPlan:
-    """One endpoint: jobs left, its rule, the budget in use now, and the time left."""
+    """One endpoint: jobs left, the rule in force, the budget in use now, and the
+    time left; `learned` says why, if the rule was learned from the server."""
 
     key: LimitKey
     jobs: int
     rule: Rule
     used: list[tuple[str, int]]
     seconds: float
+    learned: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +67,14 @@ def status(
             states.setdefault(key, {})[state] = n
         rules = read_table(store.get_meta("rules") or "{}")
         pace = Pace(store.get_meta("pace") or Pace.EXACT)
+        told = read_keys(store.get_meta("told") or "")
         failures = store.failures()
     pending = {
         k: s.get(JobState.PENDING, 0) + s.get(JobState.IN_FLIGHT, 0)
         for k, s in states.items()
     }
-    keys = _plans(pending, rules, pace, _Budget(paths, found.stem, ledger_url))
+    budget = _Budget(paths, found.stem, ledger_url, told)
+    keys = _plans(pending, rules, pace, budget)
     return Status(found, states, failures, keys)
 
 
@@ -79,8 +86,10 @@ def plan(
     client: str,
     *,
     ledger_url: str | None = None,
+    told: frozenset[LimitKey] = frozenset(),
 ) -> list[KeyPlan]:
-    """How long the jobs of `jobs_file` not yet settled take under `rules` now."""
+    """How long the jobs of `jobs_file` not yet settled take under `rules` now,
+    or under what was learned of a key's limit unless its rule was `told`."""
     jobs = read_jobs(jobs_file)
     settled: set[str] = set()
     found = _store_path(paths, jobs_file, client)
@@ -88,16 +97,19 @@ def plan(
         with RunStore(found) as store:
             settled = store.ids_in(_SETTLED)
     left = Counter(job.key for job in jobs if job.id not in settled)
-    return _plans(dict(left), rules, pace, _Budget(paths, client, ledger_url))
+    budget = _Budget(paths, client, ledger_url, told)
+    return _plans(dict(left), rules, pace, budget)
 
 
 @dataclass(frozen=True, slots=True)
 class _Budget:
-    """Where a client's budget in use is read: its ledger."""
+    """Where a client's budget in use, and what was learned of its limits, are
+    read: its ledger; `told` keys keep the rule they were given."""
 
     paths: StatePaths
     client: str
     ledger_url: str | None = field(repr=False)  # may hold a password
+    told: frozenset[LimitKey] = frozenset()
 
 
 def _plans(
@@ -107,26 +119,46 @@ def _plans(
     budget: _Budget,
 ) -> list[KeyPlan]:
     now = time.time()
+    with _ledger(budget, now) as ledger:
+        return [
+            _plan(key, n, _in_force(key, rules[key], ledger, budget), pace, ledger, now)
+            for key, n in sorted(left.items())
+            if n and key in rules
+        ]
+
+
+@contextmanager
+def _ledger(budget: _Budget, now: float | None = None) -> Iterator[Ledger]:
+    """The client's ledger, read at `now` (default: the time it is opened)."""
+    at = time.time() if now is None else now
     ledger = open_shared_ledger(
         budget.ledger_url,
         state=budget.paths,
         client=budget.client,
         hold=0.0,
-        now=lambda: now,
+        now=lambda: at,
     )
     try:
-        return [
-            _plan(key, n, rules[key], pace, ledger, now)
-            for key, n in sorted(left.items())
-            if n and key in rules
-        ]
+        yield ledger
     finally:
         ledger.close()
 
 
+def _in_force(key: LimitKey, rule: Rule, ledger: Ledger, budget: _Budget) -> Lesson:
+    """The rule a run of `key` would pace by: what was learned of it, if anything
+    (and not overridden), else `rule` (as a lesson of no evidence)."""
+    if key not in budget.told:
+        lesson = recalled(rule, ledger.recall(key.value), time_scale=1.0)
+        if lesson is not None:
+            return lesson
+    return Lesson(rule, "")
+
+
 def _plan(
-    key: LimitKey, jobs: int, rule: Rule, pace: Pace, ledger: Ledger, now: float
+    key: LimitKey, jobs: int, force: Lesson, pace: Pace, ledger: Ledger, now: float
 ) -> KeyPlan:
+    rule = force.rule
+    pace = Pace.SPREAD if force.spread else pace
     usage = ledger.usage(key.value, rule)
     used = [
         (
@@ -136,7 +168,8 @@ def _plan(
         for w in rule.windows
     ]
     moment = eta(jobs, rule, now=now, pace=pace, recent=usage.finished)
-    return KeyPlan(key, jobs, rule, used, max(0.0, moment - now))
+    learned = force.evidence or None
+    return KeyPlan(key, jobs, rule, used, max(0.0, moment - now), learned)
 
 
 def _store_path(paths: StatePaths, jobs_file: Path, client: str | None) -> Path | None:
@@ -146,3 +179,46 @@ def _store_path(paths: StatePaths, jobs_file: Path, client: str | None) -> Path 
         return path if path.exists() else None
     stores = sorted(folder.glob("*.db"), key=lambda p: p.stat().st_mtime)
     return stores[-1] if stores else None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLimit:
+    """One key's limit for a client: the rule given (profile or --limit), the rule
+    a run paces by, and, if that was learned from the server, when and why."""
+
+    key: LimitKey
+    given: Rule
+    rule: Rule
+    spread: bool
+    learned: str | None
+
+
+def limits(
+    rules: dict[LimitKey, Rule],
+    paths: StatePaths,
+    client: str,
+    *,
+    ledger_url: str | None = None,
+    told: frozenset[LimitKey] = frozenset(),
+) -> list[KeyLimit]:
+    """Each key's limit for `client`, as the next run would pace it."""
+    budget = _Budget(paths, client, ledger_url, told)
+    rules = {key: rules[key] for key in LimitKey if key in rules}
+    with _ledger(budget) as ledger:
+        found = [
+            (key, _in_force(key, rule, ledger, budget)) for key, rule in rules.items()
+        ]
+    return [
+        KeyLimit(key, rules[key], force.rule, force.spread, force.evidence or None)
+        for key, force in found
+    ]
+
+
+def forget(
+    keys: list[LimitKey], paths: StatePaths, client: str, *, ledger_url: str | None
+) -> None:
+    """Forget what was learned of `keys`' limits for `client`: the next run starts
+    from the rule given again."""
+    with _ledger(_Budget(paths, client, ledger_url)) as ledger:
+        for key in keys:
+            ledger.remember(key.value, "{}")

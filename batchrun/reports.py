@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     # Types only: `status` and `plan` import overview when they run, so that
     # `--help` and `validate` do not load SQLite.
     from batchrun.jobs import Summary
-    from batchrun.overview import KeyPlan, Status
+    from batchrun.limits import LimitKey
+    from batchrun.overview import KeyLimit, KeyPlan, Status
     from batchrun.state import Failure
 
 _TEAMS_SHOWN = 10
@@ -55,8 +56,9 @@ def plan_lines(plans: list[KeyPlan]) -> list[str]:
     lines = []
     for item in plans:
         used = ", ".join(f"{n} of {window}" for window, n in item.used)
+        learned = " (learned)" if item.learned else ""
         lines.append(
-            f"{item.jobs:,} {item.key.value} jobs at {item.rule}: "
+            f"{item.jobs:,} {item.key.value} jobs at {item.rule}{learned}: "
             f"{durations.spoken(item.seconds)} (in use now: {used})"
         )
     if len(plans) > 1:
@@ -82,6 +84,7 @@ def _plan_json(plan: KeyPlan) -> dict[str, object]:
         "key": plan.key.value,
         "jobs_left": plan.jobs,
         "rule": str(plan.rule),
+        "learned": plan.learned,
         "in_use": dict(plan.used),
         "eta_seconds": round(plan.seconds, 3),
     }
@@ -89,3 +92,31 @@ def _plan_json(plan: KeyPlan) -> dict[str, object]:
 
 def _failure_json(failure: Failure) -> dict[str, str]:
     return {"id": failure.id, "type": failure.type, "error": failure.error}
+
+
+def limits_lines(found: list[KeyLimit], forgotten: list[LimitKey]) -> list[str]:
+    """`limits`: per key, the rule in force and, if learned, when and why."""
+    lines = [f"Forgot what was learned of {key.value}'s limit." for key in forgotten]
+    for item in found:
+        if item.learned is None:
+            lines.append(f"{item.key.value}: {item.rule}")
+            continue
+        spread = ", evenly spaced" if item.spread else ""
+        lines.append(f"{item.key.value}: {item.rule}{spread} (given {item.given})")
+        lines.append(f"  {item.learned}")
+    if any(item.learned for item in found):
+        lines.append("`batchrun limits --forget KEY` starts KEY from its given rule.")
+    return lines
+
+
+def limits_json(found: list[KeyLimit]) -> dict[str, object]:
+    """`limits --json`: the same as `limits_lines`, as one object."""
+    return {
+        item.key.value: {
+            "rule": str(item.rule),
+            "given": str(item.given),
+            "spread": item.spread,
+            "learned": item.learned,
+        }
+        for item in found
+    }

@@ -180,7 +180,9 @@ class Runner:
         for key, lesson in self._recalled:
             spread = self._pacer.pace(key) is Pace.SPREAD
             at = self._clock.now()
-            self._emit(RuleLearned(at, key, lesson.rule, spread, lesson.evidence))
+            self._emit(
+                RuleLearned(at, key, lesson.rule, spread, lesson.evidence, kept=True)
+            )
         async with anyio.create_task_group() as workers:
             for _ in range(self._settings.concurrency):
                 workers.start_soon(self._work)

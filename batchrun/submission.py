@@ -30,7 +30,7 @@ from batchrun.events import EventSink
 from batchrun.jobs import scan
 from batchrun.journal import Journal
 from batchrun.ledger import Ledger, MemoryLedger
-from batchrun.limits import LimitKey, Rule, table_text
+from batchrun.limits import LimitKey, Rule, keys_text, table_text
 from batchrun.pacer import Pacer
 from batchrun.paths import StatePaths, client_fingerprint
 from batchrun.progress import open_progress
@@ -94,6 +94,7 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
         store.recover(retry_failed=job.retry_failed, retry_unknown=job.retry_unknown)
         store.set_meta("rules", table_text(job.rules))
         store.set_meta("pace", job.settings.pace)
+        store.set_meta("told", keys_text(job.settings.told))
         _announce(store, say)
         if _pending(store):
             with ResultsFile(job.results) as results:

@@ -27,7 +27,10 @@ def results_of(tmp_path):
     return [json.loads(line) for line in text.splitlines()]
 
 
-COMMANDS = ["submit", "validate", "status", "plan", "sandbox"]
+# Every command the app has, so that a new one cannot miss its help or README entry.
+COMMANDS = [
+    c.name or c.callback.__name__ for c in app.registered_commands if c.callback
+]
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -139,3 +139,97 @@ def test_status_text_lists_states_and_failures(tmp_path):
     assert "run-query: 1 failed, 1 pending" in result.stdout
     assert "failed: q0 (run-query): HTTP 503" in result.stdout
     assert "1 run-query jobs at 2/1m: 0 ms" in result.stdout
+
+
+# What was learned of a client's limits: plan, status and `limits`.
+
+LEARNED = {
+    "windows": [[5, 60.0], [500, 3600.0]],
+    "spread": False,
+    "why": "2 request(s) refused after 5 accepted within 1m",
+    "at": 0,
+}
+
+
+def learned_ledger(paths, token="tok", text=None):
+    """A ledger where an earlier run of the client learned run-query is 5/1m."""
+    ledger = SqliteLedger(
+        paths.ledger, client=client_fingerprint(URL, token), hold=30, now=time.time
+    )
+    ledger.remember("run-query", text or json.dumps(LEARNED))
+    ledger.close()
+
+
+def cli(tmp_path, *args):
+    state = ["--state-dir", str(tmp_path / "state"), "--base-url", URL]
+    return runner.invoke(app, [*args, *state, "--token", "tok"])
+
+
+def test_plan_paces_by_a_learned_rule_and_says_so(tmp_path):
+    """15 queries at a learned 5/1m take 2 m, not the 0 ms of 15/1m."""
+    learned_ledger(StatePaths.resolve(tmp_path / "state"))
+    result = cli(tmp_path, "plan", str(jobs_file(tmp_path, 15)))
+    assert result.stdout.startswith(
+        "15 run-query jobs at 5/1m+500/1h (learned): 2 m 0 s"
+    ), result.stdout
+
+
+def test_plan_with_a_limit_given_ignores_what_was_learned(tmp_path):
+    learned_ledger(StatePaths.resolve(tmp_path / "state"))
+    path = str(jobs_file(tmp_path, 15))
+    result = cli(tmp_path, "plan", path, "--limit", "run-query=15/1m")
+    assert result.stdout.startswith("15 run-query jobs at 15/1m: 0 ms"), result.stdout
+
+
+def test_status_shows_the_learned_rule_unless_the_run_was_given_one(tmp_path):
+    path = jobs_file(tmp_path, 15)
+    paths = StatePaths.resolve(tmp_path / "state")
+    learned_ledger(paths)
+    with RunStore(paths.run_store(path, client_fingerprint(URL, "tok"))) as store:
+        store.sync(scan(path), path=str(path), restart=False)
+        store.set_meta("rules", '{"run-query": [[15, 60.0]]}')
+    (key,) = json.loads(cli(tmp_path, "status", str(path), "--json").stdout)["keys"]
+    assert key["rule"] == "5/1m+500/1h"
+    assert key["learned"].endswith(LEARNED["why"])
+    with RunStore(paths.run_store(path, client_fingerprint(URL, "tok"))) as store:
+        store.set_meta("told", "run-query")
+    (key,) = json.loads(cli(tmp_path, "status", str(path), "--json").stdout)["keys"]
+    assert (key["rule"], key["learned"]) == ("15/1m", None)
+
+
+def test_limits_shows_what_was_learned_and_forgets_it(tmp_path):
+    learned_ledger(StatePaths.resolve(tmp_path / "state"))
+    shown = cli(tmp_path, "limits")
+    assert shown.exit_code == 0, shown.stderr
+    assert "run-query: 5/1m+500/1h (given 15/1m+500/1h)" in shown.stdout
+    assert LEARNED["why"] in shown.stdout
+    assert "invite: 15/5m" in shown.stdout
+    # Another client (another token) learned nothing.
+    other = runner.invoke(
+        app, ["limits", "--state-dir", str(tmp_path / "state"), "--base-url", URL]
+    )
+    assert "run-query: 15/1m+500/1h\n" in other.stdout
+    forgot = cli(tmp_path, "limits", "--forget", "run-query")
+    assert "Forgot what was learned of run-query's limit." in forgot.stdout
+    after = json.loads(cli(tmp_path, "limits", "--json").stdout)
+    assert after["run-query"] == {
+        "rule": "15/1m+500/1h",
+        "given": "15/1m+500/1h",
+        "spread": False,
+        "learned": None,
+    }
+
+
+def test_limits_needs_a_client_and_a_known_key(tmp_path):
+    no_client = runner.invoke(app, ["limits", "--state-dir", str(tmp_path)])
+    assert no_client.exit_code == 2
+    assert "limits are learned per client" in no_client.stderr
+    bad_key = cli(tmp_path, "limits", "--forget", "run-queries")
+    assert bad_key.exit_code == 2
+    assert "--forget takes a key" in bad_key.stderr
+
+
+def test_a_damaged_learned_text_is_ignored(tmp_path):
+    learned_ledger(StatePaths.resolve(tmp_path / "state"), text="{not json")
+    shown = cli(tmp_path, "limits")
+    assert "run-query: 15/1m+500/1h\n" in shown.stdout
