@@ -23,7 +23,14 @@ import typer
 from batchrun import __version__, durations, reports
 from batchrun.errors import EXIT_STOPPED, BatchrunError, UsageError
 from batchrun.jobs import summarize, valid_jobs
-from batchrun.limits import LimitKey, Profile, Rule, limit_table, parse_override
+from batchrun.limits import (
+    LimitKey,
+    Profile,
+    Rule,
+    fallbacks,
+    limit_table,
+    parse_override,
+)
 from batchrun.paths import StatePaths, client_fingerprint
 from batchrun.results import default_results_path
 from batchrun.slots import Pace
@@ -49,7 +56,8 @@ _ProfileOpt = Annotated[
     Profile,
     typer.Option(
         "--profile",
-        help="run-query limit: b = 15/1m+500/1h (the stricter, default), a = 30/1m.",
+        help="run-query limit: b = 15/1m+500/1h (the stricter, default), a = 30/1m; "
+        "auto = a until the server shows it is b (at most one 429 to find out).",
     ),
 ]
 _LimitOpt = Annotated[
@@ -190,7 +198,9 @@ def submit(
             jobs_file=jobs_file,
             target=_target(base_url, token, timeout, sandbox, rules, inject, ca_bundle),
             rules=rules,
-            settings=_settings(concurrency, max_attempts, time_scale, pace, limit),
+            settings=_settings(
+                concurrency, max_attempts, time_scale, pace, profile, limit
+            ),
             results=results or default_results_path(jobs_file),
             state=StatePaths.resolve(state_dir),
             deadline=None if deadline is None else durations.parse(deadline),
@@ -252,9 +262,15 @@ def plan(
         rules = _rules(profile, limit, 1.0)
         client = _client(base_url, token) or client_fingerprint("", None)
         paths = StatePaths.resolve(state_dir)
-        told = _told(limit)
         plans = make_plan(
-            jobs_file, rules, pace, paths, client, ledger_url=ledger, told=told
+            jobs_file,
+            rules,
+            pace,
+            paths,
+            client,
+            ledger_url=ledger,
+            told=_told(limit),
+            fallback=_fallbacks(profile, limit),
         )
     if not plans:
         typer.echo("Nothing to send.")
@@ -298,7 +314,12 @@ def limits_command(
         if forgotten:
             overview.forget(forgotten, paths, client, ledger_url=ledger)
         found = overview.limits(
-            rules, paths, client, ledger_url=ledger, told=_told(limit)
+            rules,
+            paths,
+            client,
+            ledger_url=ledger,
+            told=_told(limit),
+            fallback=_fallbacks(profile, limit),
         )
     if as_json:
         typer.echo(json.dumps(reports.limits_json(found), indent=2))
@@ -321,6 +342,9 @@ def sandbox_command(
     from batchrun import faults, sandbox, serving
 
     with _reported():
+        if profile is Profile.AUTO:
+            msg = "the sandbox enforces one statement: --profile a or b, not auto"
+            raise UsageError(msg)
         rules = _rules(profile, limit, time_scale)
         server = sandbox.create_app(
             rules=rules, faults=faults.parse_faults(inject or [])
@@ -386,6 +410,10 @@ def _rules(
     return limit_table(profile=profile, overrides=overrides, time_scale=time_scale)
 
 
+def _fallbacks(profile: Profile, limits: list[str] | None) -> dict[LimitKey, Rule]:
+    return fallbacks(profile, [parse_override(text) for text in limits or []])
+
+
 def _told(limits: list[str] | None) -> frozenset[LimitKey]:
     """The keys given a rule with --limit: a rule learned earlier does not apply."""
     return frozenset(parse_override(text)[0] for text in limits or [])
@@ -408,12 +436,15 @@ def _settings(
     max_attempts: int,
     time_scale: float,
     pace: Pace,
+    profile: Profile,
     limits: list[str] | None,
 ) -> Settings:
     from batchrun.runner import Settings
 
+    overrides = [parse_override(text) for text in limits or []]
     return Settings(
         told=_told(limits),
+        fallback=fallbacks(profile, overrides, time_scale),
         concurrency=concurrency,
         max_attempts=max_attempts,
         backoff=1.0 / time_scale,

@@ -228,7 +228,8 @@ def recalled(rule: Rule, text: str | None, *, time_scale: float) -> Lesson | Non
     except (ValueError, TypeError, KeyError, UsageError):
         return None
     lesson = adopt(rule, windows, "") or Lesson(rule, "")
-    if lesson.rule == rule and not spread:
+    # Kept for this very rule (--profile auto's answer that it holds) says so too.
+    if lesson.rule == rule and not spread and tuple(windows) != rule.windows:
         return None
     return Lesson(lesson.rule, f"learned {when}: {why}", spread)
 
@@ -297,6 +298,10 @@ class Learner:
         """Whether `key` should have one request in flight at most (`KeyLog`)."""
         return self._log(key).careful(rule, now)
 
+    def accepted_within(self, key: str, seconds: float) -> int:
+        """The most accepted requests of `key` seen to arrive within `seconds`."""
+        return self._log(key)._proven(seconds)
+
     def in_flight(self, key: str) -> int:
         """This process's requests of `key` still waiting for their answer."""
         return self._log(key).unanswered
@@ -354,3 +359,36 @@ def _refused_amid_acceptances(log: Sequence[Sent], rule: Rule) -> bool:
     answered = [s for s in log if s.end is not None and s.refused is not None]
     most, _ = _bounds(answered, rule.longest)
     return most > 0
+
+
+@dataclass(frozen=True, slots=True)
+class Fallback:
+    """A key paced by a rule that may be too loose, with the safer rule the server
+    may enforce instead (`--profile auto`: statement A, with B to fall back to).
+
+    The key proves its way past the safer rule one request at a time
+    (`KeyLog.careful`), so finding out costs at most one 429 per window: a
+    refusal takes the safer rule whole (`taken`); an acceptance past one of its
+    windows rules it out (`ruled_out`). Either answer is a lesson, kept like any.
+    """
+
+    rule: Rule
+
+    def taken(self, lesson: Lesson, given: Rule) -> Lesson:
+        """`lesson`, learned while this fallback stood, joined with it."""
+        joined = adopt(lesson.rule, self.rule.windows, "") or lesson
+        why = f"{lesson.evidence}; so the server enforces {self.rule}, not {given}"
+        return Lesson(joined.rule, why, lesson.spread)
+
+    def ruled_out(self, learner: Learner, key: str, given: Rule) -> Lesson | None:
+        """A lesson that `given` holds if the server let through more than one of
+        this fallback's windows allows; None while it has not."""
+        for window in self.rule.windows:
+            seen = learner.accepted_within(key, window.seconds)
+            if seen > window.count:
+                why = (
+                    f"{seen} accepted within {durations.compact(window.seconds)}, "
+                    f"more than {self.rule} allows: the server enforces {given}"
+                )
+                return Lesson(given, why)
+        return None

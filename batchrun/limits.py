@@ -32,10 +32,13 @@ class LimitKey(StrEnum):
 
 
 class Profile(StrEnum):
-    """The two published statements of the run-query limit."""
+    """The two published statements of the run-query limit, or `auto`: paced by
+    the looser (A) while the stricter (B) is not ruled out, and by B as soon as the
+    server shows A is too loose (`fallbacks`)."""
 
     A = "a"
     B = "b"
+    AUTO = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +138,11 @@ _DEFAULTS: Mapping[LimitKey, str] = {
     LimitKey.AVATAR: "10/5m",
     LimitKey.GLOBAL: "120/1m",
 }
-_RUN_QUERY: Mapping[Profile, str] = {Profile.A: "30/1m", Profile.B: "15/1m+500/1h"}
+_RUN_QUERY: Mapping[Profile, str] = {
+    Profile.A: "30/1m",
+    Profile.B: "15/1m+500/1h",
+    Profile.AUTO: "30/1m",
+}
 
 
 def limit_table(
@@ -152,6 +159,21 @@ def limit_table(
     table[LimitKey.RUN_QUERY] = parse_rule(_RUN_QUERY[profile])
     table.update(overrides)
     return {key: rule.scaled(time_scale) for key, rule in table.items()}
+
+
+def fallbacks(
+    profile: Profile,
+    overrides: Iterable[tuple[LimitKey, Rule]] = (),
+    time_scale: float = 1.0,
+) -> dict[LimitKey, Rule]:
+    """The rule each key falls back to once the server shows its rule is too loose:
+    with `--profile auto`, run-query's statement B (unless --limit gave run-query a
+    rule); none otherwise."""
+    if profile is not Profile.AUTO or any(
+        k is LimitKey.RUN_QUERY for k, _ in overrides
+    ):
+        return {}
+    return {LimitKey.RUN_QUERY: parse_rule(_RUN_QUERY[Profile.B]).scaled(time_scale)}
 
 
 def table_text(table: Mapping[LimitKey, Rule]) -> str:

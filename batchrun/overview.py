@@ -68,12 +68,13 @@ def status(
         rules = read_table(store.get_meta("rules") or "{}")
         pace = Pace(store.get_meta("pace") or Pace.EXACT)
         told = read_keys(store.get_meta("told") or "")
+        fallback = read_table(store.get_meta("fallback") or "{}")
         failures = store.failures()
     pending = {
         k: s.get(JobState.PENDING, 0) + s.get(JobState.IN_FLIGHT, 0)
         for k, s in states.items()
     }
-    budget = _Budget(paths, found.stem, ledger_url, told)
+    budget = _Budget(paths, found.stem, ledger_url, told, fallback)
     keys = _plans(pending, rules, pace, budget)
     return Status(found, states, failures, keys)
 
@@ -87,6 +88,7 @@ def plan(
     *,
     ledger_url: str | None = None,
     told: frozenset[LimitKey] = frozenset(),
+    fallback: dict[LimitKey, Rule] | None = None,
 ) -> list[KeyPlan]:
     """How long the jobs of `jobs_file` not yet settled take under `rules` now,
     or under what was learned of a key's limit unless its rule was `told`."""
@@ -97,7 +99,7 @@ def plan(
         with RunStore(found) as store:
             settled = store.ids_in(_SETTLED)
     left = Counter(job.key for job in jobs if job.id not in settled)
-    budget = _Budget(paths, client, ledger_url, told)
+    budget = _Budget(paths, client, ledger_url, told, fallback or {})
     return _plans(dict(left), rules, pace, budget)
 
 
@@ -110,6 +112,8 @@ class _Budget:
     client: str
     ledger_url: str | None = field(repr=False)  # may hold a password
     told: frozenset[LimitKey] = frozenset()
+    # --profile auto: the rule a key is planned by until the server settles it.
+    fallback: dict[LimitKey, Rule] = field(default_factory=dict)
 
 
 def _plans(
@@ -151,7 +155,7 @@ def _in_force(key: LimitKey, rule: Rule, ledger: Ledger, budget: _Budget) -> Les
         lesson = recalled(rule, ledger.recall(key.value), time_scale=1.0)
         if lesson is not None:
             return lesson
-    return Lesson(rule, "")
+    return Lesson(budget.fallback.get(key, rule), "")
 
 
 def _plan(
@@ -200,9 +204,11 @@ def limits(
     *,
     ledger_url: str | None = None,
     told: frozenset[LimitKey] = frozenset(),
+    fallback: dict[LimitKey, Rule] | None = None,
 ) -> list[KeyLimit]:
-    """Each key's limit for `client`, as the next run would pace it."""
-    budget = _Budget(paths, client, ledger_url, told)
+    """Each key's limit for `client`, as the next run would pace it (or plan it,
+    under --profile auto until the server settles which statement holds)."""
+    budget = _Budget(paths, client, ledger_url, told, fallback or {})
     rules = {key: rules[key] for key in LimitKey if key in rules}
     with _ledger(budget) as ledger:
         found = [

@@ -98,6 +98,10 @@ def limits_lines(found: list[KeyLimit], forgotten: list[LimitKey]) -> list[str]:
     """`limits`: per key, the rule in force and, if learned, when and why."""
     lines = [f"Forgot what was learned of {key.value}'s limit." for key in forgotten]
     for item in found:
+        if item.learned is None and item.rule != item.given:
+            until = f"until the server shows {item.given} holds (--profile auto)"
+            lines.append(f"{item.key.value}: {item.rule}, {until}")
+            continue
         if item.learned is None:
             lines.append(f"{item.key.value}: {item.rule}")
             continue

@@ -37,8 +37,8 @@ from batchrun.events import (
 )
 from batchrun.hints import Hints
 from batchrun.jobs import Job
-from batchrun.learning import Lesson, adopt
-from batchrun.limits import LimitKey
+from batchrun.learning import Fallback, Lesson, adopt
+from batchrun.limits import LimitKey, Rule
 from batchrun.outcome import Kind, Outcome
 from batchrun.pacer import Pacer
 from batchrun.results import JobResult
@@ -79,6 +79,9 @@ class Settings:
     time_scale: float = 1.0
     # Keys whose rule the user gave (--limit): limits learned earlier do not apply.
     told: frozenset[LimitKey] = frozenset()
+    # The safer rule a key falls back to if the server shows its rule is too
+    # loose (--profile auto: run-query's statement B), until that is settled.
+    fallback: Mapping[LimitKey, Rule] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "max_attempts"):
@@ -155,6 +158,13 @@ class Runner:
         self._learner = pacer.learner
         untold = [key for key in pacer.rules if key not in settings.told]
         self._recalled = pacer.recall(untold)
+        # What an earlier run learned of a key settles its fallback too.
+        settled = {key for key, _ in self._recalled}
+        self._fallback = {
+            key: Fallback(rule)
+            for key, rule in settings.fallback.items()
+            if key in untold and key not in settled
+        }
         self._order = itertools.count()
         self._tally = Tally()
         self._queues: list[tuple[LimitKey, _Queue]] = []
@@ -287,6 +297,8 @@ class Runner:
         self._settle(key, queue, attempt, outcome)
         self._heed(key, outcome.hints)
         self._review(key)
+        if refused is False and key in self._fallback:
+            self._rule_out(key)
         if self._idle:
             self._notify()  # an answer may free a slot, or end the run
 
@@ -344,7 +356,19 @@ class Runner:
         if lesson is not None:
             self._learned(key, lesson)
 
+    def _rule_out(self, key: LimitKey) -> None:
+        """Drop `key`'s fallback once the server let through more than it allows."""
+        given = self._pacer.rules[key]
+        lesson = self._fallback[key].ruled_out(self._learner, key, given)
+        if lesson is not None:
+            self._learned(key, lesson)
+
     def _learned(self, key: LimitKey, lesson: Lesson) -> None:
+        # Any lesson settles a fallback: one that tightens the rule takes it whole.
+        fallback = self._fallback.pop(key, None)
+        given = self._pacer.rules[key]
+        if fallback is not None and (lesson.rule != given or lesson.spread):
+            lesson = fallback.taken(lesson, given)
         self._pacer.learn(key, lesson)
         at = self._clock.now()
         spread = self._pacer.pace(key) is Pace.SPREAD

@@ -95,6 +95,7 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
         store.set_meta("rules", table_text(job.rules))
         store.set_meta("pace", job.settings.pace)
         store.set_meta("told", keys_text(job.settings.told))
+        store.set_meta("fallback", table_text(job.settings.fallback))
         _announce(store, say)
         if _pending(store):
             with ResultsFile(job.results) as results:

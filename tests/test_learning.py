@@ -22,8 +22,10 @@ from batchrun.learning import Learner, Lesson, Sent, candidates, infer, recalled
 from batchrun.ledger import MemoryLedger
 from batchrun.limits import (
     LimitKey,
+    Profile,
     Rule,
     Window,
+    fallbacks,
     limit_table,
     parse_override,
     parse_rule,
@@ -371,3 +373,55 @@ def test_a_kept_lesson_never_loosens_the_rule(rule, kept, spread):
             new.seconds >= old.seconds and new.count <= old.count
             for new in back.rule.windows
         ), (rule, back.rule)
+
+
+# --profile auto: statement A, falling back to B.
+
+A, B = parse_rule("30/1m"), parse_rule("15/1m+500/1h")
+AUTO = Settings(fallback={LimitKey.RUN_QUERY: B})
+
+
+async def test_auto_against_a_b_server_takes_b_for_one_429():
+    """The 16th request in a minute is refused: B is taken whole (its hourly
+    window too), for one 429, and the run ends near B's ideal."""
+    ledger = MemoryLedger()
+    sandbox, sink, seconds = await run_against(
+        str(B), str(A), 60, ledger=ledger, settings=AUTO
+    )
+    statuses = Counter(a.status for a in sandbox.arrivals)
+    assert statuses == {200: 60, 429: 1}
+    (lesson,) = sink.of(RuleLearned)
+    assert lesson.rule == B
+    assert "the server enforces 15/1m+500/1h, not 30/1m" in lesson.evidence
+    assert seconds <= 1.25 * eta(60, B, now=0.0)
+    # Kept: the next run starts from B.
+    sandbox, sink, _ = await run_against(
+        str(B), str(A), 30, ledger=ledger, settings=AUTO
+    )
+    assert Counter(a.status for a in sandbox.arrivals) == {200: 30}
+    assert sink.of(RuleLearned)[0].kept
+
+
+async def test_auto_against_an_a_server_keeps_a_without_a_429():
+    """The 16th request in a minute is accepted: B is ruled out, A kept."""
+    ledger = MemoryLedger()
+    sandbox, sink, seconds = await run_against(
+        str(A), str(A), 60, ledger=ledger, settings=AUTO
+    )
+    assert Counter(a.status for a in sandbox.arrivals) == {200: 60}
+    (lesson,) = sink.of(RuleLearned)
+    assert lesson.rule == A
+    assert "16 accepted within 1m, more than 15/1m+500/1h allows" in lesson.evidence
+    assert seconds <= 1.25 * eta(60, A, now=0.0)
+    _, sink, _ = await run_against(str(A), str(A), 10, ledger=ledger, settings=AUTO)
+    (kept,) = sink.of(RuleLearned)
+    assert (kept.kept, kept.rule) == (True, A)
+
+
+def test_auto_falls_back_only_for_run_query_and_not_when_told():
+    assert fallbacks(Profile.AUTO) == {LimitKey.RUN_QUERY: B}
+    assert fallbacks(Profile.AUTO, time_scale=30) == {LimitKey.RUN_QUERY: B.scaled(30)}
+    assert fallbacks(Profile.A) == fallbacks(Profile.B) == {}
+    told = [(LimitKey.RUN_QUERY, parse_rule("10/1m"))]
+    assert fallbacks(Profile.AUTO, told) == {}
+    assert limit_table(profile=Profile.AUTO)[LimitKey.RUN_QUERY] == A

@@ -233,3 +233,17 @@ def test_a_damaged_learned_text_is_ignored(tmp_path):
     learned_ledger(StatePaths.resolve(tmp_path / "state"), text="{not json")
     shown = cli(tmp_path, "limits")
     assert "run-query: 15/1m+500/1h\n" in shown.stdout
+
+
+def test_auto_plans_by_b_until_the_server_settled_it(tmp_path):
+    """--profile auto plans 30 queries by B (15/1m: 1 m) while nothing is known,
+    and by what was learned once something is."""
+    path = str(jobs_file(tmp_path, 30))
+    before = cli(tmp_path, "plan", path, "--profile", "auto")
+    assert before.stdout.startswith("30 run-query jobs at 15/1m+500/1h: 1 m 0 s")
+    shown = cli(tmp_path, "limits", "--profile", "auto")
+    assert "until the server shows 30/1m holds (--profile auto)" in shown.stdout
+    a_holds = {**LEARNED, "windows": [[30, 60.0]], "why": "16 accepted within 1m"}
+    learned_ledger(StatePaths.resolve(tmp_path / "state"), text=json.dumps(a_holds))
+    after = cli(tmp_path, "plan", path, "--profile", "auto")
+    assert after.stdout.startswith("30 run-query jobs at 30/1m (learned): 0 ms")
