@@ -163,14 +163,17 @@ def infer(log: Sequence[Sent], rule: Rule, windows: Iterable[float]) -> Lesson |
     return None
 
 
-def _bounds(log: Sequence[Sent], seconds: float) -> tuple[int, int]:
+def _bounds(
+    log: Sequence[Sent], seconds: float, *, fit: bool = True
+) -> tuple[int, int]:
     """Bounds on the count per `seconds` of a server that refused and accepted as
     in `log`: at most the fewest accepted requests that arrived within `seconds`
     up to a refusal; at least the most that arrived within `seconds` up to an
     acceptance (the server let them all through).
 
     A request is taken to arrive halfway through its round trip; requests that
-    seem to arrive together all count, whatever order they really came in.
+    seem to arrive together all count, whatever order they really came in. With
+    `fit`, a refusal whose Retry-After does not fit the window rules it out.
     """
     arrivals = sorted(_arrival(s) for s in log if s.refused is False)
     most, least = len(arrivals), 1
@@ -180,7 +183,8 @@ def _bounds(log: Sequence[Sent], seconds: float) -> tuple[int, int]:
             arrivals, moment - seconds
         )
         if entry.refused:
-            most = min(most, inside if _agrees(entry, arrivals, seconds) else 0)
+            agrees = not fit or _agrees(entry, arrivals, seconds)
+            most = min(most, inside if agrees else 0)
         else:
             least = max(least, inside)
     return most, least
@@ -355,9 +359,11 @@ class Learner:
 
 
 def _refused_amid_acceptances(log: Sequence[Sent], rule: Rule) -> bool:
-    """Whether some refusal came with accepted requests within the rule's window."""
+    """Whether some refusal came with accepted requests within the rule's window
+    (whatever its Retry-After: a server that counts another way computes it
+    another way too)."""
     answered = [s for s in log if s.end is not None and s.refused is not None]
-    most, _ = _bounds(answered, rule.longest)
+    most, _ = _bounds(answered, rule.longest, fit=False)
     return most > 0
 
 
