@@ -13,10 +13,13 @@ taken from the rule's own windows and the lengths the API description uses (1 s,
 - an accepted request that left while N were counted says the server allows at
   least N + 1 per W, so a W whose refusals came at fewer is not the one.
 
-Of the windows consistent with both, the shortest is taken (the loosest reading
-that explains the log): if it is wrong, the next probe is refused and rules it out,
-one 429 per wrong guess. Invariant: a lesson only ever adds a window or lowers a
-count, so the rule it gives never allows more than the rule it came from.
+A burst fits any window longer than it lasted, so the log often cannot tell the
+rule's own window from a shorter one. The safe reading (the rule's own window, or
+the shortest that fits) is learned, and when a shorter window fits as well it is
+paced by first, with the safe one to fall back to (`Fallback`): one request past
+the safe count settles it, for at most one more 429. Invariant: a lesson only ever
+adds a window or lowers a count, so the rule it gives never allows more than the
+rule it came from.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ from batchrun.limits import Rule, Window
 # The window lengths, in seconds, that the API description uses or that common
 # servers count in.
 _CANDIDATES = (1.0, 10.0, 60.0, 300.0, 3600.0, 86400.0)
+# The part of a window within which more accepted requests than its count rule
+# the window out (`Fallback.ruled_out`).
+_SPAN = 0.1
 # Requests older than the longest candidate window cannot bear on a lesson; past
 # this many the oldest are dropped, which keeps `infer` cheap (quadratic in it).
 _KEPT = 2000
@@ -60,6 +66,9 @@ class Lesson:
     rule: Rule
     evidence: str
     spread: bool = False
+    # A safer rule that explains the log as well: the key falls back to it if
+    # the server refuses again before it lets through more than it allows.
+    fallback: Rule | None = None
 
 
 def candidates(rule: Rule, *, time_scale: float = 1.0) -> tuple[float, ...]:
@@ -320,7 +329,9 @@ class Learner:
         """A 429 episode of `key` began at `began`: review it once it settles."""
         self._episodes[key] = began
 
-    def review(self, key: str, rule: Rule, *, spread: bool) -> Lesson | None:
+    def review(
+        self, key: str, rule: Rule, *, spread: bool, doubt: bool = False
+    ) -> Lesson | None:
         """The lesson of `key`'s episode once every request sent before it began
         has its answer; None while it has not settled, or when none is pending.
 
@@ -343,6 +354,7 @@ class Learner:
         shorter = [w for w in windows if w < rule.longest and w not in own]
         lesson = infer(log.sent, rule, own + shorter)
         if lesson is not None:
+            lesson = _looser(log.sent, rule, lesson, shorter) or lesson
             log.rearm()
         if lesson is not None or not _refused_amid_acceptances(log.sent, rule):
             # Refused with nothing accepted in any window (a spent quota, or
@@ -350,12 +362,31 @@ class Learner:
             return lesson
         if spread:
             lesson = infer(log.sent, rule, [w for w in windows if w > rule.longest])
+            if lesson is None and doubt:
+                # The rule itself is in doubt (a fallback stands): that is the
+                # lesson, and the fallback answers it.
+                lesson = Lesson(rule, "429s still came when spaced evenly", True)
             if lesson is not None:
                 log.rearm()
             return lesson
         log.rearm()
         why = "429s came although requests kept to the rule"
         return Lesson(rule, f"{why}: the server counts in another way", spread=True)
+
+
+def _looser(
+    log: Sequence[Sent], rule: Rule, safe: Lesson, shorter: Sequence[float]
+) -> Lesson | None:
+    """The lesson of a window shorter than `safe`'s that explains `log` as well
+    (a burst fits any window longer than it lasted), with `safe` to fall back to:
+    the shorter reading is tried first, as the faster one, and a single request
+    past `safe`'s count (`Fallback`) settles which is right."""
+    learned = next(w for w in safe.rule.windows if w not in rule.windows)
+    loose = infer(log, rule, [s for s in shorter if s < learned.seconds])
+    if loose is None:
+        return None
+    why = f"{loose.evidence}; {learned} if refused again"
+    return Lesson(loose.rule, why, fallback=safe.rule)
 
 
 def _refused_amid_acceptances(log: Sequence[Sent], rule: Rule) -> bool:
@@ -388,13 +419,19 @@ class Fallback:
 
     def ruled_out(self, learner: Learner, key: str, given: Rule) -> Lesson | None:
         """A lesson that `given` holds if the server let through more than one of
-        this fallback's windows allows; None while it has not."""
+        this fallback's windows allows, within a tenth of it; None while it has not.
+
+        A tenth, because a server counting in fixed windows (or a weighted
+        counter) lets up to twice its count through within one window length
+        across its boundary; within a tenth of it, one time in ten at most.
+        """
         for window in self.rule.windows:
-            seen = learner.accepted_within(key, window.seconds)
+            span = window.seconds * _SPAN
+            seen = learner.accepted_within(key, span)
             if seen > window.count:
                 why = (
-                    f"{seen} accepted within {durations.compact(window.seconds)}, "
-                    f"more than {self.rule} allows: the server enforces {given}"
+                    f"{seen} accepted within {durations.compact(span)}, more than "
+                    f"{self.rule} allows: the server enforces {given}"
                 )
                 return Lesson(given, why)
         return None

@@ -115,6 +115,9 @@ class Pacer:
         if lesson.spread:
             self._paces[key] = Pace.SPREAD
         if keep:
+            # Until the server settles a lesson's fallback, later runs start from it.
+            if lesson.fallback is not None:
+                lesson = Lesson(lesson.fallback, lesson.evidence)
             text = stored(lesson, time_scale=self._time_scale, at=SystemClock().now())
             self._ledger.remember(key.value, text)
 

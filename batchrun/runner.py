@@ -352,7 +352,9 @@ class Runner:
     def _review(self, key: LimitKey) -> None:
         """Once a 429 episode of `key` has settled, pace by what it taught."""
         spread = self._pacer.pace(key) is Pace.SPREAD
-        lesson = self._learner.review(key, self._pacer.rules[key], spread=spread)
+        doubt = key in self._fallback
+        rule = self._pacer.rules[key]
+        lesson = self._learner.review(key, rule, spread=spread, doubt=doubt)
         if lesson is not None:
             self._learned(key, lesson)
 
@@ -364,11 +366,17 @@ class Runner:
             self._learned(key, lesson)
 
     def _learned(self, key: LimitKey, lesson: Lesson) -> None:
-        # Any lesson settles a fallback: one that tightens the rule takes it whole.
-        fallback = self._fallback.pop(key, None)
+        # A lesson settles a fallback, unless it is the first to only space the
+        # same rule evenly (the count is still in question): one that tightens
+        # the rule, or 429s that still come when spread, take the fallback.
         given = self._pacer.rules[key]
+        spread = self._pacer.pace(key) is Pace.SPREAD
+        first_spread = lesson.spread and lesson.rule == given and not spread
+        fallback = None if first_spread else self._fallback.pop(key, None)
         if fallback is not None and (lesson.rule != given or lesson.spread):
             lesson = fallback.taken(lesson, given)
+        if lesson.fallback is not None:
+            self._fallback[key] = Fallback(lesson.fallback)
         self._pacer.learn(key, lesson)
         at = self._clock.now()
         spread = self._pacer.pace(key) is Pace.SPREAD

@@ -411,7 +411,7 @@ async def test_auto_against_an_a_server_keeps_a_without_a_429():
     assert Counter(a.status for a in sandbox.arrivals) == {200: 60}
     (lesson,) = sink.of(RuleLearned)
     assert lesson.rule == A
-    assert "16 accepted within 1m, more than 15/1m+500/1h allows" in lesson.evidence
+    assert "16 accepted within 6s, more than 15/1m+500/1h allows" in lesson.evidence
     assert seconds <= 1.25 * eta(60, A, now=0.0)
     _, sink, _ = await run_against(str(A), str(A), 10, ledger=ledger, settings=AUTO)
     (kept,) = sink.of(RuleLearned)
