@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from batchrun.clock import Clock, SystemClock
+from batchrun.clock import Clock, wall_time
 from batchrun.events import EventSink, SlotWait
 from batchrun.learning import Learner, Lesson, recalled, stored
 from batchrun.ledger import Ledger
@@ -115,7 +115,7 @@ class Pacer:
         if lesson.spread:
             self._paces[key] = Pace.SPREAD
         if keep:
-            text = stored(lesson, time_scale=self._time_scale, at=SystemClock().now())
+            text = stored(lesson, time_scale=self._time_scale, at=wall_time())
             self._ledger.remember(key.value, text)
 
     def recall(self, keys: Iterable[LimitKey]) -> list[tuple[LimitKey, Lesson]]:

@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 
 from batchrun.client import Client
-from batchrun.clock import Clock, SystemClock
+from batchrun.clock import Clock, MachineClock
 from batchrun.errors import EXIT_OK, EXIT_SOME_FAILED, StoppedEarly
 from batchrun.events import EventSink
 from batchrun.jobs import scan
@@ -89,6 +89,11 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
     # A ledger that cannot be used stops the run before the jobs file is read;
     # closing it writes the last answers for the other processes.
     with lock, _store(job) as store, contextlib.closing(_ledger(job)) as ledger:
+        if getattr(ledger, "lost_history", False):
+            say(
+                f"The send ledger {job.state.ledger} was emptied, deleted or replaced "
+                "since it was last used: each window is paced as if it were full."
+            )
         rows = scan(job.jobs_file, check_duplicates=False)
         store.sync(rows, path=str(job.jobs_file), restart=job.restart)
         store.recover(retry_failed=job.retry_failed, retry_unknown=job.retry_unknown)
@@ -114,7 +119,7 @@ async def _run(
     journal: Journal,
     say: Callable[[str], None],
 ) -> bool:
-    clock = SystemClock()
+    clock = MachineClock()
     sink = open_progress(sys.stdout, clock=clock)
     try:
         async with open_run(
@@ -254,7 +259,7 @@ def _ledger(job: Submission) -> Ledger:
         state=job.state,
         client=job.target.client,
         hold=job.target.timeout,
-        now=SystemClock().now,
+        now=MachineClock().now,
     )
 
 
