@@ -154,7 +154,10 @@ LEARNED = {
 def learned_ledger(paths, token="tok", text=None):
     """A ledger where an earlier run of the client learned run-query is 5/1m."""
     ledger = SqliteLedger(
-        paths.ledger, client=client_fingerprint(URL, token), hold=30, now=time.time
+        paths.ledger,
+        client=client_fingerprint(URL, token),
+        hold=30,
+        now=MachineClock().now,
     )
     ledger.remember("run-query", text or json.dumps(LEARNED))
     ledger.close()
