@@ -7,13 +7,13 @@ the same rule the pacer grants by.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchrun.clock import MachineClock
 from batchrun.jobs import read_jobs
 from batchrun.learning import Lesson, recalled
 from batchrun.ledger import Ledger
@@ -122,7 +122,7 @@ def _plans(
     pace: Pace,
     budget: _Budget,
 ) -> list[KeyPlan]:
-    now = time.time()
+    now = MachineClock().now()
     with _ledger(budget, now) as ledger:
         return [
             _plan(key, n, _in_force(key, rules[key], ledger, budget), pace, ledger, now)
@@ -134,7 +134,7 @@ def _plans(
 @contextmanager
 def _ledger(budget: _Budget, now: float | None = None) -> Iterator[Ledger]:
     """The client's ledger, read at `now` (default: the time it is opened)."""
-    at = time.time() if now is None else now
+    at = MachineClock().now() if now is None else now
     ledger = open_shared_ledger(
         budget.ledger_url,
         state=budget.paths,

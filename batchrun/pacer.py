@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from batchrun.clock import Clock, SystemClock
+from batchrun.clock import Clock, wall_time
 from batchrun.events import EventSink, SlotWait
 from batchrun.learning import Learner, Lesson, recalled, stored
 from batchrun.ledger import Ledger
@@ -118,7 +118,7 @@ class Pacer:
             # Until the server settles a lesson's fallback, later runs start from it.
             if lesson.fallback is not None:
                 lesson = Lesson(lesson.fallback, lesson.evidence)
-            text = stored(lesson, time_scale=self._time_scale, at=SystemClock().now())
+            text = stored(lesson, time_scale=self._time_scale, at=wall_time())
             self._ledger.remember(key.value, text)
 
     def recall(self, keys: Iterable[LimitKey]) -> list[tuple[LimitKey, Lesson]]:

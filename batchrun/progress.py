@@ -73,7 +73,7 @@ def open_progress(
     """A Rich live view if `stream` is a terminal, plain timestamped lines otherwise.
 
     `live` forces either. The live view reads `clock` from its refresh thread, so it
-    must be readable from any thread (SystemClock is). Plain lines: at most one
+    must be readable from any thread (MachineClock is). Plain lines: at most one
     progress line per `every` seconds of event time, stamped with `wall()`.
     """
     if every < 0:

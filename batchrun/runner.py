@@ -21,7 +21,7 @@ from typing import Protocol
 
 import anyio
 
-from batchrun.clock import Clock
+from batchrun.clock import Clock, wall_time
 from batchrun.errors import LedgerLost
 from batchrun.events import (
     Event,
@@ -413,7 +413,8 @@ class Runner:
 
     def _finish(self, key: LimitKey, attempt: _Try, outcome: Outcome) -> None:
         now = self._clock.now()
-        result = JobResult.of(attempt.job, attempt.attempts, outcome, now)
+        # The results file is for people: its date is the wall clock's.
+        result = JobResult.of(attempt.job, attempt.attempts, outcome, wall_time())
         if result.status is Status.DONE:
             self._tally.done += 1
         else:

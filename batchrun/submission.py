@@ -24,9 +24,10 @@ from typing import Any
 import anyio
 
 from batchrun.client import Client
-from batchrun.clock import Clock, SystemClock
-from batchrun.errors import EXIT_OK, EXIT_SOME_FAILED, StoppedEarly
+from batchrun.clock import Clock, MachineClock
+from batchrun.errors import EXIT_OK, EXIT_SOME_FAILED, StoppedEarly, UsageError
 from batchrun.events import EventSink
+from batchrun.generation import marker_of, new_generation, read_marker, write_marker
 from batchrun.jobs import scan
 from batchrun.journal import Journal
 from batchrun.ledger import Ledger, MemoryLedger
@@ -89,6 +90,11 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
     # A ledger that cannot be used stops the run before the jobs file is read;
     # closing it writes the last answers for the other processes.
     with lock, _store(job) as store, contextlib.closing(_ledger(job)) as ledger:
+        if getattr(ledger, "lost_history", False):
+            say(
+                f"The send ledger {job.state.ledger} was emptied, deleted or replaced "
+                "since it was last used: each window is paced as if it were full."
+            )
         rows = scan(job.jobs_file, check_duplicates=False)
         store.sync(rows, path=str(job.jobs_file), restart=job.restart)
         store.recover(retry_failed=job.retry_failed, retry_unknown=job.retry_unknown)
@@ -114,7 +120,7 @@ async def _run(
     journal: Journal,
     say: Callable[[str], None],
 ) -> bool:
-    clock = SystemClock()
+    clock = MachineClock()
     sink = open_progress(sys.stdout, clock=clock)
     try:
         async with open_run(
@@ -234,7 +240,11 @@ async def _after(seconds: float, stop: Callable[[str], None]) -> None:
 @contextlib.contextmanager
 def _store(job: Submission) -> Iterator[RunStore]:
     if not job.target.is_sandbox:
-        with RunStore(job.state.run_store(job.jobs_file, job.target.client)) as store:
+        path = job.state.run_store(job.jobs_file, job.target.client)
+        if not job.restart:
+            _refuse_a_lost_store(job, path)
+        with RunStore(path) as store:
+            _mark(store, marker_of(path))
             yield store
         return
     # The in-process sandbox forgets its limits when it stops: so do its runs.
@@ -246,6 +256,57 @@ def _store(job: Submission) -> Iterator[RunStore]:
         yield store
 
 
+def _refuse_a_lost_store(job: Submission, path: Path) -> None:
+    """Refuse to take a run store that is missing or empty for a fresh start when
+    its marker, or a results file of the jobs file, says jobs were sent before.
+
+    Raises:
+        UsageError: the store was lost (exit 2); `--restart` sends every job.
+    """
+    if path.exists() and path.stat().st_size > 0:
+        return
+    if read_marker(marker_of(path)) is not None:
+        msg = (
+            f"the run store of {job.jobs_file} ({path}) was deleted or emptied after "
+            "an earlier run: which jobs ended is lost, and sending again could repeat "
+            "them (invites included). Restore it from a backup, or use --restart to "
+            f"send every job again (earlier results are in {job.results})."
+        )
+        raise UsageError(msg)
+    ended = _result_lines(job.results)
+    if ended:
+        msg = (
+            f"{job.results} holds {ended} result(s) of earlier runs of "
+            f"{job.jobs_file}, but the state folder {job.state.root} has no run of "
+            "it for this API: sending again could repeat them (invites included). "
+            "If the state folder moved, point --state-dir at it; if those results "
+            "came from --sandbox or another API, or every job should go again, use "
+            "--restart."
+        )
+        raise UsageError(msg)
+
+
+def _result_lines(path: Path) -> int:
+    try:
+        with path.open(encoding="utf-8", errors="replace") as file:
+            return sum(1 for line in file if line.strip())
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        msg = f"cannot read the results file {path}: {exc.strerror or exc}."
+        raise UsageError(msg) from None
+
+
+def _mark(store: RunStore, marker: Path) -> None:
+    """Keep the store's generation in the marker beside it (made on first use)."""
+    generation = store.get_meta("generation")
+    if generation is None:
+        generation = new_generation()
+        store.set_meta("generation", generation)
+    if read_marker(marker) != generation:
+        write_marker(marker, generation)
+
+
 def _ledger(job: Submission) -> Ledger:
     if job.target.is_sandbox and job.ledger_url is None:
         return MemoryLedger()
@@ -254,7 +315,7 @@ def _ledger(job: Submission) -> Ledger:
         state=job.state,
         client=job.target.client,
         hold=job.target.timeout,
-        now=SystemClock().now,
+        now=MachineClock().now,
     )
 
 

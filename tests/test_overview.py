@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import time
 
 from typer.testing import CliRunner
 
 from batchrun.cli import app
+from batchrun.clock import MachineClock
 from batchrun.events import Status
 from batchrun.jobs import scan
 from batchrun.limits import parse_rule
@@ -52,12 +52,12 @@ def test_plan_counts_the_ledger_in_use_now(tmp_path):
     """15 queries sent by another run a moment ago hold 15/1m: the next 15 wait 1 m."""
     paths = StatePaths.resolve(tmp_path / "state")
     client = client_fingerprint(URL, "tok")
-    ledger = SqliteLedger(paths.ledger, client=client, hold=30, now=time.time)
+    ledger = SqliteLedger(paths.ledger, client=client, hold=30, now=MachineClock().now)
     rule = parse_rule("15/1m+500/1h")
     for _ in range(15):
-        grant = ledger.reserve("run-query", rule, Pace.EXACT, time.time())
+        grant = ledger.reserve("run-query", rule, Pace.EXACT, MachineClock().now())
         assert isinstance(grant, Grant)
-        ledger.release(grant.ticket, time.time())
+        ledger.release(grant.ticket, MachineClock().now())
     ledger.close()
     result = runner.invoke(
         app,
@@ -154,7 +154,10 @@ LEARNED = {
 def learned_ledger(paths, token="tok", text=None):
     """A ledger where an earlier run of the client learned run-query is 5/1m."""
     ledger = SqliteLedger(
-        paths.ledger, client=client_fingerprint(URL, token), hold=30, now=time.time
+        paths.ledger,
+        client=client_fingerprint(URL, token),
+        hold=30,
+        now=MachineClock().now,
     )
     ledger.remember("run-query", text or json.dumps(LEARNED))
     ledger.close()
