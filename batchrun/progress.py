@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -51,7 +52,9 @@ from batchrun.limits import LimitKey
 # Enough to see a pattern in a cron mail; the results file holds every failure.
 _FAILURES_LISTED = 20
 _STAMP = "%Y-%m-%d %H:%M:%S"
-_VIEW_COLUMNS = "endpoint,rule,done/total,failed,429s,retries,in flight,next slot,ETA"
+_VIEW_COLUMNS = "endpoint,rule,done,failed,429s,retries,sending,next slot,ETA"
+# Terminals that cannot move the cursor: a live view would be a blank screen there.
+_DUMB_TERMINALS = ("dumb", "unknown")
 
 
 class ProgressSink(EventSink, Protocol):
@@ -59,6 +62,10 @@ class ProgressSink(EventSink, Protocol):
 
     def close(self) -> None:
         """Stop any live display and print the final summary; idempotent."""
+        ...
+
+    def note(self, text: str) -> None:
+        """Show a message (a signal's acknowledgement) without breaking the view."""
         ...
 
 
@@ -69,21 +76,32 @@ def open_progress(
     clock: Clock,
     every: float = 10.0,
     wall: Callable[[], datetime] = datetime.now,
+    notes: Callable[[str], None] | None = None,
+    color: bool = True,
 ) -> ProgressSink:
     """A Rich live view if `stream` is a terminal, plain timestamped lines otherwise.
 
-    `live` forces either. The live view reads `clock` from its refresh thread, so it
-    must be readable from any thread (SystemClock is). Plain lines: at most one
-    progress line per `every` seconds of event time, stamped with `wall()`.
+    `live` forces either; a terminal with TERM=dumb gets plain lines. The live view
+    reads `clock` from its refresh thread, so it must be readable from any thread
+    (SystemClock is); it has no colour with `color=False` or NO_COLOR set. Plain
+    lines: at most one progress line per `every` seconds of event time, stamped with
+    `wall()`. `note()` goes to `notes` (default: the stream) unless a live view is
+    drawing, which prints it above itself.
     """
     if every < 0:
         msg = f"every must be at least 0 s, got {every}"
         raise ValueError(msg)
     if live is None:
-        live = stream.isatty()
+        live = stream.isatty() and os.environ.get("TERM") not in _DUMB_TERMINALS
     if live:
-        return _LiveView(Console(file=stream, force_terminal=True), clock=clock)
-    return _PlainLog(stream, clock=clock, every=every, wall=wall)
+        console = Console(file=stream, force_terminal=True, no_color=_no_color(color))
+        return _LiveView(console, clock=clock, notes=notes)
+    return _PlainLog(stream, clock=clock, every=every, wall=wall, notes=notes)
+
+
+def _no_color(color: bool) -> bool:
+    # https://no-color.org: set and not empty.
+    return not color or bool(os.environ.get("NO_COLOR"))
 
 
 class _PlainLog:
@@ -96,8 +114,10 @@ class _PlainLog:
         clock: Clock,
         every: float,
         wall: Callable[[], datetime],
+        notes: Callable[[str], None] | None,
     ) -> None:
         self._stream = stream
+        self._notes = notes or self._line
         self._clock = clock
         self._every = every
         self._wall = wall
@@ -127,6 +147,9 @@ class _PlainLog:
         self._closed = True
         if self._board.started is not None:
             self._summary()
+
+    def note(self, text: str) -> None:
+        self._notes(text)
 
     def _start_text(self, at: float) -> str:
         board = self._board
@@ -201,8 +224,11 @@ class _PlainLog:
 class _LiveView:
     """A Rich live view: an overall bar, a row per endpoint, the latest failures."""
 
-    def __init__(self, console: Console, *, clock: Clock) -> None:
+    def __init__(
+        self, console: Console, *, clock: Clock, notes: Callable[[str], None] | None
+    ) -> None:
         self._console = console
+        self._notes = notes
         self._clock = clock
         self._board = Board()
         self._lock = threading.Lock()
@@ -231,6 +257,14 @@ class _LiveView:
         if self._board.started is not None:
             self._summary()
 
+    def note(self, text: str) -> None:
+        # While the view draws, only its console may print, above the view:
+        # anything else is erased by the next redraw.
+        if self._live.is_started or self._notes is None:
+            self._console.print(Text(text))
+        else:
+            self._notes(text)
+
     def _render(self) -> RenderableType:
         # Runs on Rich's refresh thread: the board is only read under the lock
         # that `emit` changes it under.
@@ -251,7 +285,7 @@ class _LiveView:
         c = overall(list(self._board.keys.values()))
         grid = Table.grid(padding=(0, 1))
         grid.add_row(
-            ProgressBar(total=max(c.total, 1), completed=c.ended, width=40),
+            ProgressBar(total=max(c.total, 1), completed=c.ended, width=30),
             f"{c.ended}/{c.total}",
             f"elapsed {durations.spoken(self._board.elapsed(now))}",
             f"ETA {durations.spoken(max(etas.values(), default=0.0))}",
@@ -259,9 +293,11 @@ class _LiveView:
         return grid
 
     def _table(self, now: float, etas: dict[LimitKey, float]) -> Table:
-        table = Table(box=None, header_style="bold")
+        # One space between columns, and only the rule may wrap: 80 columns hold
+        # every row, "run-query  15/1m+500/1h  2000/2000 …" included.
+        table = Table(box=None, header_style="bold", padding=(0, 1, 0, 0))
         for i, name in enumerate(_VIEW_COLUMNS.split(",")):
-            table.add_column(name, justify="left" if i < 2 else "right")
+            table.add_column(name, justify="left" if i < 2 else "right", no_wrap=i != 1)
         for key, s in list(self._board.keys.items()):
             key_eta = durations.spoken(etas.get(key, 0.0)) if s.left > 0 else NONE
             numbers = (s.failed, s.rate_limited, s.retried, s.in_flight)
