@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import typer
 
 from batchrun import __version__, durations, reports
-from batchrun.errors import EXIT_STOPPED, BatchrunError, UsageError
+from batchrun.errors import EXIT_INTERRUPTED, BatchrunError, UsageError
 from batchrun.jobs import summarize, valid_jobs
 from batchrun.limits import (
     LimitKey,
@@ -164,6 +164,10 @@ _RestartFlag = Annotated[
     bool,
     typer.Option("--restart", help="Forget earlier runs of this file; start over."),
 ]
+_NoColorFlag = Annotated[
+    bool,
+    typer.Option("--no-color", help="No colour in the live view (as NO_COLOR=1)."),
+]
 
 
 @app.command()
@@ -188,6 +192,7 @@ def submit(
     retry_failed: _RetryFailedFlag = False,
     retry_unknown: _RetryUnknownFlag = False,
     restart: _RestartFlag = False,
+    no_color: _NoColorFlag = False,
 ) -> None:
     """Send every job of JOBS_FILE inside the rate limits; run it again to resume."""
     from batchrun.submission import Submission, submit
@@ -208,6 +213,7 @@ def submit(
             retry_unknown=retry_unknown,
             restart=restart,
             ledger_url=ledger,
+            color=not no_color,
         )
         raise typer.Exit(submit(job, say=lambda text: typer.echo(text, err=True)))
 
@@ -364,7 +370,7 @@ def main() -> None:
         app()
     except KeyboardInterrupt:
         typer.echo("Interrupted.", err=True)
-        sys.exit(EXIT_STOPPED)
+        sys.exit(EXIT_INTERRUPTED)
     except Exception as exc:
         if os.environ.get("BATCHRUN_DEBUG"):
             raise

@@ -274,8 +274,8 @@ def test_internal_errors_print_a_message_not_a_traceback(monkeypatch, capsys):
     assert "Traceback" not in err
 
 
-def test_ctrl_c_exits_75(monkeypatch, capsys):
-    """Ctrl-C outside a run exits 75, the contract's 'stopped early'."""
+def test_ctrl_c_exits_130(monkeypatch, capsys):
+    """Ctrl-C outside a run exits 130, as a shell reports a SIGINT."""
     import batchrun.cli as cli
 
     def interrupted():
@@ -284,7 +284,45 @@ def test_ctrl_c_exits_75(monkeypatch, capsys):
     monkeypatch.setattr(cli, "app", interrupted)
     with pytest.raises(SystemExit) as info:
         cli.main()
-    assert info.value.code == 75
+    assert info.value.code == 130
+
+
+def test_deadline_with_failed_jobs_exits_1(tmp_path):
+    """A deadline with jobs left does not hide failures: exit 1, saying both."""
+    path = jobs_file(tmp_path, [f"q{i},run-query,t1," for i in range(10)])
+    failing = ["--inject", "5xx=1", "--max-attempts", "1"]
+    slow = ["--limit", "run-query=2/1m", "--deadline", "300ms"]
+    result = runner.invoke(app, ["submit", str(path), "--sandbox", *failing, *slow])
+    assert result.exit_code == 1, result.stderr
+    assert "Stopped early with 8 job(s) left" in result.stderr
+    assert "2 failed" in result.stdout
+
+
+def test_deadline_without_failures_exits_75(tmp_path):
+    """A deadline with jobs left and none failed exits 75, said once."""
+    path = jobs_file(tmp_path, [f"q{i},run-query,t1," for i in range(10)])
+    slow = ["--limit", "run-query=2/1m", "--deadline", "300ms"]
+    result = runner.invoke(app, ["submit", str(path), "--sandbox", *slow])
+    assert result.exit_code == 75, result.stderr
+    assert (result.stdout + result.stderr).count("Stopped early") == 1
+
+
+def test_no_color_flag_reaches_the_progress_view(tmp_path, monkeypatch):
+    """submit --no-color opens the progress view without colour."""
+    from batchrun.progress import open_progress as real
+
+    seen = {}
+
+    def spy(stream, **options):
+        seen.update(options)
+        return real(stream, **options)
+
+    monkeypatch.setattr("batchrun.submission.open_progress", spy)
+    result = runner.invoke(
+        app, ["submit", str(jobs_file(tmp_path)), *FAST, "--no-color"]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert seen["color"] is False
 
 
 def test_python_dash_m_runs_the_cli():
