@@ -245,7 +245,7 @@ def status(
         client = _client(base_url, token)
         found = read_status(jobs_file, paths, client, ledger_url=ledger)
     if as_json:
-        typer.echo(json.dumps(reports.status_json(jobs_file, found), indent=2))
+        _echo([json.dumps(reports.status_json(jobs_file, found), indent=2)])
     else:
         _echo(reports.status_lines(jobs_file, found))
 
@@ -278,9 +278,7 @@ def plan(
             told=_told(limit),
             fallback=_fallbacks(profile, limit),
         )
-    if not plans:
-        typer.echo("Nothing to send.")
-    _echo(reports.plan_lines(plans))
+    _echo(reports.plan_lines(plans) if plans else ["Nothing to send."])
 
 
 @app.command("limits")
@@ -328,7 +326,7 @@ def limits_command(
             fallback=_fallbacks(profile, limit),
         )
     if as_json:
-        typer.echo(json.dumps(reports.limits_json(found), indent=2))
+        _echo([json.dumps(reports.limits_json(found), indent=2)])
     else:
         _echo(reports.limits_lines(found, forgotten))
 
@@ -401,8 +399,14 @@ def _options(
 
 
 def _echo(lines: list[str]) -> None:
-    for line in lines:
-        typer.echo(line)
+    """Print on stdout; a reader that left early (`| head`) is not a failure."""
+    try:
+        for line in lines:
+            typer.echo(line)
+    except BrokenPipeError:
+        # Python's advice: point stdout at /dev/null, or the flush at exit fails
+        # again, and Click would exit 1 for a command that did its work.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _client(base_url: str | None, token: str | None) -> str | None:

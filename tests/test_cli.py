@@ -325,6 +325,32 @@ def test_no_color_flag_reaches_the_progress_view(tmp_path, monkeypatch):
     assert seen["color"] is False
 
 
+@pytest.mark.parametrize("command", ["validate", "plan"])
+def test_a_closed_stdout_pipe_is_not_a_failure(tmp_path, command):
+    """`batchrun validate jobs.csv | head -0`: the reader left, the command did its
+    work, so it exits 0, with nothing on stderr."""
+    import os
+    import subprocess
+    import sys
+
+    path = jobs_file(tmp_path)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line
+    env = {**os.environ, "BATCHRUN_STATE_DIR": str(tmp_path / "state")}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "batchrun", command, str(path)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=env,
+            timeout=20,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (0, b"")
+
+
 def test_python_dash_m_runs_the_cli():
     """`python -m batchrun` is the same command."""
     import subprocess
