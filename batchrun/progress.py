@@ -12,7 +12,8 @@ import math
 import os
 import threading
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Protocol, TextIO
 
 from rich.console import Console, Group, RenderableType
@@ -53,6 +54,9 @@ from batchrun.limits import LimitKey
 _FAILURES_LISTED = 20
 _STAMP = "%Y-%m-%d %H:%M:%S"
 _VIEW_COLUMNS = "endpoint,rule,done,failed,429s,retries,sending,next slot,ETA"
+# A plain log quiet this long (a long wait for a slot or a cool-down) says what it
+# waits for; `tick()` is called often enough that a cron log gets a line a minute.
+QUIET = 50.0
 # Terminals that cannot move the cursor: a live view would be a blank screen there.
 _DUMB_TERMINALS = ("dumb", "unknown")
 
@@ -68,6 +72,22 @@ class ProgressSink(EventSink, Protocol):
         """Show a message (a signal's acknowledgement) without breaking the view."""
         ...
 
+    def tick(self) -> None:
+        """Say what the run waits for, if nothing was said for `QUIET` seconds."""
+        ...
+
+
+def log_tag(jobs_file: Path) -> str:
+    """What each line of a log names: the process and the jobs file, so that the
+    lines of two runs (or a refused run's error) appended to one log tell apart."""
+    return f"batchrun[{os.getpid()}] {jobs_file.name}: "
+
+
+def stamped(text: str, *, tag: str, wall: Callable[[], datetime]) -> str:
+    """`text`, each of its lines prefixed with the local time and `tag`."""
+    stamp = wall().strftime(_STAMP)
+    return "\n".join(f"{stamp} {tag}{line}" for line in text.splitlines())
+
 
 def open_progress(
     stream: TextIO,
@@ -78,6 +98,7 @@ def open_progress(
     wall: Callable[[], datetime] = datetime.now,
     notes: Callable[[str], None] | None = None,
     color: bool = True,
+    tag: str = "",
 ) -> ProgressSink:
     """A Rich live view if `stream` is a terminal, plain timestamped lines otherwise.
 
@@ -85,8 +106,8 @@ def open_progress(
     reads `clock` from its refresh thread, so it must be readable from any thread
     (SystemClock is); it has no colour with `color=False` or NO_COLOR set. Plain
     lines: at most one progress line per `every` seconds of event time, stamped with
-    `wall()`. `note()` goes to `notes` (default: the stream) unless a live view is
-    drawing, which prints it above itself.
+    `wall()` and `tag` (`log_tag`). `note()` goes to `notes` (default: the stream)
+    unless a live view is drawing, which prints it above itself.
     """
     if every < 0:
         msg = f"every must be at least 0 s, got {every}"
@@ -96,7 +117,7 @@ def open_progress(
     if live:
         console = Console(file=stream, force_terminal=True, no_color=_no_color(color))
         return _LiveView(console, clock=clock, notes=notes)
-    return _PlainLog(stream, clock=clock, every=every, wall=wall, notes=notes)
+    return _PlainLog(stream, clock=clock, every=every, wall=wall, notes=notes, tag=tag)
 
 
 def _no_color(color: bool) -> bool:
@@ -115,10 +136,13 @@ class _PlainLog:
         every: float,
         wall: Callable[[], datetime],
         notes: Callable[[str], None] | None,
+        tag: str,
     ) -> None:
         self._stream = stream
         self._notes = notes or self._line
+        self._tag = tag
         self._clock = clock
+        self._said = clock.now()
         self._every = every
         self._wall = wall
         self._board = Board()
@@ -150,6 +174,26 @@ class _PlainLog:
 
     def note(self, text: str) -> None:
         self._notes(text)
+
+    def tick(self) -> None:
+        now = self._clock.now()
+        board = self._board
+        if self._closed or board.started is None or now - self._said < QUIET:
+            return
+        waits = "; ".join(
+            f"{key} next slot {self._slot_text(s, now)}"
+            for key, s in board.keys.items()
+            if s.left > 0
+        )
+        counts = tally(overall(board.keys.values()))
+        eta_text = durations.spoken(board.eta(now))
+        self._line(f"waiting: {waits} — {counts}; ETA {eta_text}")
+
+    def _slot_text(self, state: KeyCounts, now: float) -> str:
+        if state.slot is None or state.slot <= now:
+            return next_slot(state, now)
+        at = self._wall() + timedelta(seconds=state.slot - now)
+        return f"in {durations.spoken(state.slot - now)} (at {at:%H:%M:%S})"
 
     def _start_text(self, at: float) -> str:
         board = self._board
@@ -214,10 +258,10 @@ class _PlainLog:
             self._line(text)
 
     def _line(self, text: str) -> None:
-        stamp = self._wall().strftime(_STAMP)
+        self._said = self._clock.now()
         # A closed pipe (`| head`) must not stop the run this log reports on.
         with contextlib.suppress(OSError, ValueError):
-            self._stream.write(f"{stamp} {text}\n")
+            self._stream.write(stamped(text, tag=self._tag, wall=self._wall) + "\n")
             self._stream.flush()
 
 
@@ -256,6 +300,9 @@ class _LiveView:
             self._live.stop()
         if self._board.started is not None:
             self._summary()
+
+    def tick(self) -> None:
+        """The live view redraws itself: its next slot and ETA are always there."""
 
     def note(self, text: str) -> None:
         # While the view draws, only its console may print, above the view:

@@ -44,7 +44,7 @@ from batchrun.ledger import Ledger, MemoryLedger
 from batchrun.limits import LimitKey, Rule, keys_text, table_text
 from batchrun.pacer import Pacer
 from batchrun.paths import StatePaths, client_fingerprint
-from batchrun.progress import open_progress
+from batchrun.progress import QUIET, ProgressSink, log_tag, open_progress
 from batchrun.results import ResultsFile
 from batchrun.runlock import RunLock
 from batchrun.runner import Recorder, Runner, Settings
@@ -128,7 +128,13 @@ async def _run(
     say: Callable[[str], None],
 ) -> int | None:
     clock = SystemClock()
-    sink = open_progress(sys.stdout, clock=clock, notes=say, color=job.color)
+    sink = open_progress(
+        sys.stdout,
+        clock=clock,
+        notes=say,
+        color=job.color,
+        tag=log_tag(job.jobs_file),
+    )
     try:
         async with open_run(
             job.target,
@@ -140,7 +146,7 @@ async def _run(
             recorder=journal,
             scope=str(job.jobs_file.resolve()),
         ) as runner:
-            return await _supervised(runner, store, job.deadline, sink.note)
+            return await _supervised(runner, store, job.deadline, sink)
     finally:
         sink.close()
 
@@ -193,9 +199,10 @@ async def open_run(
 
 
 async def _supervised(
-    runner: Runner, store: RunStore, deadline: float | None, say: Callable[[str], None]
+    runner: Runner, store: RunStore, deadline: float | None, sink: ProgressSink
 ) -> int | None:
     """Run until done, a deadline or a signal; the exit code it stopped early with."""
+    say = sink.note
     pending = _pending(store)
     sources = {key: store.pending(key) for key in pending}
     stopped: int | None = None
@@ -211,6 +218,7 @@ async def _supervised(
 
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(_on_signals, stop, tasks.cancel_scope, say)
+        tasks.start_soon(_heartbeat, sink.tick)
         if deadline is not None:
             tasks.start_soon(_after, deadline, stop)
         await runner.run(sources, pending)
@@ -241,6 +249,13 @@ async def _on_signals(
                 stop("Ctrl-C (again to stop at once)", EXIT_INTERRUPTED)
             else:
                 stop("SIGTERM (Ctrl-C to stop at once)", EXIT_TERMINATED)
+
+
+async def _heartbeat(tick: Callable[[], None]) -> None:
+    # Checked ten times per quiet spell, so a quiet log speaks within QUIET + 10 %.
+    while True:
+        await anyio.sleep(QUIET / 10)
+        tick()
 
 
 async def _after(seconds: float, stop: Callable[[str, int], None]) -> None:

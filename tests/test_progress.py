@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import os
 import re
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +22,7 @@ from batchrun.events import (
     Status,
 )
 from batchrun.limits import LimitKey, parse_rule
-from batchrun.progress import open_progress
+from batchrun.progress import QUIET, log_tag, open_progress, stamped
 from batchrun.slots import Pace, eta
 
 RQ, INVITE = LimitKey.RUN_QUERY, LimitKey.INVITE
@@ -132,6 +134,56 @@ def test_plain_lines_start_with_a_local_timestamp(plain, stream):
     plain.close()
     assert len(lines(stream)) > 5
     assert all(line.startswith(f"{STAMP} ") for line in lines(stream))
+
+
+def test_plain_lines_name_the_process_and_file(stream, clock):
+    """With a tag, every plain line (summary too) names the process and jobs file
+    after its timestamp, so two runs appending to one log can be told apart."""
+    tag = log_tag(Path("/data/nightly.csv"))
+    assert tag == f"batchrun[{os.getpid()}] nightly.csv: "
+    wall = lambda: datetime(2024, 5, 1, 12)  # noqa: E731
+    sink = open_progress(stream, live=False, clock=clock, wall=wall, tag=tag)
+    sink.emit(start({RQ: 2}))
+    send_and_finish(sink, 2)
+    sink.close()
+    assert len(lines(stream)) > 5
+    assert all(line.startswith(f"{STAMP} {tag}") for line in lines(stream))
+
+
+def test_stamped_prefixes_every_line():
+    """A message of several lines gets the stamp and tag on each."""
+    text = stamped("one\ntwo", tag="t: ", wall=lambda: datetime(2024, 5, 1, 12))
+    assert text == f"{STAMP} t: one\n{STAMP} t: two"
+
+
+def test_a_quiet_plain_log_says_what_it_waits_for(plain, stream, clock):
+    """After QUIET seconds without a line, a tick writes what the run waits for:
+    each key's next slot (in how long, and the wall time) and the ETA."""
+    plain.emit(start({RQ: 10}))
+    plain.emit(SlotWait(0.0, RQ, 250.0))
+    clock.time = QUIET - 1
+    plain.tick()
+    assert len(lines(stream)) == 1
+    clock.time = QUIET
+    plain.tick()
+    assert texts(stream)[-1].startswith(
+        "waiting: run-query next slot in 3 m 20 s (at 12:03:20) — 0/10 done"
+    )
+    plain.tick()
+    assert len(lines(stream)) == 2
+
+
+def test_a_tick_before_the_start_or_after_close_writes_nothing(stream, clock):
+    """No run, or a closed one: nothing to wait for, so nothing is written."""
+    sink = open_progress(stream, live=False, clock=clock)
+    clock.time = 10 * QUIET
+    sink.tick()
+    sink.emit(start({RQ: 1}))
+    sink.close()
+    written = len(lines(stream))
+    clock.time = 20 * QUIET
+    sink.tick()
+    assert len(lines(stream)) == written
 
 
 def test_start_line_names_jobs_rules_pace_and_eta(plain, stream):
