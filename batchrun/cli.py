@@ -12,8 +12,9 @@ import ipaddress
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 from urllib.parse import urlsplit
@@ -197,7 +198,8 @@ def submit(
     """Send every job of JOBS_FILE inside the rate limits; run it again to resume."""
     from batchrun.submission import Submission, submit
 
-    with _reported():
+    say = _log_for(jobs_file)
+    with _reported(say):
         rules = _rules(profile, limit, time_scale)
         job = Submission(
             jobs_file=jobs_file,
@@ -215,7 +217,7 @@ def submit(
             ledger_url=ledger,
             color=not no_color,
         )
-        raise typer.Exit(submit(job, say=lambda text: typer.echo(text, err=True)))
+        raise typer.Exit(submit(job, say=say))
 
 
 @app.command()
@@ -329,6 +331,66 @@ def limits_command(
         _echo([json.dumps(reports.limits_json(found), indent=2)])
     else:
         _echo(reports.limits_lines(found, forgotten))
+
+
+@app.command(
+    "cron-line",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def cron_line(
+    ctx: typer.Context,
+    jobs_file: _JobsArg,
+    schedule: Annotated[
+        str, typer.Option(help="When: five cron fields or an @word.")
+    ] = "0 1 * * *",
+    deadline: Annotated[
+        str, typer.Option(metavar="DURATION", help="Each run's --deadline.")
+    ] = "55m",
+    log: Annotated[
+        Path | None,
+        typer.Option(help="Log file, appended to. Default: logs/NAME.log beside JOBS."),
+    ] = None,
+    env_file: Annotated[
+        Path | None,
+        typer.Option(help="A file of KEY=value lines (BATCHRUN_TOKEN=…) read first."),
+    ] = None,
+    state_dir: _StateDirOpt = None,
+    base_url: _BaseUrlOpt = None,
+) -> None:
+    """Print a crontab line that runs `submit JOBS_FILE` under cron's bare
+    environment; other options (--profile a, --limit …) are passed on to submit."""
+    from batchrun.crontab import CronJob, crontab_line
+
+    with _reported():
+        durations.parse(deadline)
+        job = CronJob(
+            schedule=schedule,
+            python=Path(sys.executable).absolute(),
+            jobs_file=_existing(jobs_file),
+            state_dir=StatePaths.resolve(state_dir).root.absolute(),
+            log=(log or _default_log(jobs_file)).absolute(),
+            env_file=None if env_file is None else _existing(env_file),
+            base_url=base_url,
+            deadline=deadline,
+            extra=tuple(ctx.args),
+        )
+    if env_file is None and os.environ.get("BATCHRUN_TOKEN"):
+        _to_stderr(
+            "The line holds no token: put BATCHRUN_TOKEN=… in a file only you can "
+            "read (chmod 600) and add --env-file FILE."
+        )
+    _echo([crontab_line(job)])
+
+
+def _existing(path: Path) -> Path:
+    if not path.is_file():
+        msg = f"{path}: no such file."
+        raise UsageError(msg)
+    return path.absolute()
+
+
+def _default_log(jobs_file: Path) -> Path:
+    return jobs_file.absolute().parent / "logs" / f"{jobs_file.stem}.log"
 
 
 @app.command("sandbox")
@@ -536,11 +598,26 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _to_stderr(text: str) -> None:
+    typer.echo(text, err=True)
+
+
+def _log_for(jobs_file: Path) -> Callable[[str], None]:
+    """How `submit` writes on stderr: off a terminal (cron, a log file) each line
+    carries the time, the process and the jobs file, as the plain progress does."""
+    if sys.stderr.isatty():
+        return _to_stderr
+    from batchrun.progress import log_tag, stamped
+
+    tag = log_tag(jobs_file)
+    return lambda text: _to_stderr(stamped(text, tag=tag, wall=datetime.now))
+
+
 @contextmanager
-def _reported() -> Iterator[None]:
+def _reported(say: Callable[[str], None] = _to_stderr) -> Iterator[None]:
     """Print a BatchrunError's message on stderr and exit with its code."""
     try:
         yield
     except BatchrunError as exc:
-        typer.echo(f"{exc.label}{exc.message}", err=True)
+        say(f"{exc.label}{exc.message}")
         raise typer.Exit(exc.exit_code) from None

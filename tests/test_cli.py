@@ -351,6 +351,45 @@ def test_a_closed_stdout_pipe_is_not_a_failure(tmp_path, command):
     assert (done.returncode, done.stderr) == (0, b"")
 
 
+LOG_LINE = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d batchrun\[\d+\] jobs\.csv: ."
+
+
+def test_every_submit_line_off_a_terminal_is_stamped(tmp_path):
+    """Off a terminal (cron), every line of a submit, on stdout and on stderr, starts
+    with the time, the process and the jobs file."""
+    import re
+
+    result = runner.invoke(app, ["submit", str(jobs_file(tmp_path)), *FAST])
+    assert result.exit_code == 0, result.stderr
+    output = result.stdout.splitlines() + result.stderr.splitlines()
+    assert any("Results:" in line for line in output)
+    assert [line for line in output if not re.match(LOG_LINE, line)] == []
+
+
+def test_a_refused_submit_is_stamped_too(tmp_path):
+    """A refused run's error (here a bad row, exit 2) names its time, process and
+    file, so in a shared log it does not read as part of another run."""
+    import re
+
+    path = jobs_file(tmp_path, ["a,run-query,t1,", "b,no-such-type,t1,"])
+    result = runner.invoke(app, ["submit", str(path), *FAST])
+    assert result.exit_code == 2
+    assert result.stderr.strip()
+    assert all(re.match(LOG_LINE, line) for line in result.stderr.splitlines())
+
+
+def test_a_long_wait_writes_a_waiting_line(tmp_path, monkeypatch):
+    """While a run only waits for a slot, the log says so once per quiet spell
+    (QUIET shortened here from 50 s)."""
+    monkeypatch.setattr("batchrun.submission.QUIET", 0.2)
+    monkeypatch.setattr("batchrun.progress.QUIET", 0.2)
+    path = jobs_file(tmp_path, [f"q{i},run-query,t1," for i in range(2)])
+    args = ["submit", str(path), "--sandbox", "--limit", "run-query=1/1s"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    assert "waiting: run-query next slot in " in result.stdout
+
+
 def test_python_dash_m_runs_the_cli():
     """`python -m batchrun` is the same command."""
     import subprocess
@@ -381,3 +420,21 @@ def test_validate_any_bytes_exits_0_or_2_with_a_message(tmp_path, data, jsonl):
     assert result.exit_code in (0, 2)
     assert (result.stdout if result.exit_code == 0 else result.stderr).strip()
     assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_cron_line_of_a_missing_file_exits_2(tmp_path):
+    """cron-line checks now what would fail every night: a jobs file not there."""
+    result = runner.invoke(app, ["cron-line", str(tmp_path / "nope.csv")])
+    assert result.exit_code == 2
+    assert "nope.csv: no such file." in result.stderr
+
+
+def test_cron_line_keeps_the_token_out_and_says_where_it_goes(tmp_path, monkeypatch):
+    """With BATCHRUN_TOKEN set and no --env-file, the line holds no token and a
+    note on stderr says to use --env-file."""
+    monkeypatch.setenv("BATCHRUN_TOKEN", TOKEN)
+    result = runner.invoke(app, ["cron-line", str(jobs_file(tmp_path))])
+    assert result.exit_code == 0, result.stderr
+    assert TOKEN not in result.stdout + result.stderr
+    assert "--env-file" in result.stderr
+    assert result.stdout.startswith("0 1 * * * mkdir -p ")
