@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchrun.errors import UsageError
 from batchrun.jobs import read_jobs
 from batchrun.learning import Lesson, recalled
 from batchrun.ledger import Ledger
@@ -57,10 +58,14 @@ def status(
     ledger_url: str | None = None,
 ) -> Status:
     """The latest run of `jobs_file` (for `client`, if given); the budget in use is
-    read from the ledger at `ledger_url` (None: SQLite in `paths`)."""
+    read from the ledger at `ledger_url` (None: SQLite in `paths`).
+
+    Raises:
+        UsageError: when the file has no run (exit 2), saying why that may be.
+    """
     found = _store_path(paths, jobs_file, client)
     if found is None:
-        return Status(None)
+        raise UsageError(_no_run(jobs_file, paths, client))
     with RunStore(found) as store:
         states: dict[LimitKey, dict[JobState, int]] = {}
         for (key, state), n in sorted(store.counts().items()):
@@ -77,6 +82,16 @@ def status(
     budget = _Budget(paths, found.stem, ledger_url, told, fallback)
     keys = _plans(pending, rules, pace, budget)
     return Status(found, states, failures, keys)
+
+
+def _no_run(jobs_file: Path, paths: StatePaths, client: str | None) -> str:
+    if not jobs_file.is_file():
+        return f"{jobs_file}: no such file, and no run of it in {paths.root}."
+    whose = " for this --base-url and token" if client is not None else ""
+    return (
+        f"{jobs_file}: no run yet{whose} in {paths.root} (runs with --sandbox are "
+        f"not kept). `batchrun submit {jobs_file}` starts one."
+    )
 
 
 def plan(

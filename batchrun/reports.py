@@ -40,8 +40,6 @@ def summary_lines(jobs_file: Path, summary: Summary) -> list[str]:
 
 def status_lines(jobs_file: Path, found: Status) -> list[str]:
     """`status`: counts per endpoint and state, failures, then the time left."""
-    if found.store is None:
-        return [f"{jobs_file}: no run yet."]
     lines = []
     for key, states in found.states.items():
         counts = ", ".join(f"{n} {state.value}" for state, n in states.items())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 from typer.testing import CliRunner
 
 from batchrun.cli import app
@@ -118,11 +119,24 @@ def test_status_reports_states_failures_and_eta(tmp_path):
     assert by_key["invite"]["jobs_left"] == 1
 
 
-def test_status_of_a_file_never_run(tmp_path):
-    """A file with no run says so."""
-    result = runner.invoke(app, ["status", str(jobs_file(tmp_path, 1))])
-    assert result.exit_code == 0
-    assert "no run yet" in result.stdout
+@pytest.mark.parametrize("as_json", [[], ["--json"]])
+def test_status_of_a_file_never_run_exits_2(tmp_path, as_json):
+    """A file with no run: exit 2, a message naming the file and how to start one,
+    nothing on stdout for a script to misread."""
+    path = jobs_file(tmp_path, 1)
+    result = runner.invoke(app, ["status", str(path), *as_json])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert f"{path}: no run yet" in result.stderr
+    assert f"`batchrun submit {path}` starts one" in result.stderr
+
+
+def test_status_of_a_missing_file_exits_2(tmp_path):
+    """A file that does not exist (and never ran): exit 2, "no such file"."""
+    missing = tmp_path / "nope.csv"
+    result = runner.invoke(app, ["status", str(missing)])
+    assert result.exit_code == 2
+    assert f"{missing}: no such file" in result.stderr
 
 
 def test_status_text_lists_states_and_failures(tmp_path):
