@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import typer
 
 from batchrun import __version__, durations, reports
-from batchrun.errors import EXIT_INTERRUPTED, BatchrunError, UsageError
+from batchrun.errors import EXIT_INTERRUPTED, BatchrunError, JobsFileError, UsageError
 from batchrun.jobs import summarize, valid_jobs
 from batchrun.limits import (
     LimitKey,
@@ -165,6 +165,9 @@ _RestartFlag = Annotated[
     bool,
     typer.Option("--restart", help="Forget earlier runs of this file; start over."),
 ]
+_JsonFlag = Annotated[
+    bool, typer.Option("--json", help="One JSON object on stdout, for scripts.")
+]
 _NoColorFlag = Annotated[
     bool,
     typer.Option("--no-color", help="No colour in the live view (as NO_COLOR=1)."),
@@ -221,11 +224,20 @@ def submit(
 
 
 @app.command()
-def validate(jobs_file: _JobsArg) -> None:
+def validate(jobs_file: _JobsArg, as_json: _JsonFlag = False) -> None:
     """Check JOBS_FILE without sending anything: every bad row, or a summary."""
     with _reported():
-        summary = summarize(valid_jobs(jobs_file))
-    _echo(reports.summary_lines(jobs_file, summary))
+        try:
+            summary = summarize(valid_jobs(jobs_file))
+        except JobsFileError as exc:
+            if not as_json:
+                raise
+            _echo([json.dumps(reports.problems_json(exc), indent=2)])
+            raise typer.Exit(exc.exit_code) from None
+    if as_json:
+        _echo([json.dumps(reports.summary_json(jobs_file, summary), indent=2)])
+    else:
+        _echo(reports.summary_lines(jobs_file, summary))
 
 
 @app.command()
@@ -262,6 +274,7 @@ def plan(
     ledger: _LedgerOpt = None,
     base_url: _BaseUrlOpt = None,
     token: _TokenOpt = None,
+    as_json: _JsonFlag = False,
 ) -> None:
     """How long the jobs of JOBS_FILE not yet done take (nothing is sent)."""
     from batchrun.overview import plan as make_plan
@@ -280,7 +293,10 @@ def plan(
             told=_told(limit),
             fallback=_fallbacks(profile, limit),
         )
-    _echo(reports.plan_lines(plans) if plans else ["Nothing to send."])
+    if as_json:
+        _echo([json.dumps(reports.plan_json(jobs_file, plans), indent=2)])
+    else:
+        _echo(reports.plan_lines(plans) if plans else ["Nothing to send."])
 
 
 @app.command("limits")

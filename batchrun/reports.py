@@ -14,6 +14,7 @@ from batchrun import durations
 if TYPE_CHECKING:
     # Types only: `status` and `plan` import overview when they run, so that
     # `--help` and `validate` do not load SQLite.
+    from batchrun.errors import JobsFileError
     from batchrun.jobs import Summary
     from batchrun.limits import LimitKey
     from batchrun.overview import KeyLimit, KeyPlan, Status
@@ -36,6 +37,36 @@ def summary_lines(jobs_file: Path, summary: Summary) -> list[str]:
         )
         lines.append(f"  {len(teams)} team(s): {shown}{more}")
     return lines
+
+
+def summary_json(jobs_file: Path, summary: Summary) -> dict[str, object]:
+    """`validate --json` of a good file: the counts per type and per team."""
+    return {
+        "file": str(jobs_file),
+        "valid": True,
+        "jobs": summary.total,
+        "per_type": {kind.value: n for kind, n in summary.per_type.items()},
+        "per_team": dict(sorted(summary.per_team.items())),
+    }
+
+
+def problems_json(error: JobsFileError) -> dict[str, object]:
+    """`validate --json` of a bad file: every problem kept, by line (0: the file)."""
+    return {
+        "file": error.path,
+        "valid": False,
+        "invalid_rows": error.total,
+        "problems": [{"line": line, "reason": why} for line, why in error.problems],
+    }
+
+
+def plan_json(jobs_file: Path, plans: list[KeyPlan]) -> dict[str, object]:
+    """`plan --json`: `plan_lines` as one object; `eta_seconds` is the longest."""
+    return {
+        "file": str(jobs_file),
+        "keys": [_plan_json(p) for p in plans],
+        "eta_seconds": round(max((p.seconds for p in plans), default=0.0), 3),
+    }
 
 
 def status_lines(jobs_file: Path, found: Status) -> list[str]:

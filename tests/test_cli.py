@@ -75,6 +75,36 @@ def test_validate_names_bad_rows_and_exits_2(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_validate_json_of_a_good_file(tmp_path):
+    """validate --json: one object with the counts per type and team."""
+    path = jobs_file(tmp_path)
+    result = runner.invoke(app, ["validate", str(path), "--json"])
+    assert result.exit_code == 0
+    assert json.loads(result.stdout) == {
+        "file": str(path),
+        "valid": True,
+        "jobs": 3,
+        "per_type": {"run-query": 1, "invite": 1, "avatar": 1},
+        "per_team": {"t1": 2},
+    }
+
+
+def test_validate_json_of_a_bad_file_exits_2_with_every_problem(tmp_path):
+    """validate --json of a bad file: exit 2, the problems by line on stdout."""
+    path = jobs_file(tmp_path, ["a,fax,t1,", "a,avatar,,"])
+    result = runner.invoke(app, ["validate", str(path), "--json"])
+    assert result.exit_code == 2
+    report = json.loads(result.stdout)
+    assert (report["valid"], report["invalid_rows"]) == (False, 2)
+    assert report["problems"] == [
+        {
+            "line": 2,
+            "reason": "unknown type 'fax' (expected run-query, invite or avatar)",
+        },
+        {"line": 3, "reason": "duplicate id 'a' (first on line 2)"},
+    ]
+
+
 def test_submit_to_sandbox_sends_every_job_and_exits_0(tmp_path):
     """submit --sandbox ends every job done, writes results, exits 0."""
     path = jobs_file(tmp_path)

@@ -41,6 +41,19 @@ def test_plan_of_a_fresh_file_comes_from_the_rules(tmp_path):
     assert lines[2] == "all: 3 h 33 m"
 
 
+def test_plan_json_gives_each_key_and_the_longest(tmp_path):
+    """plan --json: each endpoint's jobs, rule and seconds, and the run's ETA."""
+    path = jobs_file(tmp_path, 2000, 40)
+    result = runner.invoke(app, ["plan", str(path), "--json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["file"] == str(path)
+    by_key = {k["key"]: k for k in report["keys"]}
+    assert (by_key["invite"]["jobs_left"], by_key["invite"]["rule"]) == (40, "15/5m")
+    assert by_key["invite"]["eta_seconds"] == 600.0
+    assert report["eta_seconds"] == by_key["run-query"]["eta_seconds"] > 3 * 3600
+
+
 def test_plan_spread_spaces_by_the_binding_interval(tmp_path):
     """With --pace spread, 40 invites at 15/5m are 20 s apart: 39 x 20 s = 13 m."""
     result = runner.invoke(
