@@ -349,6 +349,30 @@ def limits_command(
         _echo(reports.limits_lines(found, forgotten))
 
 
+@app.command()
+def show(
+    jobs_file: _JobsArg,
+    job_id: Annotated[str, typer.Argument(metavar="ID", help="The job's id.")],
+    results: _ResultsOpt = None,
+    state_dir: _StateDirOpt = None,
+    base_url: _BaseUrlOpt = None,
+    token: _TokenOpt = None,
+    as_json: _JsonFlag = False,
+) -> None:
+    """One job of JOBS_FILE's latest run: its state, attempts, error and response."""
+    from batchrun.overview import show as find
+
+    with _reported():
+        paths = StatePaths.resolve(state_dir)
+        client = _client(base_url, token)
+        where = results or default_results_path(jobs_file)
+        shown = find(jobs_file, job_id, paths, client, where)
+    if as_json:
+        _echo([json.dumps(reports.show_json(shown), indent=2)])
+    else:
+        _echo(reports.show_lines(shown))
+
+
 @app.command(
     "cron-line",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},

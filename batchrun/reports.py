@@ -6,6 +6,8 @@ Pure rendering of values computed elsewhere (`jobs.Summary`, `overview.Status`,
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,7 +19,7 @@ if TYPE_CHECKING:
     from batchrun.errors import JobsFileError
     from batchrun.jobs import Summary
     from batchrun.limits import LimitKey
-    from batchrun.overview import KeyLimit, KeyPlan, Status
+    from batchrun.overview import KeyLimit, KeyPlan, Shown, Status
     from batchrun.state import Failure
 
 _TEAMS_SHOWN = 10
@@ -153,3 +155,37 @@ def limits_json(found: list[KeyLimit]) -> dict[str, object]:
         }
         for item in found
     }
+
+
+def show_json(shown: Shown) -> dict[str, object]:
+    """`show --json`: the job's state in the run store and its last results line."""
+    job = shown.job
+    return {
+        "id": job.id,
+        "line": job.line,
+        "type": job.type,
+        "state": job.state.value,
+        "attempts": job.attempts,
+        "http_status": job.http_status,
+        "error": job.error,
+        "result": shown.result,
+    }
+
+
+def show_lines(shown: Shown) -> list[str]:
+    """`show`: one field a line, then the results line's response, if any."""
+    fields = show_json(shown)
+    result = fields.pop("result")
+    lines = [
+        f"{name}: {'' if value is None else value}" for name, value in fields.items()
+    ]
+    if isinstance(result, dict):
+        lines.append(f"response: {json.dumps(result.get('response'))}")
+        finished = result.get("finished_at")
+        if isinstance(finished, int | float):
+            lines.append(
+                f"finished: {datetime.fromtimestamp(finished):%Y-%m-%d %H:%M:%S}"
+            )
+    else:
+        lines.append("response: (no line in the results file)")
+    return lines

@@ -274,3 +274,72 @@ def test_auto_plans_by_b_until_the_server_settled_it(tmp_path):
     learned_ledger(StatePaths.resolve(tmp_path / "state"), text=json.dumps(a_holds))
     after = cli(tmp_path, "plan", path, "--profile", "auto")
     assert after.stdout.startswith("30 run-query jobs at 30/1m (learned): 0 ms")
+
+
+def ran(tmp_path):
+    """A run of 2 queries, stored as `submit` leaves it: q0 failed, q1 pending; the
+    results file holds q0 twice, the later line the one that counts."""
+    path = jobs_file(tmp_path, 2)
+    paths = StatePaths.resolve(tmp_path / "state")
+    with RunStore(paths.run_store(path, client_fingerprint(URL, None))) as store:
+        store.sync(scan(path), path=str(path), restart=False)
+        store.finished(
+            JobResult("q0", "run-query", Status.FAILED, 3, 503, error="HTTP 503")
+        )
+    lines = [
+        {"id": "q0", "status": "failed", "response": "old", "finished_at": 1.0},
+        {"id": "q1", "status": "done", "response": {"other": 1}},
+        {"id": "q0", "status": "failed", "response": {"e": "busy"}, "finished_at": 2},
+    ]
+    text = "\n".join(json.dumps(line) for line in lines) + "\n{torn"
+    path.with_name("jobs.results.jsonl").write_text(text)
+    return path
+
+
+def test_show_json_gives_the_store_and_the_last_results_line(tmp_path):
+    """show --json: the job's state, attempts and error from the run store, and its
+    last line in the results file (a torn last line skipped)."""
+    path = ran(tmp_path)
+    result = runner.invoke(app, ["show", str(path), "q0", "--json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert {k: report[k] for k in ("id", "line", "state", "attempts", "error")} == {
+        "id": "q0",
+        "line": 2,
+        "state": "failed",
+        "attempts": 3,
+        "error": "HTTP 503",
+    }
+    assert report["result"]["response"] == {"e": "busy"}
+
+
+def test_show_text_of_a_job_with_no_result_yet(tmp_path):
+    """show: a field a line; a job with no results line says so."""
+    path = ran(tmp_path)
+    path.with_name("jobs.results.jsonl").unlink()
+    result = runner.invoke(app, ["show", str(path), "q1"])
+    assert result.exit_code == 0, result.stderr
+    assert "state: pending" in result.stdout.splitlines()
+    assert "response: (no line in the results file)" in result.stdout
+
+
+def test_show_text_gives_the_response_and_when(tmp_path):
+    """show: the response as JSON and when the job ended."""
+    result = runner.invoke(app, ["show", str(ran(tmp_path)), "q0"])
+    assert 'response: {"e": "busy"}' in result.stdout
+    assert "finished: 19" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("job_id", "message"),
+    [
+        pytest.param("q9", "its run has no job 'q9'", id="no-such-job"),
+        pytest.param(None, "no run yet", id="never-run"),
+    ],
+)
+def test_show_of_a_job_not_there_exits_2(tmp_path, job_id, message):
+    """show of an id the run does not hold, or of a file never run: exit 2."""
+    path = ran(tmp_path) if job_id else jobs_file(tmp_path, 1)
+    result = runner.invoke(app, ["show", str(path), job_id or "q0"])
+    assert result.exit_code == 2
+    assert message in result.stderr
