@@ -47,6 +47,15 @@ app = typer.Typer(
     add_completion=False,
     # A traceback with locals could show the token; errors are reported by _reported.
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+# Shown under `submit --help`; README's table says the same at more length.
+_EXIT_CODES = (
+    "Exit codes: 0 all done; 1 some jobs failed or are unknown; 2 bad usage or jobs "
+    "file, nothing sent; 3 another run holds this file; 74 state folder or ledger "
+    "unusable; 75 stopped early (deadline, ledger lost), resume by running again; "
+    "130 Ctrl-C; 143 SIGTERM. A signal's code wins, then 1, then 75."
 )
 
 
@@ -59,6 +68,7 @@ _ProfileOpt = Annotated[
         "--profile",
         help="run-query limit: b = 15/1m+500/1h (the stricter, default), a = 30/1m; "
         "auto = a until the server shows it is b (at most one 429 to find out).",
+        rich_help_panel="Limits",
     ),
 ]
 _LimitOpt = Annotated[
@@ -67,6 +77,7 @@ _LimitOpt = Annotated[
         "--limit",
         metavar="KEY=RULE",
         help="Replace one key's rule, e.g. run-query=30/1m (repeatable).",
+        rich_help_panel="Limits",
     ),
 ]
 _TimeScaleOpt = Annotated[
@@ -74,6 +85,7 @@ _TimeScaleOpt = Annotated[
     typer.Option(
         "--time-scale",
         help="Divide every window by this factor (demos, tests): 30 makes 1m 2s.",
+        rich_help_panel="Limits",
     ),
 ]
 _InjectOpt = Annotated[
@@ -81,7 +93,9 @@ _InjectOpt = Annotated[
     typer.Option(
         "--inject",
         metavar="FAULT=RATE",
-        help="Sandbox faults: 429=0.05, 5xx=0.1, drop=0.05, slow=0.1 (repeatable).",
+        help="Sandbox faults: 429=0.05, 5xx=0.1, drop=0.05, slow=0.1, "
+        "slow-seconds=2, seed=7 (repeatable).",
+        rich_help_panel="Sandbox faults",
     ),
 ]
 _StateDirOpt = Annotated[
@@ -89,6 +103,7 @@ _StateDirOpt = Annotated[
     typer.Option(
         envvar="BATCHRUN_STATE_DIR",
         help="Where runs and the send ledger live. Default: the user's state folder.",
+        rich_help_panel="State",
     ),
 ]
 _LedgerOpt = Annotated[
@@ -101,10 +116,16 @@ _LedgerOpt = Annotated[
         help="Where the client's budget lives: redis://[:PASSWORD@]HOST:PORT/DB "
         "(rediss:// for TLS) shares it across machines. Default: SQLite in the "
         "state folder (this machine).",
+        rich_help_panel="State",
     ),
 ]
 _BaseUrlOpt = Annotated[
-    str | None, typer.Option(envvar="BATCHRUN_BASE_URL", help="The API's base URL.")
+    str | None,
+    typer.Option(
+        envvar="BATCHRUN_BASE_URL",
+        help="The API's base URL.",
+        rich_help_panel="Where to send",
+    ),
 ]
 _TokenOpt = Annotated[
     str | None,
@@ -112,36 +133,60 @@ _TokenOpt = Annotated[
         envvar="BATCHRUN_TOKEN",
         show_default=False,
         help="Bearer token (better: set BATCHRUN_TOKEN). Never printed or stored.",
+        rich_help_panel="Where to send",
     ),
 ]
 _PaceOpt = Annotated[
     Pace,
-    typer.Option(help="exact: as early as the windows allow; spread: evenly spaced."),
+    typer.Option(
+        help="exact: as early as the windows allow; spread: evenly spaced.",
+        rich_help_panel="Limits",
+    ),
 ]
 _ConcurrencyOpt = Annotated[
-    int, typer.Option(min=1, help="Most requests in flight at once.")
+    int,
+    typer.Option(
+        min=1, help="Most requests in flight at once.", rich_help_panel="Limits"
+    ),
 ]
 _AttemptsOpt = Annotated[
     int,
     typer.Option(
-        min=1, help="Give up on a job after this many server errors or timeouts."
+        min=1,
+        help="Give up on a job after this many server errors or timeouts.",
+        rich_help_panel="Run control",
     ),
 ]
 _TimeoutOpt = Annotated[
-    float, typer.Option(min=0.001, help="Seconds to wait for each answer.")
+    float,
+    typer.Option(
+        min=0.001,
+        help="Seconds to wait for each answer.",
+        rich_help_panel="Where to send",
+    ),
 ]
 _ResultsOpt = Annotated[
     Path | None,
-    typer.Option(help="Results file (JSON Lines). Default: JOBS.results.jsonl."),
+    typer.Option(
+        help="Results file (JSON Lines). Default: JOBS.results.jsonl.",
+        rich_help_panel="Output",
+    ),
 ]
 _SandboxFlag = Annotated[
-    bool, typer.Option("--sandbox", help="Run against the built-in local sandbox.")
+    bool,
+    typer.Option(
+        "--sandbox",
+        help="Run against the built-in local sandbox.",
+        rich_help_panel="Where to send",
+        metavar="",
+    ),
 ]
 _CaBundleOpt = Annotated[
     Path | None,
     typer.Option(
         metavar="PATH",
         help="Also trust the CA certificates in this PEM file (a private CA).",
+        rich_help_panel="Where to send",
     ),
 ]
 _DeadlineOpt = Annotated[
@@ -149,32 +194,57 @@ _DeadlineOpt = Annotated[
     typer.Option(
         metavar="DURATION",
         help="Stop starting requests after this long (e.g. 55m), then exit 75.",
+        rich_help_panel="Run control",
     ),
 ]
 _RetryFailedFlag = Annotated[
-    bool, typer.Option("--retry-failed", help="Try failed jobs again.")
+    bool,
+    typer.Option(
+        "--retry-failed",
+        help="Try failed jobs again.",
+        rich_help_panel="Run control",
+        metavar="",
+    ),
 ]
 _RetryUnknownFlag = Annotated[
     bool,
     typer.Option(
         "--retry-unknown",
         help="Resend invites left unknown by a run that died mid-request.",
+        rich_help_panel="Run control",
+        metavar="",
     ),
 ]
 _RestartFlag = Annotated[
     bool,
-    typer.Option("--restart", help="Forget earlier runs of this file; start over."),
+    typer.Option(
+        "--restart",
+        help="Forget earlier runs of this file; start over.",
+        rich_help_panel="Run control",
+        metavar="",
+    ),
 ]
 _JsonFlag = Annotated[
-    bool, typer.Option("--json", help="One JSON object on stdout, for scripts.")
+    bool,
+    typer.Option(
+        "--json",
+        help="One JSON object on stdout, for scripts.",
+        rich_help_panel="Output",
+        metavar="",
+    ),
 ]
 _NoColorFlag = Annotated[
     bool,
-    typer.Option("--no-color", help="No colour in the live view (as NO_COLOR=1)."),
+    typer.Option(
+        "--no-color",
+        help="No colour in the live view (as NO_COLOR=1).",
+        rich_help_panel="Output",
+        metavar="",
+    ),
 ]
 
 
-@app.command()
+@app.command(epilog=_EXIT_CODES)
 def submit(
     jobs_file: _JobsArg,
     base_url: _BaseUrlOpt = None,

@@ -50,6 +50,26 @@ def test_every_command_is_in_the_readme(command):
     assert f"`batchrun {command}" in readme
 
 
+@pytest.mark.parametrize("command", [[], ["submit"], ["status"]])
+def test_dash_h_is_help(command):
+    """-h is --help, for the app and each command."""
+    result = runner.invoke(app, [*command, "-h"])
+    assert result.exit_code == 0
+    assert "Usage" in result.stdout
+
+
+def test_submit_help_groups_options_and_lists_exit_codes():
+    """submit --help: options in panels, flags without a <bool> type, the exit
+    codes (130, 143 and which wins) and every --inject fault."""
+    text = " ".join(runner.invoke(app, ["submit", "--help"]).stdout.split())
+    for panel in ("Where to send", "Limits", "Run control", "Output", "State"):
+        assert f"─ {panel} ─" in text
+    assert "--sandbox <bool>" not in text
+    assert "--restart Forget" in text
+    assert "130 Ctrl-C; 143 SIGTERM. A signal's code wins, then 1, then 75." in text
+    assert "seed=7" in text
+
+
 def test_version():
     """--version prints the version."""
     result = runner.invoke(app, ["--version"])
