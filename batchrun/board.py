@@ -173,10 +173,10 @@ def next_slot(state: KeyCounts, now: float) -> str:
     if state.left <= 0:
         return NONE
     if state.slot is None:
-        return "after an answer"
+        return "on answer"
     if state.slot <= now:
         return "now"
-    return f"in {durations.spoken(state.slot - now)}"
+    return durations.spoken(state.slot - now)
 
 
 def tally(counts: Tally) -> str:
@@ -197,10 +197,6 @@ def summary_rows(board: Board) -> list[tuple[str, ...]]:
 def closing_lines(board: Board, now: float) -> list[str]:
     c = overall(board.keys.values())
     elapsed = durations.spoken(board.elapsed(now))
-    lines = [f"{c.done} done, {c.failed} failed, {c.left} left in {elapsed}."]
-    if board.finished is not None and board.finished.stopped:
-        lines.append(
-            f"Stopped early with {c.left} jobs left: "
-            "run the same command again to resume."
-        )
-    return lines
+    # Whether it stopped early, and how to resume, is said once, with the exit code
+    # (submission.py): not here as well.
+    return [f"{c.done} done, {c.failed} failed, {c.left} left in {elapsed}."]

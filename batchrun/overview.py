@@ -12,16 +12,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from batchrun.clock import MachineClock
+from batchrun.errors import UsageError
 from batchrun.jobs import read_jobs
 from batchrun.learning import Lesson, recalled
 from batchrun.ledger import Ledger
 from batchrun.limits import LimitKey, Rule, read_keys, read_table
 from batchrun.paths import StatePaths
+from batchrun.results import last_result
 from batchrun.shared_ledger import open_shared_ledger
 from batchrun.slots import Pace, eta
-from batchrun.state import Failure, JobState, RunStore
+from batchrun.state import Failure, JobRecord, JobState, RunStore
 
 _SETTLED = {JobState.DONE, JobState.FAILED, JobState.UNKNOWN}
 
@@ -57,10 +60,14 @@ def status(
     ledger_url: str | None = None,
 ) -> Status:
     """The latest run of `jobs_file` (for `client`, if given); the budget in use is
-    read from the ledger at `ledger_url` (None: SQLite in `paths`)."""
+    read from the ledger at `ledger_url` (None: SQLite in `paths`).
+
+    Raises:
+        UsageError: when the file has no run (exit 2), saying why that may be.
+    """
     found = _store_path(paths, jobs_file, client)
     if found is None:
-        return Status(None)
+        raise UsageError(_no_run(jobs_file, paths, client))
     with RunStore(found) as store:
         states: dict[LimitKey, dict[JobState, int]] = {}
         for (key, state), n in sorted(store.counts().items()):
@@ -77,6 +84,44 @@ def status(
     budget = _Budget(paths, found.stem, ledger_url, told, fallback)
     keys = _plans(pending, rules, pace, budget)
     return Status(found, states, failures, keys)
+
+
+@dataclass(frozen=True, slots=True)
+class Shown:
+    """One job: where it stands in the latest run, and its last results line."""
+
+    store: Path
+    job: JobRecord
+    result: dict[str, Any] | None
+
+
+def show(
+    jobs_file: Path, job_id: str, paths: StatePaths, client: str | None, results: Path
+) -> Shown:
+    """Job `job_id` of the latest run of `jobs_file`, and its line in `results`.
+
+    Raises:
+        UsageError: when the file has no run, or its run no such job (exit 2).
+    """
+    found = _store_path(paths, jobs_file, client)
+    if found is None:
+        raise UsageError(_no_run(jobs_file, paths, client))
+    with RunStore(found) as store:
+        job = store.job(job_id)
+    if job is None:
+        msg = f"{jobs_file}: its run has no job {job_id!r}. Check the id's spelling."
+        raise UsageError(msg)
+    return Shown(found, job, last_result(results, job_id))
+
+
+def _no_run(jobs_file: Path, paths: StatePaths, client: str | None) -> str:
+    if not jobs_file.is_file():
+        return f"{jobs_file}: no such file, and no run of it in {paths.root}."
+    whose = " for this --base-url and token" if client is not None else ""
+    return (
+        f"{jobs_file}: no run yet{whose} in {paths.root} (runs with --sandbox are "
+        f"not kept). `batchrun submit {jobs_file}` starts one."
+    )
 
 
 def plan(

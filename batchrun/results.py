@@ -7,6 +7,7 @@ later in the file: readers take the last line of each id.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -55,6 +56,22 @@ _FIELDS = tuple(f.name for f in fields(JobResult))
 def default_results_path(jobs_path: Path) -> Path:
     """`jobs.csv` → `jobs.results.jsonl`, beside the jobs file."""
     return jobs_path.with_name(f"{jobs_path.stem}.results.jsonl")
+
+
+def last_result(path: Path, job_id: str) -> dict[str, Any] | None:
+    """The last line of the results file at `path` for `job_id` (a later run's line
+    wins), or None; unreadable lines (a run killed mid-write) are skipped."""
+    found = None
+    with (
+        contextlib.suppress(FileNotFoundError),
+        path.open(encoding="utf-8", errors="replace") as file,
+    ):
+        for text in file:
+            with contextlib.suppress(ValueError):
+                line = json.loads(text)
+                if isinstance(line, dict) and line.get("id") == job_id:
+                    found = line
+    return found
 
 
 class ResultsFile:

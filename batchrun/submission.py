@@ -7,6 +7,10 @@
 
 SIGINT, SIGTERM and `--deadline` stop starting requests and wait for those in
 flight; a second SIGINT stops at once. Either way the store stays consistent.
+
+The exit code: a signal's (130 for SIGINT, 143 for SIGTERM) wins, so that a shell
+loop stops; then 1 if any job failed or is unknown, even with jobs left; then 75
+if jobs are left (deadline, ledger lost); else 0.
 """
 
 from __future__ import annotations
@@ -25,7 +29,15 @@ import anyio
 
 from batchrun.client import Client
 from batchrun.clock import Clock, MachineClock
-from batchrun.errors import EXIT_OK, EXIT_SOME_FAILED, StoppedEarly, UsageError
+from batchrun.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_SOME_FAILED,
+    EXIT_STOPPED,
+    EXIT_TERMINATED,
+    StoppedEarly,
+    UsageError,
+)
 from batchrun.events import EventSink
 from batchrun.generation import marker_of, new_generation, read_marker, write_marker
 from batchrun.jobs import scan
@@ -34,7 +46,7 @@ from batchrun.ledger import Ledger, MemoryLedger
 from batchrun.limits import LimitKey, Rule, keys_text, table_text
 from batchrun.pacer import Pacer
 from batchrun.paths import StatePaths, client_fingerprint
-from batchrun.progress import open_progress
+from batchrun.progress import QUIET, ProgressSink, log_tag, open_progress
 from batchrun.results import ResultsFile
 from batchrun.runlock import RunLock
 from batchrun.runner import Recorder, Runner, Settings
@@ -78,13 +90,15 @@ class Submission:
     restart: bool = False
     # --ledger: Redis URL, or None for SQLite; out of repr, as it may hold a password.
     ledger_url: str | None = field(default=None, repr=False)
+    color: bool = True
 
 
 def submit(job: Submission, *, say: Callable[[str], None]) -> int:
     """Run one submission; return its exit code (CONTRACT.md section 4).
 
     Raises:
-        StoppedEarly: when jobs are left after a deadline or a signal (exit 75).
+        StoppedEarly: when jobs are left after a deadline, a lost ledger or a
+            signal, and none failed (exit 75), or after a signal (130, 143).
     """
     lock = RunLock(job.state.run_folder(job.jobs_file), job.jobs_file)
     # A ledger that cannot be used stops the run before the jobs file is read;
@@ -106,11 +120,11 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
         if _pending(store):
             with ResultsFile(job.results) as results:
                 journal = Journal(store, results)
-                stopped = anyio.run(_run, job, store, ledger, journal, say)
+                stop = anyio.run(_run, job, store, ledger, journal, say)
             say(f"Results: {job.results}")
         else:
-            stopped = False
-        return _exit_code(store, stopped=stopped, say=say)
+            stop = None
+        return _exit_code(store, stop=stop, say=say)
 
 
 async def _run(
@@ -119,9 +133,15 @@ async def _run(
     ledger: Ledger,
     journal: Journal,
     say: Callable[[str], None],
-) -> bool:
+) -> int | None:
     clock = MachineClock()
-    sink = open_progress(sys.stdout, clock=clock)
+    sink = open_progress(
+        sys.stdout,
+        clock=clock,
+        notes=say,
+        color=job.color,
+        tag=log_tag(job.jobs_file),
+    )
     try:
         async with open_run(
             job.target,
@@ -133,7 +153,7 @@ async def _run(
             recorder=journal,
             scope=str(job.jobs_file.resolve()),
         ) as runner:
-            return await _supervised(runner, store, job.deadline, say)
+            return await _supervised(runner, store, job.deadline, sink)
     finally:
         sink.close()
 
@@ -186,22 +206,26 @@ async def open_run(
 
 
 async def _supervised(
-    runner: Runner, store: RunStore, deadline: float | None, say: Callable[[str], None]
-) -> bool:
-    """Run until done, a deadline or a signal; True if it stopped early."""
+    runner: Runner, store: RunStore, deadline: float | None, sink: ProgressSink
+) -> int | None:
+    """Run until done, a deadline or a signal; the exit code it stopped early with."""
+    say = sink.note
     pending = _pending(store)
     sources = {key: store.pending(key) for key in pending}
-    stopped = False
+    stopped: int | None = None
 
-    def stop(why: str) -> None:
+    def stop(why: str, code: int) -> None:
         nonlocal stopped
-        if not stopped:
+        if stopped is None:
             say(f"{why}: starting no new requests, waiting for those in flight.")
-        stopped = True
+        # A signal after the deadline still stops a shell loop around batchrun.
+        if stopped in (None, EXIT_STOPPED):
+            stopped = code
         runner.stop()
 
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(_on_signals, stop, tasks.cancel_scope, say)
+        tasks.start_soon(_heartbeat, sink.tick)
         if deadline is not None:
             tasks.start_soon(_after, deadline, stop)
         await runner.run(sources, pending)
@@ -209,12 +233,12 @@ async def _supervised(
     if runner.ledger_lost is not None:
         lost = runner.ledger_lost.message
         say(f"Ledger lost: {lost}\nStarted no new requests; those in flight ended.")
-        return True
+        return stopped or EXIT_STOPPED
     return stopped
 
 
 async def _on_signals(
-    stop: Callable[[str], None],
+    stop: Callable[[str, int], None],
     everything: anyio.CancelScope,
     say: Callable[[str], None],
 ) -> None:
@@ -228,13 +252,22 @@ async def _on_signals(
                 )
                 everything.cancel()
                 return
-            name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
-            stop(f"{name} (Ctrl-C again to stop at once)")
+            if signum == signal.SIGINT:
+                stop("Ctrl-C (again to stop at once)", EXIT_INTERRUPTED)
+            else:
+                stop("SIGTERM (Ctrl-C to stop at once)", EXIT_TERMINATED)
 
 
-async def _after(seconds: float, stop: Callable[[str], None]) -> None:
+async def _heartbeat(tick: Callable[[], None]) -> None:
+    # Checked ten times per quiet spell, so a quiet log speaks within QUIET + 10 %.
+    while True:
+        await anyio.sleep(QUIET / 10)
+        tick()
+
+
+async def _after(seconds: float, stop: Callable[[str, int], None]) -> None:
     await anyio.sleep(seconds)
-    stop("Deadline reached")
+    stop("Deadline reached", EXIT_STOPPED)
 
 
 @contextlib.contextmanager
@@ -339,22 +372,31 @@ def _announce(store: RunStore, say: Callable[[str], None]) -> None:
         say("Nothing to send.")
 
 
-def _exit_code(store: RunStore, *, stopped: bool, say: Callable[[str], None]) -> int:
+def _exit_code(store: RunStore, *, stop: int | None, say: Callable[[str], None]) -> int:
     counts = store.counts()
     by_state = {s: sum(n for (_, st), n in counts.items() if st is s) for s in JobState}
     left = by_state[JobState.PENDING] + by_state[JobState.IN_FLIGHT]
-    resume = f"{left} job(s) left: run the same command to resume."
-    if left and stopped:
-        msg = f"Stopped early with {resume}"
-        raise StoppedEarly(msg)
     if by_state[JobState.UNKNOWN]:
         say(
             f"{by_state[JobState.UNKNOWN]} invite(s) may or may not have been sent "
             "when an earlier run died: check them, then --retry-unknown to resend."
         )
-    if by_state[JobState.FAILED] or by_state[JobState.UNKNOWN]:
-        return EXIT_SOME_FAILED
+    failed = by_state[JobState.FAILED] + by_state[JobState.UNKNOWN]
+    code = _code(stop, failed=failed, left=left)
     if left:
-        msg = f"Stopped with {resume}"
-        raise StoppedEarly(msg)
-    return EXIT_OK
+        message = (
+            f"Stopped early with {left} job(s) left: run the same command to resume."
+        )
+        if code != EXIT_SOME_FAILED:
+            raise StoppedEarly(message, exit_code=code)
+        say(message)
+    return code
+
+
+def _code(stop: int | None, *, failed: int, left: int) -> int:
+    """A signal's code first, then failures (never hidden by a stop), then a stop."""
+    if stop is not None and stop != EXIT_STOPPED:
+        return stop
+    if failed:
+        return EXIT_SOME_FAILED
+    return EXIT_STOPPED if stop is not None or left else EXIT_OK

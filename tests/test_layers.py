@@ -30,7 +30,7 @@ LAYERS = [
     # what people see
     ["board"],
     ["progress", "overview"],
-    ["reports"],
+    ["reports", "crontab"],
     ["faults", "serving"],
     ["sandbox"],
     # the edge
