@@ -360,7 +360,6 @@ def plan(
             paths,
             client,
             ledger_url=ledger,
-            told=_told(limit),
             fallback=_fallbacks(profile, limit),
         )
     if as_json:
@@ -410,7 +409,6 @@ def limits_command(
             paths,
             client,
             ledger_url=ledger,
-            told=_told(limit),
             fallback=_fallbacks(profile, limit),
         )
     if as_json:
@@ -596,11 +594,6 @@ def _fallbacks(profile: Profile, limits: list[str] | None) -> dict[LimitKey, Rul
     return fallbacks(profile, [parse_override(text) for text in limits or []])
 
 
-def _told(limits: list[str] | None) -> frozenset[LimitKey]:
-    """The keys given a rule with --limit: a rule learned earlier does not apply."""
-    return frozenset(parse_override(text)[0] for text in limits or [])
-
-
 def _forgotten(names: list[str] | None) -> list[LimitKey]:
     """The keys named by --forget ("all": every key)."""
     if names and "all" in names:
@@ -625,7 +618,6 @@ def _settings(
 
     overrides = [parse_override(text) for text in limits or []]
     return Settings(
-        told=_told(limits),
         fallback=fallbacks(profile, overrides, time_scale),
         concurrency=concurrency,
         max_attempts=max_attempts,

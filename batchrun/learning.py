@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -38,6 +39,8 @@ from batchrun.limits import Rule, Window
 # The window lengths, in seconds, that the API description uses or that common
 # servers count in.
 _CANDIDATES = (1.0, 10.0, 60.0, 300.0, 3600.0, 86400.0)
+# How long a learned limit is trusted (the Redis ledger keeps it as long).
+KEPT_FOR = 30 * 86400.0
 # The part of a window within which more accepted requests than its count rule
 # the window out (`Fallback.ruled_out`).
 _SPAN = 0.1
@@ -219,32 +222,54 @@ def _arrival(entry: Sent) -> float:
     return (entry.start + end) / 2
 
 
-def stored(lesson: Lesson, *, time_scale: float, at: float) -> str:
-    """A lesson as the text a ledger keeps: windows in unscaled seconds, so a run
-    at another time scale reads the same limit; `at` is wall-clock seconds."""
-    windows = [[w.count, w.seconds * time_scale] for w in lesson.rule.windows]
+def stored(lesson: Lesson, *, given: Rule, time_scale: float, at: float) -> str:
+    """A lesson as the text a ledger keeps, with the rule it was `given` (what it
+    tightened): windows in unscaled seconds, so a run at another time scale reads
+    the same limit; `at` is wall-clock seconds."""
+    windows = _unscaled(lesson.rule, time_scale)
     why = lesson.evidence
     if time_scale != 1:
         why += f" (at --time-scale {time_scale:g})"
     fields = {"windows": windows, "spread": lesson.spread, "why": why}
-    return json.dumps({**fields, "at": at})
+    return json.dumps({**fields, "given": _unscaled(given, time_scale), "at": at})
 
 
-def recalled(rule: Rule, text: str | None, *, time_scale: float) -> Lesson | None:
+def _unscaled(rule: Rule, time_scale: float) -> list[list[float]]:
+    return [[w.count, w.seconds * time_scale] for w in rule.windows]
+
+
+def recalled(
+    rule: Rule, text: str | None, *, time_scale: float, now: float
+) -> Lesson | None:
     """The lesson a ledger kept (`stored`), applied to `rule`: only ever tighter
-    than `rule`, whatever was kept; None if nothing (or nothing readable) was."""
+    than `rule`, whatever was kept. None if nothing (or nothing readable) was; if
+    it was learned under another rule than `rule` (the user now gives another:
+    theirs wins); or if it is older than `KEPT_FOR` at `now` (wall-clock seconds):
+    servers change their limits, and one 429 learns it again."""
     try:
         kept = json.loads(text or "{}")
         windows = [Window(int(c), float(s) / time_scale) for c, s in kept["windows"]]
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(kept["at"])))
+        given = [(int(c), float(s)) for c, s in kept["given"]]
+        at = float(kept["at"])
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(at))
         why, spread = str(kept["why"]), bool(kept["spread"])
-    except (ValueError, TypeError, KeyError, UsageError):
+    except (ValueError, TypeError, KeyError, UsageError, OverflowError, OSError):
+        return None
+    if not now - KEPT_FOR <= at or not _same(given, rule, time_scale):
         return None
     lesson = adopt(rule, windows, "") or Lesson(rule, "")
     # Kept for this very rule (--profile auto's answer that it holds) says so too.
     if lesson.rule == rule and not spread and tuple(windows) != rule.windows:
         return None
     return Lesson(lesson.rule, f"learned {when}: {why}", spread)
+
+
+def _same(given: list[tuple[int, float]], rule: Rule, time_scale: float) -> bool:
+    """Whether `given` (unscaled windows) is `rule` at `time_scale`."""
+    return len(given) == len(rule.windows) and all(
+        c == w.count and math.isclose(s, w.seconds * time_scale, rel_tol=1e-9)
+        for (c, s), w in zip(given, rule.windows, strict=True)
+    )
 
 
 def adopt(rule: Rule, policy: Iterable[Window], source: str) -> Lesson | None:

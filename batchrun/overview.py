@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchrun.clock import MachineClock
+from batchrun.clock import MachineClock, wall_time
 from batchrun.errors import UsageError
 from batchrun.jobs import read_jobs
 from batchrun.learning import Lesson, recalled
 from batchrun.ledger import Ledger
-from batchrun.limits import LimitKey, Rule, read_keys, read_table
+from batchrun.limits import LimitKey, Rule, read_table
 from batchrun.paths import StatePaths
 from batchrun.results import last_result
 from batchrun.shared_ledger import open_shared_ledger
@@ -74,14 +74,13 @@ def status(
             states.setdefault(key, {})[state] = n
         rules = read_table(store.get_meta("rules") or "{}")
         pace = Pace(store.get_meta("pace") or Pace.EXACT)
-        told = read_keys(store.get_meta("told") or "")
         fallback = read_table(store.get_meta("fallback") or "{}")
         failures = store.failures()
     pending = {
         k: s.get(JobState.PENDING, 0) + s.get(JobState.IN_FLIGHT, 0)
         for k, s in states.items()
     }
-    budget = _Budget(paths, found.stem, ledger_url, told, fallback)
+    budget = _Budget(paths, found.stem, ledger_url, fallback)
     keys = _plans(pending, rules, pace, budget)
     return Status(found, states, failures, keys)
 
@@ -132,11 +131,10 @@ def plan(
     client: str,
     *,
     ledger_url: str | None = None,
-    told: frozenset[LimitKey] = frozenset(),
     fallback: dict[LimitKey, Rule] | None = None,
 ) -> list[KeyPlan]:
     """How long the jobs of `jobs_file` not yet settled take under `rules` now,
-    or under what was learned of a key's limit unless its rule was `told`."""
+    or under what was learned of a key's limit under these rules."""
     jobs = read_jobs(jobs_file)
     settled: set[str] = set()
     found = _store_path(paths, jobs_file, client)
@@ -144,19 +142,18 @@ def plan(
         with RunStore(found) as store:
             settled = store.ids_in(_SETTLED)
     left = Counter(job.key for job in jobs if job.id not in settled)
-    budget = _Budget(paths, client, ledger_url, told, fallback or {})
+    budget = _Budget(paths, client, ledger_url, fallback or {})
     return _plans(dict(left), rules, pace, budget)
 
 
 @dataclass(frozen=True, slots=True)
 class _Budget:
     """Where a client's budget in use, and what was learned of its limits, are
-    read: its ledger; `told` keys keep the rule they were given."""
+    read: its ledger."""
 
     paths: StatePaths
     client: str
     ledger_url: str | None = field(repr=False)  # may hold a password
-    told: frozenset[LimitKey] = frozenset()
     # --profile auto: the rule a key is planned by until the server settles it.
     fallback: dict[LimitKey, Rule] = field(default_factory=dict)
 
@@ -195,11 +192,11 @@ def _ledger(budget: _Budget, now: float | None = None) -> Iterator[Ledger]:
 
 def _in_force(key: LimitKey, rule: Rule, ledger: Ledger, budget: _Budget) -> Lesson:
     """The rule a run of `key` would pace by: what was learned of it, if anything
-    (and not overridden), else `rule` (as a lesson of no evidence)."""
-    if key not in budget.told:
-        lesson = recalled(rule, ledger.recall(key.value), time_scale=1.0)
-        if lesson is not None:
-            return lesson
+    under this very rule, else `rule` (as a lesson of no evidence)."""
+    text = ledger.recall(key.value)
+    lesson = recalled(rule, text, time_scale=1.0, now=wall_time())
+    if lesson is not None:
+        return lesson
     return Lesson(budget.fallback.get(key, rule), "")
 
 
@@ -248,12 +245,11 @@ def limits(
     client: str,
     *,
     ledger_url: str | None = None,
-    told: frozenset[LimitKey] = frozenset(),
     fallback: dict[LimitKey, Rule] | None = None,
 ) -> list[KeyLimit]:
     """Each key's limit for `client`, as the next run would pace it (or plan it,
     under --profile auto until the server settles which statement holds)."""
-    budget = _Budget(paths, client, ledger_url, told, fallback or {})
+    budget = _Budget(paths, client, ledger_url, fallback or {})
     rules = {key: rules[key] for key in LimitKey if key in rules}
     with _ledger(budget) as ledger:
         found = [

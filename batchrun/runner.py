@@ -77,8 +77,6 @@ class Settings:
     # Windows are divided by this (demos, tests): so are the windows a 429 may be
     # explained by.
     time_scale: float = 1.0
-    # Keys whose rule the user gave (--limit): limits learned earlier do not apply.
-    told: frozenset[LimitKey] = frozenset()
     # The safer rule a key falls back to if the server shows its rule is too
     # loose (--profile auto: run-query's statement B), until that is settled.
     fallback: Mapping[LimitKey, Rule] = field(default_factory=dict)
@@ -156,14 +154,13 @@ class Runner:
         self._settings = settings
         self._rng = rng or random.Random()
         self._learner = pacer.learner
-        untold = [key for key in pacer.rules if key not in settings.told]
-        self._recalled = pacer.recall(untold)
+        self._recalled = pacer.recall(list(pacer.rules))
         # What an earlier run learned of a key settles its fallback too.
         settled = {key for key, _ in self._recalled}
         self._fallback = {
             key: Fallback(rule)
             for key, rule in settings.fallback.items()
-            if key in untold and key not in settled
+            if key in pacer.rules and key not in settled
         }
         self._order = itertools.count()
         self._tally = Tally()
@@ -333,7 +330,7 @@ class Runner:
             streak = queue.rate_limited_streak
             delay = self._backoff(streak, cap=cap) if asked is None else asked
             # The whole key waits: its other jobs would only collect 429s too.
-            self._pacer.cool_down(key, now + delay)
+            self._pacer.cool_down(key, now + delay, asked=asked is not None)
             self._learner.episode(key, self._pacer.cooling(key)[0])
         self._requeue(key, queue, attempt, delay, outcome, rate_limited=True)
 

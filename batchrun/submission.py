@@ -43,7 +43,7 @@ from batchrun.generation import marker_of, new_generation, read_marker, write_ma
 from batchrun.jobs import scan
 from batchrun.journal import Journal
 from batchrun.ledger import Ledger, MemoryLedger
-from batchrun.limits import LimitKey, Rule, keys_text, table_text
+from batchrun.limits import LimitKey, Rule, table_text
 from batchrun.pacer import Pacer
 from batchrun.paths import StatePaths, client_fingerprint
 from batchrun.progress import QUIET, ProgressSink, log_tag, open_progress
@@ -114,7 +114,6 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
         store.recover(retry_failed=job.retry_failed, retry_unknown=job.retry_unknown)
         store.set_meta("rules", table_text(job.rules))
         store.set_meta("pace", job.settings.pace)
-        store.set_meta("told", keys_text(job.settings.told))
         store.set_meta("fallback", table_text(job.settings.fallback))
         _announce(store, say)
         if _pending(store):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -177,7 +178,8 @@ LEARNED = {
     "windows": [[5, 60.0], [500, 3600.0]],
     "spread": False,
     "why": "2 request(s) refused after 5 accepted within 1m",
-    "at": 0,
+    "given": [[15, 60.0], [500, 3600.0]],
+    "at": time.time(),
 }
 
 
@@ -214,18 +216,18 @@ def test_plan_with_a_limit_given_ignores_what_was_learned(tmp_path):
     assert result.stdout.startswith("15 run-query jobs at 15/1m: 0 ms"), result.stdout
 
 
-def test_status_shows_the_learned_rule_unless_the_run_was_given_one(tmp_path):
+def test_status_shows_the_learned_rule_of_the_rule_the_run_was_given(tmp_path):
     path = jobs_file(tmp_path, 15)
     paths = StatePaths.resolve(tmp_path / "state")
     learned_ledger(paths)
     with RunStore(paths.run_store(path, client_fingerprint(URL, "tok"))) as store:
         store.sync(scan(path), path=str(path), restart=False)
-        store.set_meta("rules", '{"run-query": [[15, 60.0]]}')
+        store.set_meta("rules", '{"run-query": [[15, 60.0], [500, 3600.0]]}')
     (key,) = json.loads(cli(tmp_path, "status", str(path), "--json").stdout)["keys"]
     assert key["rule"] == "5/1m+500/1h"
     assert key["learned"].endswith(LEARNED["why"])
     with RunStore(paths.run_store(path, client_fingerprint(URL, "tok"))) as store:
-        store.set_meta("told", "run-query")
+        store.set_meta("rules", '{"run-query": [[15, 60.0]]}')
     (key,) = json.loads(cli(tmp_path, "status", str(path), "--json").stdout)["keys"]
     assert (key["rule"], key["learned"]) == ("15/1m", None)
 
@@ -276,7 +278,12 @@ def test_auto_plans_by_b_until_the_server_settled_it(tmp_path):
     assert before.stdout.startswith("30 run-query jobs at 15/1m+500/1h: 1 m 0 s")
     shown = cli(tmp_path, "limits", "--profile", "auto")
     assert "until the server shows 30/1m holds (--profile auto)" in shown.stdout
-    a_holds = {**LEARNED, "windows": [[30, 60.0]], "why": "16 accepted within 1m"}
+    a_holds = {
+        **LEARNED,
+        "windows": [[30, 60.0]],
+        "given": [[30, 60.0]],
+        "why": "16 accepted within 1m",
+    }
     learned_ledger(StatePaths.resolve(tmp_path / "state"), text=json.dumps(a_holds))
     after = cli(tmp_path, "plan", path, "--profile", "auto")
     assert after.stdout.startswith("30 run-query jobs at 30/1m (learned): 0 ms")
