@@ -401,9 +401,10 @@ def limits_command(
         rules = _rules(profile, limit, 1.0)
         client = client_fingerprint(base_url, token)
         paths = StatePaths.resolve(state_dir)
-        forgotten = _forgotten(forget)
-        if forgotten:
-            overview.forget(forgotten, paths, client, ledger_url=ledger)
+        asked = _forgotten(forget)
+        forgotten = (
+            overview.forget(asked, paths, client, ledger_url=ledger) if asked else []
+        )
         found = overview.limits(
             rules,
             paths,
@@ -414,7 +415,7 @@ def limits_command(
     if as_json:
         _echo([json.dumps(reports.limits_json(found), indent=2)])
     else:
-        _echo(reports.limits_lines(found, forgotten))
+        _echo(reports.limits_lines(found, asked, forgotten))
 
 
 @app.command()

@@ -41,9 +41,9 @@ from batchrun.limits import Rule, Window
 _CANDIDATES = (1.0, 10.0, 60.0, 300.0, 3600.0, 86400.0)
 # How long a learned limit is trusted (the Redis ledger keeps it as long).
 KEPT_FOR = 30 * 86400.0
-# The part of a window within which more accepted requests than its count rule
-# the window out (`Fallback.ruled_out`).
-_SPAN = 0.1
+# Over this many window lengths, more than one more times the window's count of
+# accepted requests rule the window out in any counting (`Fallback.ruled_out`).
+_SPAN = 2
 # Requests older than the longest candidate window cannot bear on a lesson; past
 # this many the oldest are dropped, which keeps `infer` cheap (quadratic in it).
 _KEPT = 2000
@@ -69,9 +69,9 @@ class Lesson:
     rule: Rule
     evidence: str
     spread: bool = False
-    # A safer rule that explains the log as well: the key falls back to it if
+    # A safer lesson that explains the log as well: the key falls back to it if
     # the server refuses again before it lets through more than it allows.
-    fallback: Rule | None = None
+    fallback: Lesson | None = None
 
 
 def candidates(rule: Rule, *, time_scale: float = 1.0) -> tuple[float, ...]:
@@ -249,13 +249,16 @@ def recalled(
     try:
         kept = json.loads(text or "{}")
         windows = [Window(int(c), float(s) / time_scale) for c, s in kept["windows"]]
-        given = [(int(c), float(s)) for c, s in kept["given"]]
+        given = sorted((int(c), float(s)) for c, s in kept["given"])
         at = float(kept["at"])
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(at))
         why, spread = str(kept["why"]), bool(kept["spread"])
     except (ValueError, TypeError, KeyError, UsageError, OverflowError, OSError):
         return None
-    if not now - KEPT_FOR <= at or not _same(given, rule, time_scale):
+    fresh = now - KEPT_FOR <= at <= now + 86400.0  # a day's slack for clock steps
+    if not fresh or not _same(given, rule, time_scale):
+        return None
+    if not _plausible(windows, rule, time_scale):
         return None
     lesson = adopt(rule, windows, "") or Lesson(rule, "")
     # Kept for this very rule (--profile auto's answer that it holds) says so too.
@@ -265,10 +268,22 @@ def recalled(
 
 
 def _same(given: list[tuple[int, float]], rule: Rule, time_scale: float) -> bool:
-    """Whether `given` (unscaled windows) is `rule` at `time_scale`."""
-    return len(given) == len(rule.windows) and all(
-        c == w.count and math.isclose(s, w.seconds * time_scale, rel_tol=1e-9)
-        for (c, s), w in zip(given, rule.windows, strict=True)
+    """Whether `given` (unscaled windows, sorted) is `rule` at `time_scale`, in
+    whatever order its windows were written."""
+    ours = sorted((w.count, w.seconds) for w in rule.windows)
+    return len(given) == len(ours) and all(
+        c == count and math.isclose(s, seconds * time_scale, rel_tol=1e-9)
+        for (c, s), (count, seconds) in zip(given, ours, strict=True)
+    )
+
+
+def _plausible(windows: list[Window], rule: Rule, time_scale: float) -> bool:
+    """Whether kept windows are ones a lesson of `rule` can hold: their lengths
+    among its candidates (a hand edit or a damaged row could otherwise stall a key
+    for ages, or hold no window at all)."""
+    lengths = candidates(rule, time_scale=time_scale)
+    return all(
+        any(math.isclose(w.seconds, s, rel_tol=1e-9) for s in lengths) for w in windows
     )
 
 
@@ -411,7 +426,7 @@ def _looser(
     if loose is None:
         return None
     why = f"{loose.evidence}; {learned} if refused again"
-    return Lesson(loose.rule, why, fallback=safe.rule)
+    return Lesson(loose.rule, why, fallback=safe)
 
 
 def _refused_amid_acceptances(log: Sequence[Sent], rule: Rule) -> bool:
@@ -430,8 +445,9 @@ class Fallback:
 
     The key proves its way past the safer rule one request at a time
     (`KeyLog.careful`), so finding out costs at most one 429 per window: a
-    refusal takes the safer rule whole (`taken`); an acceptance past one of its
-    windows rules it out (`ruled_out`). Either answer is a lesson, kept like any.
+    refusal takes the safer rule whole (`taken`); acceptances past what one of its
+    windows allows in any counting rule it out (`ruled_out`). Either answer is a
+    lesson, kept like any; until then, the ledger keeps the safer rule.
     """
 
     rule: Rule
@@ -442,18 +458,23 @@ class Fallback:
         why = f"{lesson.evidence}; so the server enforces {self.rule}, not {given}"
         return Lesson(joined.rule, why, lesson.spread)
 
+    def kept(self, lesson: Lesson) -> Lesson:
+        """`lesson` as the ledger keeps it while this fallback stands: joined with
+        it, so that later runs start from the safer reading."""
+        joined = adopt(lesson.rule, self.rule.windows, "") or lesson
+        return Lesson(joined.rule, lesson.evidence, lesson.spread)
+
     def ruled_out(self, learner: Learner, key: str, given: Rule) -> Lesson | None:
         """A lesson that `given` holds if the server let through more than one of
-        this fallback's windows allows, within a tenth of it; None while it has not.
-
-        A tenth, because a server counting in fixed windows (or a weighted
-        counter) lets up to twice its count through within one window length
-        across its boundary; within a tenth of it, one time in ten at most.
-        """
+        this fallback's own windows (COUNT/W) allows in any counting: more than
+        3 x COUNT within 2 x W (fixed windows let up to 3 x COUNT through in any
+        2 x W, a sliding log 2 x COUNT); None while it has not."""
         for window in self.rule.windows:
+            if window in given.windows:
+                continue  # held by both readings: it settles nothing
             span = window.seconds * _SPAN
             seen = learner.accepted_within(key, span)
-            if seen > window.count:
+            if seen > _SPAN * window.count + window.count:
                 why = (
                     f"{seen} accepted within {durations.compact(span)}, more than "
                     f"{self.rule} allows: the server enforces {given}"

@@ -263,9 +263,13 @@ def limits(
 
 def forget(
     keys: list[LimitKey], paths: StatePaths, client: str, *, ledger_url: str | None
-) -> None:
-    """Forget what was learned of `keys`' limits for `client`: the next run starts
-    from the rule given again."""
+) -> list[LimitKey]:
+    """Forget what was learned of `keys`' limits for `client`, so that the next
+    run starts from the rule given again; return the keys that had a lesson."""
+    forgotten = []
     with _ledger(_Budget(paths, client, ledger_url)) as ledger:
         for key in keys:
-            ledger.remember(key.value, "{}")
+            if ledger.recall(key.value) not in (None, "{}"):
+                ledger.remember(key.value, "{}")
+                forgotten.append(key)
+    return forgotten

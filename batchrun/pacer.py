@@ -113,9 +113,17 @@ class Pacer:
         cooling.asked = cooling.asked or asked
         cooling.half_open = True
 
-    def learn(self, key: LimitKey, lesson: Lesson, *, keep: bool = True) -> None:
+    def learn(
+        self,
+        key: LimitKey,
+        lesson: Lesson,
+        *,
+        kept: Lesson | None = None,
+        keep: bool = True,
+    ) -> None:
         """Pace `key` by the lesson's rule from now on (and evenly, if it says so),
-        and keep it in the ledger for later runs and other processes (`keep`)."""
+        and keep it (or `kept`, a safer reading while one is in doubt) in the ledger
+        for later runs and other processes (`keep`)."""
         self._rules[key] = lesson.rule
         if lesson.spread:
             self._paces[key] = Pace.SPREAD
@@ -125,11 +133,12 @@ class Pacer:
             # learned says it better (a probe still goes first, half-open).
             cooling.until = min(cooling.until, self._clock.now())
         if keep:
-            # Until the server settles a lesson's fallback, later runs start from it.
-            if lesson.fallback is not None:
-                lesson = Lesson(lesson.fallback, lesson.evidence)
+            kept = kept or lesson
+            # Spaced evenly once is spaced evenly for good, whatever comes after.
+            spread = self._paces[key] is Pace.SPREAD
+            kept = Lesson(kept.rule, kept.evidence, spread)
             given, scale = self._given[key], self._time_scale
-            text = stored(lesson, given=given, time_scale=scale, at=wall_time())
+            text = stored(kept, given=given, time_scale=scale, at=wall_time())
             self._ledger.remember(key.value, text)
 
     def recall(self, keys: Iterable[LimitKey]) -> list[tuple[LimitKey, Lesson]]:
@@ -154,6 +163,7 @@ class Pacer:
         is spent until then asks; unlike a 429's cool-down, no probe follows."""
         cooling = self._cooling[key]
         cooling.until = max(cooling.until, until)
+        cooling.asked = True  # the server named it: no lesson shortens it
 
     def cooling(self, key: LimitKey) -> tuple[float, float]:
         """When the key's latest cool-down began, and when it ends (or ended)."""

@@ -125,9 +125,15 @@ def _failure_json(failure: Failure) -> dict[str, str]:
     return {"id": failure.id, "type": failure.type, "error": failure.error}
 
 
-def limits_lines(found: list[KeyLimit], forgotten: list[LimitKey]) -> list[str]:
-    """`limits`: per key, the rule in force and, if learned, when and why."""
+def limits_lines(
+    found: list[KeyLimit], asked: list[LimitKey], forgotten: list[LimitKey]
+) -> list[str]:
+    """`limits`: what --forget did (of the keys `asked`, those `forgotten`), then
+    per key the rule in force and, if learned, when and why."""
     lines = [f"Forgot what was learned of {key.value}'s limit." for key in forgotten]
+    if asked and not forgotten:
+        names = ", ".join(key.value for key in asked)
+        lines.append(f"Nothing was learned of {names}: nothing to forget.")
     for item in found:
         if item.learned is None and item.rule != item.given:
             until = f"until the server shows {item.given} holds (--profile auto)"

@@ -373,8 +373,11 @@ class Runner:
         if fallback is not None and (lesson.rule != given or lesson.spread):
             lesson = fallback.taken(lesson, given)
         if lesson.fallback is not None:
-            self._fallback[key] = Fallback(lesson.fallback)
-        self._pacer.learn(key, lesson)
+            self._fallback[key] = Fallback(lesson.fallback.rule)
+        # While a safer reading stands, it is what later runs start from.
+        standing = self._fallback.get(key)
+        kept = lesson.fallback or (None if standing is None else standing.kept(lesson))
+        self._pacer.learn(key, lesson, kept=kept)
         at = self._clock.now()
         spread = self._pacer.pace(key) is Pace.SPREAD
         self._emit(RuleLearned(at, key, lesson.rule, spread, lesson.evidence))

@@ -170,13 +170,18 @@ def simulate(
     latency: tuple[float, float] = (0.005, 0.05),
     seed: int = 0,
     bound: float = BOUND,
+    ledger: MemoryLedger | None = None,
+    fallback: Rule | None = None,
 ) -> Simulated:
     """One run of `count` jobs at `client`'s rule against `server`, in virtual time."""
     rule = parse_rule(client) if isinstance(client, str) else client
     # Under Hypothesis, trio shuffles ready tasks with this generator; seed it so a
     # seed gives one run either way.
     trio._core._run._r.seed(seed)
-    run = _Run(rule, server, count, concurrency, pace, latency, seed, bound)
+    kept = MemoryLedger() if ledger is None else ledger  # a rerun passes the last's
+    run = _Run(
+        rule, server, count, concurrency, pace, latency, seed, bound, kept, fallback
+    )
     clock = trio.testing.MockClock(autojump_threshold=0)
     result: Simulated = anyio.run(
         run.main, backend="trio", backend_options={"clock": clock}
@@ -194,6 +199,9 @@ class _Run:
     latency: tuple[float, float]
     seed: int
     bound: float
+    ledger: MemoryLedger
+    # --profile auto: the rule the key falls back to (statement B).
+    fallback: Rule | None
 
     async def main(self) -> Simulated:
         rng = random.Random(self.seed)
@@ -222,9 +230,12 @@ class _Run:
     ) -> Runner:
         clock = LoopClock()
         pacer = Pacer(
-            rules={KEY: self.rule}, ledger=MemoryLedger(), clock=clock, pace=self.pace
+            rules={KEY: self.rule}, ledger=self.ledger, clock=clock, pace=self.pace
         )
-        settings = Settings(concurrency=self.concurrency, pace=self.pace)
+        fallback = {} if self.fallback is None else {KEY: self.fallback}
+        settings = Settings(
+            concurrency=self.concurrency, pace=self.pace, fallback=fallback
+        )
         return Runner(
             sender=sender,
             pacer=pacer,

@@ -6,11 +6,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batchrun.clock import wall_time
 from batchrun.events import Status
+from batchrun.learning import recalled as recalled_lesson
+from batchrun.ledger import MemoryLedger
 from batchrun.limiters import LimiterKind
 from batchrun.limits import Rule, Window, parse_rule
 from batchrun.slots import eta
-from tests.simulation import Server, ideal, scenarios, simulate
+from tests.simulation import KEY, Server, ideal, scenarios, simulate
+
+
+def recalled(rule: Rule, text: str | None) -> str | None:
+    """The rule a kept text gives `rule` now, as text (None: nothing kept)."""
+    lesson = recalled_lesson(rule, text, time_scale=1.0, now=wall_time())
+    return None if lesson is None else str(lesson.rule)
+
 
 SCENARIOS = scenarios()
 
@@ -117,3 +127,49 @@ def test_a_weighted_counter_refusing_a_spread_reading_takes_the_safer_one(seed):
     run = simulate(client="30/2s", server=server, count=40, seed=seed)
     assert run.finished
     assert max(run.rate_limited.values()) <= 3
+
+
+def rerun_from(run_ledger: MemoryLedger) -> MemoryLedger:
+    """A fresh ledger holding only what the last run learned (its send history
+    is on another virtual clock)."""
+    ledger = MemoryLedger()
+    text = run_ledger.recall(KEY.value)
+    if text is not None:
+        ledger.remember(KEY.value, text)
+    return ledger
+
+
+@pytest.mark.parametrize(
+    ("rule", "kept"), [("5/1s", "5/1s+30/2s"), ("5/2s", "5/2s")], ids=["1s", "2s"]
+)
+def test_the_reading_kept_is_the_one_the_server_settled(rule, kept):
+    """Against a 5/1s server the faster reading is ruled in (more than 15
+    accepted within 4 s), against 5/2s the safer one is taken: either way the
+    ledger keeps what the server showed, and a rerun from it sends no 429 and
+    runs near the ideal."""
+    server = Server(LimiterKind.SLIDING, parse_rule(rule), retry_after=False)
+    first = MemoryLedger()
+    simulate(client="30/2s", server=server, count=40, ledger=first)
+    assert str(recalled(parse_rule("30/2s"), first.recall(KEY.value))) == kept
+    again = simulate(client="30/2s", server=server, count=40, ledger=rerun_from(first))
+    assert again.tally.rate_limited == 0
+    assert again.ratio <= 1.1
+
+
+@pytest.mark.parametrize("origin", [0.0, -30.0, -59.8])
+@pytest.mark.parametrize("retry_after", [True, False])
+def test_auto_never_takes_a_fixed_window_b_for_a(origin, retry_after):
+    """A fixed-window B lets 16 through within seconds across its boundary; that
+    must not rule B out. Whatever the boundary, B is taken and kept, and a rerun
+    from the ledger sends no 429."""
+    b = parse_rule("15/1m+500/1h")
+    server = Server(LimiterKind.FIXED, b, {"origin": origin}, retry_after=retry_after)
+    first = MemoryLedger()
+    run = simulate(client="30/1m", server=server, count=60, fallback=b, ledger=first)
+    assert run.finished
+    assert run.tally.rate_limited <= 2
+    assert recalled(parse_rule("30/1m"), first.recall(KEY.value)) == str(b)
+    again = simulate(
+        client="30/1m", server=server, count=60, fallback=b, ledger=rerun_from(first)
+    )
+    assert again.tally.rate_limited == 0
