@@ -306,10 +306,11 @@ class LeakyBucket:
         return drained_at / _MILLI - now
 
     def quotas(self, client: str, key: str, now: float) -> tuple[Quota, ...]:
-        """One quota: `burst + 1` requests per `(burst + 1) / rate` seconds, a
-        sliding window any client that keeps it never overflows the bucket with."""
+        """One quota: `burst + 1` requests per `(burst + 1) / rate` seconds rounded
+        up to the millisecond, a sliding window any client that keeps it never
+        overflows the bucket with (nginx drains in whole thousandths)."""
         room = self.burst + 1
-        window = Window(room, room * _MILLI / self._rate)
+        window = Window(room, -(-room * _MILLI * _MILLI // self._rate) / _MILLI)
         state = self._state.get((client, key))
         if state is None:
             return (Quota(window, room, 0.0),)

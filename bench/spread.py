@@ -40,7 +40,8 @@ from batchrun.limits import LimitKey, parse_rule
 from batchrun.pacer import Pacer
 from batchrun.slots import Pace
 from bench.stock import Server, nginx_server
-from tests.simulation import Server, simulate
+from tests.simulation import Server as Model
+from tests.simulation import simulate
 
 JOBS = 60
 RULE = "15/1s"
@@ -114,7 +115,7 @@ def nginx_run() -> tuple[int, float]:
 
 def simulated_run(seed: int) -> tuple[int, float]:
     """One spread run in virtual time against a leaky bucket with burst 0."""
-    server = Server(LimiterKind.LEAKY, parse_rule(RULE), {"burst": 0})
+    server = Model(LimiterKind.LEAKY, parse_rule(RULE), {"burst": 0})
     run = simulate(client=RULE, server=server, count=JOBS, pace=Pace.SPREAD, seed=seed)
     return sum(run.rate_limited.values()), run.makespan
 
@@ -135,7 +136,10 @@ def main() -> None:
     parser.add_argument("--skip-simulated", action="store_true")
     parser.add_argument("--submit", type=int, default=3, help="submit runs")
     args = parser.parse_args()
-    print("| server | runs | 429s in all | most in one run | runs with a 429 | mean makespan s |")
+    print(
+        "| server | runs | 429s in all | most in one run | runs with a 429 "
+        "| mean makespan s |"
+    )
     print("|---|---|---|---|---|---|")
     if not args.skip_simulated:
         sims = [simulated_run(seed) for seed in range(args.seeds)]
