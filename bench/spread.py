@@ -11,7 +11,7 @@ over several runs of 60 jobs:
   with burst 0, each request travelling a seeded random latency of 1-4 ms, so
   arrivals jitter by up to 3 ms as they do on a busy loopback;
 - `nginx, pacer only`: 60 requests through batchrun's own `Pacer` (spread, a
-  `MemoryLedger`, the system clock) and httpx, 8 at a time, against real nginx on
+  `MemoryLedger`, the event loop's clock) and httpx, 8 at a time, against real nginx on
   loopback (bench/stock.py), never retried: the 429s the spacing alone earns;
 - `nginx, submit`: `batchrun submit --pace spread` in a subprocess against the same
   nginx, bounded by `--deadline`, 429s and makespan read from nginx's access log
@@ -37,7 +37,7 @@ import anyio
 import httpx
 
 from batchrun import slots
-from batchrun.clock import SystemClock
+from batchrun.clock import LoopClock
 from batchrun.ledger import MemoryLedger
 from batchrun.limiters import LimiterKind
 from batchrun.limits import LimitKey, parse_rule
@@ -74,7 +74,7 @@ async def _paced(url: str) -> None:
     pacer = Pacer(
         rules={LimitKey.RUN_QUERY: parse_rule(RULE)},
         ledger=MemoryLedger(),
-        clock=SystemClock(),
+        clock=LoopClock(),
         pace=Pace.SPREAD,
     )
     numbers = iter(range(JOBS))
