@@ -3,8 +3,7 @@
 The client holds `30/10s` at `--time-scale 10` (30/1s, learning's candidate windows
 scaled alike); the sandbox enforces 10/1s, counted by each `limiters` model, with or
 without rate-limit headers. Every request the sandbox saw is counted; request
-counts are bounded by the jobs (a leaky bucket without burst gets fewer jobs: the
-rule learned from it is slower than its real one, see the README).
+counts are bounded by the jobs.
 """
 
 from __future__ import annotations
@@ -46,25 +45,15 @@ def statuses_and_done(server) -> tuple[Counter[int], Counter[str | None]]:
     return statuses, done
 
 
-@pytest.mark.parametrize(
-    ("counting", "count"),
-    [
-        (LimiterKind.SLIDING, 20),
-        (LimiterKind.FIXED, 20),
-        (LimiterKind.WEIGHTED, 20),
-        (LimiterKind.LEAKY, 5),
-    ],
-)
-def test_the_client_learns_a_stricter_server_however_it_counts(
-    tmp_path, counting, count
-):
+@pytest.mark.parametrize("counting", list(LimiterKind))
+def test_the_client_learns_a_stricter_server_however_it_counts(tmp_path, counting):
     """Each job accepted exactly once, 1 to 3 x 429, and the run says it learned."""
     server = stricter(counting)
     with running(server) as url:
-        result = submit(tmp_path, url, count)
+        result = submit(tmp_path, url, 20)
     assert result.exit_code == 0, result.stdout + result.stderr
     statuses, done = statuses_and_done(server)
-    assert len(done) == count
+    assert len(done) == 20
     assert set(done.values()) == {1}
     assert 1 <= statuses[429] <= 3, statuses
     assert "run-query: the server allows less than the rule; now" in result.stdout
