@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -24,6 +25,7 @@ import typer
 from batchrun import __version__, durations, reports
 from batchrun.errors import EXIT_INTERRUPTED, BatchrunError, JobsFileError, UsageError
 from batchrun.jobs import summarize, valid_jobs
+from batchrun.limiters import LimiterKind
 from batchrun.limits import (
     LimitKey,
     Profile,
@@ -33,6 +35,7 @@ from batchrun.limits import (
     parse_override,
 )
 from batchrun.paths import StatePaths, client_fingerprint
+from batchrun.policy_headers import HeaderStyle
 from batchrun.results import default_results_path
 from batchrun.slots import Pace
 
@@ -96,6 +99,47 @@ _InjectOpt = Annotated[
         help="Sandbox faults: 429=0.05, 5xx=0.1, drop=0.05, slow=0.1, "
         "slow-seconds=2, seed=7 (repeatable).",
         rich_help_panel="Sandbox faults",
+    ),
+]
+_COUNTING_HELP = (
+    "How the sandbox counts: sliding (a log, exact), fixed (aligned windows), "
+    "weighted (a sliding-window estimate from two fixed counts), leaky (nginx "
+    "limit_req without burst: one request per WINDOW/COUNT)."
+)
+_HEADERS_HELP = (
+    "Rate-limit headers the sandbox states on every answer: none (only a 429's "
+    "Retry-After), ietf (RateLimit-Policy and RateLimit, draft 08 on), draft7 "
+    "(express-rate-limit's RateLimit: limit=, remaining=, reset=), x-ratelimit "
+    "(X-RateLimit-Limit/-Remaining/-Reset)."
+)
+_CountingOpt = Annotated[LimiterKind, typer.Option("--counting", help=_COUNTING_HELP)]
+_HeadersOpt = Annotated[HeaderStyle, typer.Option("--headers", help=_HEADERS_HELP)]
+_ServerLimitOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--server-limit",
+        metavar="KEY=RULE",
+        help="With --sandbox: the sandbox enforces this rule for KEY instead of "
+        "the client's, e.g. run-query=10/1m, to watch the client learn it "
+        "(repeatable).",
+    ),
+]
+_ServerCountingOpt = Annotated[
+    LimiterKind | None,
+    typer.Option(
+        "--server-counting",
+        show_default=False,
+        help="With --sandbox: how it counts, as `batchrun sandbox --counting` "
+        "(default sliding).",
+    ),
+]
+_ServerHeadersOpt = Annotated[
+    HeaderStyle | None,
+    typer.Option(
+        "--server-headers",
+        show_default=False,
+        help="With --sandbox: the rate-limit headers it states, as `batchrun "
+        "sandbox --headers` (default none).",
     ),
 ]
 _StateDirOpt = Annotated[
@@ -258,6 +302,9 @@ def submit(
     results: _ResultsOpt = None,
     sandbox: _SandboxFlag = False,
     inject: _InjectOpt = None,
+    server_limit: _ServerLimitOpt = None,
+    server_counting: _ServerCountingOpt = None,
+    server_headers: _ServerHeadersOpt = None,
     time_scale: _TimeScaleOpt = 1.0,
     state_dir: _StateDirOpt = None,
     ledger: _LedgerOpt = None,
@@ -274,9 +321,13 @@ def submit(
     say = _log_for(jobs_file)
     with _reported(say):
         rules = _rules(profile, limit, time_scale)
+        server_rules = _server_rules(profile, limit, server_limit, time_scale)
+        server = _Server(
+            sandbox, server_rules, inject, server_limit, server_counting, server_headers
+        )
         job = Submission(
             jobs_file=jobs_file,
-            target=_target(base_url, token, timeout, sandbox, rules, inject, ca_bundle),
+            target=_target(base_url, token, timeout, server, ca_bundle),
             rules=rules,
             settings=_settings(
                 concurrency, max_attempts, time_scale, pace, profile, limit
@@ -511,9 +562,11 @@ def sandbox_command(
     profile: _ProfileOpt = Profile.B,
     limit: _LimitOpt = None,
     inject: _InjectOpt = None,
+    counting: _CountingOpt = LimiterKind.SLIDING,
+    headers: _HeadersOpt = HeaderStyle.NONE,
     time_scale: _TimeScaleOpt = 1.0,
 ) -> None:
-    """Serve a local copy of the API that enforces the limits exactly."""
+    """Serve a local copy of the API that enforces the limits, counted as told."""
     from batchrun import faults, sandbox, serving
 
     with _reported():
@@ -522,12 +575,16 @@ def sandbox_command(
             raise UsageError(msg)
         rules = _rules(profile, limit, time_scale)
         server = sandbox.create_app(
-            rules=rules, faults=faults.parse_faults(inject or [])
+            rules=rules,
+            faults=faults.parse_faults(inject or []),
+            counting=counting,
+            headers=headers,
         )
     limits = ", ".join(f"{key.value} {rule}" for key, rule in rules.items())
+    how = f"counting {counting.value}, headers {headers.value}"
 
     def announce(url: str) -> None:
-        typer.echo(f"Sandbox on {url} ({limits}). Ctrl-C stops it.")
+        typer.echo(f"Sandbox on {url} ({limits}; {how}). Ctrl-C stops it.")
 
     with _reported():
         serving.serve(server, host=host, port=port, announce=announce)
@@ -607,6 +664,29 @@ def _forgotten(names: list[str] | None) -> list[LimitKey]:
         raise UsageError(msg) from None
 
 
+def _server_rules(
+    profile: Profile,
+    limits: list[str] | None,
+    server_limits: list[str] | None,
+    time_scale: float,
+) -> dict[LimitKey, Rule]:
+    """The client's rules with each `--server-limit` in place of its key's."""
+    server = [_server_override(text) for text in server_limits or []]
+    client = [parse_override(text) for text in limits or []]
+    return limit_table(
+        profile=profile, overrides=[*client, *server], time_scale=time_scale
+    )
+
+
+def _server_override(text: str) -> tuple[LimitKey, Rule]:
+    try:
+        return parse_override(text)
+    except UsageError as exc:
+        why = exc.message.removeprefix(f"bad --limit {text!r}: ")
+        msg = f"bad --server-limit {text!r}: {why}"
+        raise UsageError(msg) from None
+
+
 def _settings(
     concurrency: int,
     max_attempts: int,
@@ -629,35 +709,62 @@ def _settings(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Server:
+    """What `submit` says about the in-process sandbox: whether to use it, the
+    rules it enforces (the client's, with `--server-limit` on top) and how."""
+
+    sandbox: bool
+    rules: dict[LimitKey, Rule]
+    inject: list[str] | None
+    limits: list[str] | None
+    counting: LimiterKind | None
+    headers: HeaderStyle | None
+
+    def check(self) -> None:
+        """Sandbox-only flags without --sandbox are a usage error."""
+        given = {
+            "--inject": self.inject,
+            "--server-limit": self.limits,
+            "--server-counting": self.counting,
+            "--server-headers": self.headers,
+        }
+        named = [flag for flag, value in given.items() if value]
+        if named and not self.sandbox:
+            verb = "works" if len(named) == 1 else "work"
+            msg = f"{', '.join(named)} only {verb} with --sandbox."
+            raise UsageError(msg)
+
+
 def _target(
     base_url: str | None,
     token: str | None,
     timeout: float,
-    sandbox: bool,
-    rules: dict[LimitKey, Rule],
-    inject: list[str] | None,
+    server: _Server,
     ca_bundle: Path | None,
 ) -> Target:
     from batchrun.client import asgi_transport
     from batchrun.submission import Target
 
-    if sandbox:
+    server.check()
+    if server.sandbox:
         from batchrun import faults
         from batchrun.sandbox import create_app
 
-        app = create_app(rules=rules, faults=faults.parse_faults(inject or []))
+        app = create_app(
+            rules=server.rules,
+            faults=faults.parse_faults(server.inject or []),
+            counting=server.counting or LimiterKind.SLIDING,
+            headers=server.headers or HeaderStyle.NONE,
+        )
         _check_ca_bundle(ca_bundle)
-        transport = asgi_transport(app)
         return Target(
             base_url="http://sandbox.local",
             token=token,
             timeout=timeout,
-            transport=transport,
+            transport=asgi_transport(app),
             ca_bundle=ca_bundle,
         )
-    if inject:
-        msg = "--inject only works with --sandbox."
-        raise UsageError(msg)
     if not base_url:
         msg = "No API to talk to: give --base-url (or BATCHRUN_BASE_URL), or --sandbox."
         raise UsageError(msg)

@@ -14,6 +14,12 @@ client and key. The models, and their invariants:
 - `LeakyBucket`: nginx `limit_req ... nodelay`, a GCRA at COUNT/W per second with
   `burst` extra, decided in whole milliseconds as nginx does.
 
+`quotas(client, key, now)` reads a model's state without changing it: one `Quota`
+per stated window (for a leaky bucket, the window its burst amounts to), with the
+requests it would still accept now and the seconds until it regains one (with none
+left: until one more is accepted, the wait `admit` gives). The sandbox states these
+in rate-limit header fields.
+
 Pure and stdlib only, so tests, benches and the sandbox can all drive them.
 """
 
@@ -40,6 +46,19 @@ class LimiterKind(StrEnum):
     LEAKY = "leaky"
 
 
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """One stated window's state for a client and key (see the module docstring).
+
+    `remaining` requests would be accepted now, one after another; `reset` is the
+    seconds until the window regains one, or with none left, until one more fits.
+    """
+
+    window: Window
+    remaining: int
+    reset: float
+
+
 class Limiter(Protocol):
     """A server's limit on every client and key (see the module docstring)."""
 
@@ -50,6 +69,10 @@ class Limiter(Protocol):
 
     def admit(self, client: str, key: str, now: float) -> float | None:
         """None if a request arriving `now` is accepted, else seconds until it is."""
+        ...
+
+    def quotas(self, client: str, key: str, now: float) -> tuple[Quota, ...]:
+        """Each stated window's state `now`; changes nothing."""
         ...
 
 
@@ -78,6 +101,18 @@ class SlidingLog:
         if wait is None:
             log.append(now)
         return wait
+
+    def quotas(self, client: str, key: str, now: float) -> tuple[Quota, ...]:
+        log = self._logs.get((client, key), deque())
+        quotas = []
+        for window in self.rule.windows:
+            inside = [t for t in log if t + window.seconds > now]
+            left = max(0, window.count - len(inside))
+            # The oldest arrival that holds room leaves first; with none left,
+            # the count-th newest.
+            oldest = inside[max(0, len(inside) - window.count)] if inside else now
+            quotas.append(Quota(window, left, max(0.0, oldest + window.seconds - now)))
+        return tuple(quotas)
 
 
 def _sliding_wait(log: deque[float], rule: Rule, now: float) -> float | None:
@@ -135,6 +170,16 @@ class FixedWindow:
                 self._counts[slot] = (index, count + 1)
         return wait
 
+    def quotas(self, client: str, key: str, now: float) -> tuple[Quota, ...]:
+        quotas = []
+        for position, window in enumerate(self.rule.windows):
+            index = _index(window, self.origin, now)
+            seen, count = self._counts.get((client, key, position), (index, 0))
+            left = window.count - (count if seen == index else 0)
+            ends = self.origin + (index + 1) * window.seconds
+            quotas.append(Quota(window, max(0, left), ends - now))
+        return tuple(quotas)
+
 
 @dataclass(slots=True, kw_only=True)
 class WeightedCounter:
@@ -175,6 +220,25 @@ class WeightedCounter:
                 for old in [i for i in counts if i < index - 1]:
                     del counts[old]
         return wait
+
+    def quotas(self, client: str, key: str, now: float) -> tuple[Quota, ...]:
+        quotas = []
+        for position, window in enumerate(self.rule.windows):
+            counts = self._counts.get((client, key, position), {})
+            index = _index(window, self.origin, now)
+            start = self.origin + index * window.seconds
+            previous, current = counts.get(index - 1, 0), counts.get(index, 0)
+            estimate = previous * (1 - (now - start) / window.seconds) + current
+            # Accepted while estimate + k < COUNT, for the k-th more request.
+            left = max(0, math.ceil(window.count - estimate))
+            reset = 0.0
+            if left < window.count:
+                # One more left: the estimate is below COUNT - left.
+                target = Window(window.count - left, window.seconds)
+                below = _weighted_below(target, start, previous, current)
+                reset = max(0.0, below - now)
+            quotas.append(Quota(window, left, reset))
+        return tuple(quotas)
 
 
 def _weighted_below(window: Window, start: float, previous: int, current: int) -> float:
@@ -240,6 +304,26 @@ class LeakyBucket:
         need = excess + _MILLI - self.burst * _MILLI
         drained_at = last + -(-need * _MILLI // self._rate)
         return drained_at / _MILLI - now
+
+    def quotas(self, client: str, key: str, now: float) -> tuple[Quota, ...]:
+        """One quota: `burst + 1` requests per `(burst + 1) / rate` seconds rounded
+        up to the millisecond, a sliding window any client that keeps it never
+        overflows the bucket with (nginx drains in whole thousandths)."""
+        room = self.burst + 1
+        window = Window(room, -(-room * _MILLI * _MILLI // self._rate) / _MILLI)
+        state = self._state.get((client, key))
+        if state is None:
+            return (Quota(window, room, 0.0),)
+        excess, last = state
+        ms = math.floor(now * _MILLI)
+        level = max(0, excess - self._rate * (ms - last) // _MILLI + _MILLI)
+        left = max(0, (self.burst * _MILLI - level) // _MILLI + 1)
+        if left >= room:
+            return (Quota(window, room, 0.0),)
+        # One more left once the bucket holds at most (burst - left - 1) requests.
+        need = excess - (self.burst - left - 1) * _MILLI
+        drained_at = last + -(-need * _MILLI // self._rate)
+        return (Quota(window, left, max(0.0, drained_at / _MILLI - now)),)
 
 
 def make_limiter(kind: str, rule: Rule, **options: Any) -> Limiter:

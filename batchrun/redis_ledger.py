@@ -33,7 +33,7 @@ from redis.retry import Retry
 
 from batchrun.errors import LedgerLost, StateError, UsageError
 from batchrun.limits import Rule
-from batchrun.slots import Grant, Pace, Usage, Wait
+from batchrun.slots import Grant, Pace, Usage, Wait, spread_interval
 
 # Seconds to connect, and to wait for any answer. `reserve` is called from the event
 # loop, which a slow Redis blocks for up to this long before the run stops.
@@ -286,7 +286,7 @@ def _usage(
 
 
 def _interval(rule: Rule, pace: Pace) -> float | str:
-    return rule.interval if pace is Pace.SPREAD else ""
+    return spread_interval(rule) if pace is Pace.SPREAD else ""
 
 
 def _ttl_ms(seconds: float) -> int:

@@ -1,14 +1,19 @@
-"""A local copy of the reporting API that enforces its limits exactly.
+"""A local copy of the reporting API that enforces its limits, counted as told.
 
-Holds `Arrival` (one request seen), `Sandbox` (the limit logs and arrival record
-behind one app) and `create_app`, whose routes come from `endpoints.ENDPOINTS`.
-`serving` puts an app on a socket; `faults` says what to break on purpose.
+Holds `Arrival` (one request seen), `Admission` (what the limiter said of one),
+`Sandbox` (a `limiters` model per rule, the arrival record behind one app) and
+`create_app`, whose routes come from `endpoints.ENDPOINTS`. `serving` puts an app on
+a socket; `faults` says what to break on purpose; `policy_headers` writes what the
+sandbox states about its limits.
 
-Invariant: for every client (a hash of the Authorization header), key and window
-(COUNT, W) of the key's rule, at most COUNT requests are accepted within any
-half-open interval (t - W, t]: an accepted arrival at `a` counts while `a + W > t`,
-summed in floats as the pacer sums its slots. Over-limit requests get the API's 429
-body and a Retry-After, and do not count. Every request lands in `arrivals`.
+Invariant: for every client (a hash of the Authorization header) and key, requests
+are accepted exactly as the chosen `limiters` model (`counting`, sliding log by
+default) accepts them under the key's rule, or the global rule for a key without
+one. With the sliding log, at most COUNT requests are accepted within any half-open
+interval (t - W, t] of every window (COUNT, W) of the rule. Over-limit requests get
+the API's 429 body and a Retry-After, and do not count. With a `headers` style,
+every answer but a dropped one states the key's quotas after its request. Every
+request lands in `arrivals`.
 
 A dropped connection starts an answer and then breaks it off. Over a socket,
 uvicorn closes the connection mid-answer and the client sees a protocol error
@@ -24,10 +29,10 @@ import math
 import random
 import threading
 import time
-from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from typing import NamedTuple
 
 import anyio
 from starlette.applications import Starlette
@@ -38,8 +43,11 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from batchrun.endpoints import ENDPOINTS
+from batchrun.errors import UsageError
 from batchrun.faults import NOISE_DIGITS, Fault, Faults
+from batchrun.limiters import LimiterKind, Quota, make_limiter
 from batchrun.limits import LimitKey, Rule
+from batchrun.policy_headers import HeaderStyle, policy_headers
 from batchrun.serving import Dropped
 
 # The API's documented 429 body (reporting-api-rate-limits.md, section 7).
@@ -68,44 +76,66 @@ class Arrival:
     idempotency_key: str | None
 
 
+class Admission(NamedTuple):
+    """One request checked: when, the wait if refused (None: accepted and counted),
+    and the key's quotas right after it (empty for a key without any rule)."""
+
+    at: float
+    wait: float | None
+    quotas: tuple[Quota, ...]
+
+
 @dataclass
 class Sandbox:
-    """The state behind one app: accepted-arrival logs per client and key, arrivals.
+    """The state behind one app: a limiter per rule, the arrivals, the fault draws.
 
     Every method takes the lock: under uvicorn the app runs in another thread than
-    the test or benchmark that reads `arrivals`.
+    the test or benchmark that reads `arrivals`. A leaky bucket has no burst, as
+    nginx's `limit_req` without `burst`.
+
+    Raises:
+        UsageError: when `counting` cannot express a rule (a leaky bucket slower
+            than nginx's 0.001 request per second).
     """
 
     rules: Mapping[LimitKey, Rule]
     faults: Faults = field(default_factory=Faults)
     clock: Callable[[], float] = time.monotonic
     arrivals: list[Arrival] = field(default_factory=list)
+    counting: LimiterKind = LimiterKind.SLIDING
+    headers: HeaderStyle = HeaderStyle.NONE
 
     def __post_init__(self) -> None:
-        self._accepted: defaultdict[tuple[str, LimitKey], deque[float]]
-        self._accepted = defaultdict(deque)
+        try:
+            self._limiters = {
+                key: make_limiter(self.counting, rule)
+                for key, rule in self.rules.items()
+            }
+        except ValueError as exc:
+            msg = f"the sandbox cannot count {self.counting.value}: {exc}"
+            raise UsageError(msg) from None
         self._lock = threading.Lock()
         self._random = random.Random(self.faults.seed)
         self._served = 0
 
-    def admit(self, client: str, key: LimitKey) -> tuple[float, float | None]:
-        """Check one request now: (now, None) if accepted and logged, else (now, wait).
+    def admit(self, client: str, key: LimitKey) -> Admission:
+        """Check one request now; an accepted one is counted.
 
-        `wait` is the seconds until the blocking accepted arrival leaves its window.
-        A key without a rule of its own uses the global rule; with neither, no limit.
+        `wait` is the seconds until the limiter would accept it. A key without a
+        rule of its own uses the global rule (with a budget of its own); with
+        neither, no limit.
         """
         with self._lock:
             now = self.clock()
-            rule = self.rules.get(key) or self.rules.get(LimitKey.GLOBAL)
-            if rule is None:
-                return now, None
-            log = self._accepted[(client, key)]
-            while log and log[0] + rule.longest <= now:
-                log.popleft()
-            wait = _wait(log, rule, now)
-            if wait is None:
-                log.append(now)
-            return now, wait
+            limiter = self._limiters.get(key) or self._limiters.get(LimitKey.GLOBAL)
+            if limiter is None:
+                return Admission(now, None, ())
+            wait = limiter.admit(client, key.value, now)
+            return Admission(now, wait, limiter.quotas(client, key.value, now))
+
+    def stated(self, admission: Admission) -> dict[str, str]:
+        """The rate-limit header fields that state an admission's quotas."""
+        return policy_headers(self.headers, admission.quotas)
 
     def draw_fault(self) -> Fault | None:
         """Which injected fault, if any, answers the accepted request at hand."""
@@ -130,30 +160,23 @@ class Sandbox:
             self.arrivals.append(arrival)
 
 
-def _wait(log: deque[float], rule: Rule, now: float) -> float | None:
-    """None if one more request fits every window now, else seconds until it does."""
-    wait = None
-    for window in rule.windows:
-        inside = [t for t in log if t + window.seconds > now]
-        if len(inside) >= window.count:
-            # The request fits once the count-th newest arrival has left the window.
-            leaves = inside[-window.count] + window.seconds - now
-            wait = max(wait or 0.0, leaves)
-    return wait
-
-
 def create_app(
     *,
     rules: Mapping[LimitKey, Rule],
     faults: Faults | None = None,
     clock: Callable[[], float] = time.monotonic,
+    counting: LimiterKind = LimiterKind.SLIDING,
+    headers: HeaderStyle = HeaderStyle.NONE,
 ) -> Starlette:
     """The sandbox API as an ASGI app; its state is `app.state.sandbox` (a `Sandbox`).
 
     `rules` come already time-scaled (`limit_table(time_scale=...)`); `clock` is read
-    once per request, so tests can move time by hand.
+    once per request, so tests can move time by hand. `counting` picks the
+    `limiters` model, `headers` the rate-limit header fields every answer states.
     """
-    sandbox = Sandbox(rules, faults or Faults(), clock)
+    sandbox = Sandbox(
+        rules, faults or Faults(), clock, counting=counting, headers=headers
+    )
     routes = [
         Route(end.path, _endpoint(sandbox, end.key), methods=[end.method])
         for end in ENDPOINTS.values()
@@ -197,15 +220,18 @@ async def _answer(
     """Admit the request, answer it, and record it even if answering is cancelled."""
     who = hashlib.sha256(request.headers.get("authorization", "").encode())
     client = who.hexdigest()[:12]
-    now, wait = sandbox.admit(client, key)
+    admission = sandbox.admit(client, key)
+    wait = admission.wait
     status = 0
     try:
         response = _too_many(wait) if wait is not None else await accepted()
-        status = 0 if isinstance(response, _DropResponse) else response.status_code
+        if not isinstance(response, _DropResponse):
+            status = response.status_code
+            response.headers.update(sandbox.stated(admission))
         return response
     finally:
         idempotency_key = request.headers.get("idempotency-key")
-        sandbox.record(Arrival(now, client, key, status, idempotency_key))
+        sandbox.record(Arrival(admission.at, client, key, status, idempotency_key))
 
 
 def _too_many(wait: float) -> Response:

@@ -32,6 +32,12 @@ from batchrun.limits import Rule
 # Past this many requests, `eta` extrapolates at the long-run rate instead of
 # simulating each one; the greedy schedule is periodic long before that.
 _ETA_SIMULATED = 5000
+# `spread` keeps starts the larger of 1 % and 2 ms more than the interval apart:
+# a server that decides on its own clock with no burst allowance (nginx's leaky
+# bucket, in whole milliseconds) refuses an arrival that transit jitter, or its
+# rounding, brought a millisecond early. The 2 ms are real time, never scaled.
+SPREAD_MARGIN = 0.01
+SPREAD_MARGIN_SECONDS = 0.005
 
 
 class Pace(StrEnum):
@@ -85,7 +91,7 @@ def earliest_slot(usage: History, rule: Rule, pace: Pace = Pace.EXACT) -> float 
     """The earliest moment the next request may leave; None until an answer arrives.
 
     A moment in the past means "now". With `spread`, requests are also kept
-    `rule.interval` apart, start to start.
+    `spread_interval(rule)` apart, start to start.
     """
     slot = -math.inf
     finished, in_flight = usage.finished, usage.in_flight
@@ -96,8 +102,14 @@ def earliest_slot(usage: History, rule: Rule, pace: Pace = Pace.EXACT) -> float 
         if len(finished) >= needed:
             slot = max(slot, finished[-needed] + window.seconds)
     if pace is Pace.SPREAD and usage.last_start is not None:
-        slot = max(slot, usage.last_start + rule.interval)
+        slot = max(slot, usage.last_start + spread_interval(rule))
     return slot
+
+
+def spread_interval(rule: Rule) -> float:
+    """Seconds from one start to the next at `spread`: the rule's binding interval
+    and a margin (`SPREAD_MARGIN`, at least `SPREAD_MARGIN_SECONDS`)."""
+    return rule.interval + max(rule.interval * SPREAD_MARGIN, SPREAD_MARGIN_SECONDS)
 
 
 def eta(
@@ -121,4 +133,5 @@ def eta(
         moment = max(moment, slot if slot is not None else moment)
         history.append(moment)
         last = moment
-    return moment + max(0, count - _ETA_SIMULATED) * rule.interval
+    step = spread_interval(rule) if pace is Pace.SPREAD else rule.interval
+    return moment + max(0, count - _ETA_SIMULATED) * step

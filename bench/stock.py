@@ -131,9 +131,10 @@ def nginx_config(folder: Path, port: int, rate: str, burst: int, nodelay: bool) 
         f"limit_req_zone $binary_remote_addr zone={zone}:1m rate={rate};"
         for zone in _NGINX_PATHS
     )
-    delay = " nodelay" if nodelay else ""
+    # nginx refuses `burst=0`: no burst allowance is written by leaving it out.
+    delay = (f" burst={burst}" if burst else "") + (" nodelay" if nodelay else "")
     locations = " ".join(
-        f"location {match} {{ limit_req zone={zone} burst={burst}{delay}; "
+        f"location {match} {{ limit_req zone={zone}{delay}; "
         "try_files /__none @accepted; }"
         for zone, match in _NGINX_PATHS.items()
     )

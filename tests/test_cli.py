@@ -170,6 +170,31 @@ def test_submit_refuses_a_bad_file_before_sending(tmp_path):
         ),
         pytest.param(["--sandbox", "--inject", "429=2"], "fault rates", id="bad-fault"),
         pytest.param(["--sandbox", "--time-scale", "0"], "time-scale", id="zero-scale"),
+        pytest.param(
+            ["--base-url", "https://api.test", "--server-limit", "run-query=1/1s"],
+            "--server-limit only works with --sandbox",
+            id="server-limit-without-sandbox",
+        ),
+        pytest.param(
+            ["--base-url", "https://api.test", "--server-headers", "ietf"],
+            "--server-headers only works with --sandbox",
+            id="server-headers-without-sandbox",
+        ),
+        pytest.param(
+            ["--sandbox", "--server-limit", "run-query=fast"],
+            "bad --server-limit 'run-query=fast'",
+            id="bad-server-limit",
+        ),
+        pytest.param(
+            ["--sandbox", "--server-counting", "token-bucket"],
+            "Invalid value for '--server-counting'",
+            id="bad-server-counting",
+        ),
+        pytest.param(
+            ["--sandbox", "--server-counting", "leaky", "--limit", "avatar=1/1h"],
+            "cannot count leaky",
+            id="too-slow-for-leaky",
+        ),
     ],
 )
 def test_bad_usage_exits_2_with_a_message(tmp_path, args, message):
@@ -292,6 +317,57 @@ def test_sandbox_faults_show_as_requeued_429s(tmp_path):
     assert result.exit_code == 0
     assert all(r["status"] == "done" for r in results_of(tmp_path))
     assert any(r["attempts"] > 1 for r in results_of(tmp_path))
+
+
+def test_a_stricter_sandbox_is_learned_from(tmp_path):
+    """--server-limit makes the sandbox stricter than the client's rule: the run
+    says what it learned, and every job still ends done once."""
+    rows = [f"q{i},run-query,t1," for i in range(12)]
+    args = ["--time-scale", "100", "--server-limit", "run-query=5/1m"]
+    result = runner.invoke(
+        app, ["submit", str(jobs_file(tmp_path, rows)), *FAST[:1], *args]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert (
+        "run-query: the server allows less than the rule; now 5/600ms" in result.stdout
+    )
+    assert sorted(r["id"] for r in results_of(tmp_path)) == sorted(
+        f"q{i}" for i in range(12)
+    )
+
+
+def test_a_sandbox_stating_its_policy_costs_no_429(tmp_path):
+    """With --server-headers ietf the client adopts the stated rule before any 429."""
+    rows = [f"q{i},run-query,t1," for i in range(12)]
+    args = ["--time-scale", "100", "--server-limit", "run-query=5/1m"]
+    args += ["--server-headers", "ietf", "--concurrency", "1"]
+    result = runner.invoke(
+        app, ["submit", str(jobs_file(tmp_path, rows)), *FAST[:1], *args]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert "the server states 5/600ms in its rate-limit headers" in result.stdout
+    assert all(r["attempts"] == 1 for r in results_of(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(
+            ["--counting", "token"], "Invalid value for '--counting'", id="counting"
+        ),
+        pytest.param(["--headers", "x"], "Invalid value for '--headers'", id="headers"),
+        pytest.param(
+            ["--counting", "leaky", "--limit", "invite=1/1h"],
+            "cannot count leaky",
+            id="too-slow-for-leaky",
+        ),
+    ],
+)
+def test_sandbox_command_bad_counting_or_headers_exit_2(args, message):
+    """`batchrun sandbox` refuses what it cannot serve, before it listens."""
+    result = runner.invoke(app, ["sandbox", "--port", "0", *args])
+    assert result.exit_code == 2
+    assert message in result.stderr
 
 
 def test_sandbox_on_a_busy_port_exits_2():

@@ -6,6 +6,7 @@ the models are exact and a brute-force reading can be compared decision by decis
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from fractions import Fraction
@@ -148,15 +149,60 @@ def test_leaky_bucket_is_gcra_on_milliseconds(per_second, burst, ticks, within):
             assert not accepts(accepted, first - 1)
 
 
-@given(rules, arrivals)
-def test_sliding_log_answers_as_the_sandbox_does(rule, times):
-    """The sliding log decides and waits exactly as the sandbox's log always has."""
-    limiter = make_limiter(LimiterKind.SLIDING, rule)
+@pytest.mark.parametrize("kind", list(LimiterKind))
+@given(rule=rules, times=arrivals)
+def test_the_sandbox_counts_with_the_model_it_is_told(kind, rule, times):
+    """A sandbox told to count with `kind` decides and waits as that model does."""
+    limiter = make_limiter(kind, rule)
     clock = iter(times)
-    sandbox = Sandbox({LimitKey.RUN_QUERY: rule}, clock=lambda: next(clock))
+    sandbox = Sandbox(
+        {LimitKey.RUN_QUERY: rule}, clock=lambda: next(clock), counting=kind
+    )
     for now in times:
-        _, wait = sandbox.admit("c", LimitKey.RUN_QUERY)
-        assert limiter.admit("c", "run-query", now) == wait
+        admission = sandbox.admit("c", LimitKey.RUN_QUERY)
+        assert limiter.admit("c", "run-query", now) == admission.wait
+        assert limiter.quotas("c", "run-query", now) == admission.quotas
+
+
+@pytest.mark.parametrize("kind", list(LimiterKind))
+@given(rule=rules, times=arrivals, later=st.integers(0, 16).map(lambda k: k / 8))
+def test_quotas_say_how_many_more_fit_and_when(kind, rule, times, later):
+    """`remaining` more requests at `now` are accepted one after another, and the
+    next is not; with none left, the latest reset is the wait admit gives."""
+    limiter = make_limiter(kind, rule)
+    for now in times:
+        limiter.admit("c", "k", now)
+    now = (times[-1] if times else 0.0) + later
+    quotas = limiter.quotas("c", "k", now)
+    assert quotas == limiter.quotas("c", "k", now)  # reading changes nothing
+    left = min(q.remaining for q in quotas)
+    trial = copy.deepcopy(limiter)
+    assert all(trial.admit("c", "k", now) is None for _ in range(left))
+    wait = trial.admit("c", "k", now)
+    assert wait is not None
+    if left == 0:
+        spent = max(q.reset for q in quotas if q.remaining == 0)
+        assert spent == pytest.approx(wait, abs=1e-9)
+
+
+@given(
+    st.sampled_from(["7/1m", "10/1m", "15/1m", "500/1h", "166/1s"]),
+    st.integers(0, 3),
+    st.integers(0, 999),
+    st.lists(st.tuples(st.booleans(), st.integers(1, 2000)), max_size=40),
+)
+def test_a_client_keeping_the_leaky_quota_is_never_refused(rule, burst, start, gaps):
+    """Arrivals that a sliding log of the bucket's stated window accepts are all
+    accepted by the bucket, its rate rounded down and its millisecond clock included.
+    Each gap is a few microseconds, or the window and a few microseconds."""
+    bucket = make_limiter(LimiterKind.LEAKY, parse_rule(rule), burst=burst)
+    [quota] = bucket.quotas("c", "k", 0.0)
+    keeper = make_limiter(LimiterKind.SLIDING, Rule((quota.window,)))
+    now = start / 10**6
+    for whole, micros in gaps:
+        now += (quota.window.seconds if whole else 0.0) + micros / 10**6
+        if keeper.admit("c", "k", now) is None:
+            assert bucket.admit("c", "k", now) is None
 
 
 def accepted(kind: str, rule: str, times: list[float], **options) -> int:

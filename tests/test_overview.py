@@ -56,11 +56,12 @@ def test_plan_json_gives_each_key_and_the_longest(tmp_path):
 
 
 def test_plan_spread_spaces_by_the_binding_interval(tmp_path):
-    """With --pace spread, 40 invites at 15/5m are 20 s apart: 39 x 20 s = 13 m."""
+    """With --pace spread, 40 invites at 15/5m are 20 s + 1 % apart:
+    39 x 20.2 s = 13 m 8 s."""
     result = runner.invoke(
         app, ["plan", str(jobs_file(tmp_path, 0, 40)), "--pace", "spread"]
     )
-    assert result.stdout.startswith("40 invite jobs at 15/5m: 13 m 0 s")
+    assert result.stdout.startswith("40 invite jobs at 15/5m: 13 m 8 s")
 
 
 def test_plan_counts_the_ledger_in_use_now(tmp_path):

@@ -18,7 +18,7 @@ from batchrun.events import SlotWait
 from batchrun.ledger import MemoryLedger
 from batchrun.limits import LimitKey, Rule, Window, parse_rule
 from batchrun.pacer import Pacer
-from batchrun.slots import Grant, Pace, Usage, earliest_slot, eta
+from batchrun.slots import Grant, Pace, Usage, earliest_slot, eta, spread_interval
 
 KEY = LimitKey.RUN_QUERY
 # `end + WINDOW - WINDOW` may differ from `end` in the last bit; the simulation's
@@ -53,10 +53,26 @@ def test_every_window_holds():
     assert earliest_slot(Usage(0, [0.0, 5.0, 5.5]), rule) == pytest.approx(10.0)
 
 
-def test_spread_spaces_starts_by_the_binding_interval():
-    """`spread` keeps starts `max(WINDOW/COUNT)` apart: 15/1m+500/1h gives 7.2 s."""
+def test_spread_spaces_starts_by_the_binding_interval_and_1_percent():
+    """`spread` keeps starts `max(WINDOW/COUNT)` and 1 % apart: 15/1m+500/1h
+    gives 7.2 s + 72 ms."""
     rule = parse_rule("15/1m+500/1h")
-    assert earliest_slot(Usage(0, [100.0], 100.0), rule, Pace.SPREAD) == 107.2
+    slot = earliest_slot(Usage(0, [100.0], 100.0), rule, Pace.SPREAD)
+    assert slot == pytest.approx(107.272)
+
+
+@pytest.mark.parametrize(
+    ("rule", "interval"),
+    [
+        pytest.param("15/1s", 1 / 15 + 0.005, id="5ms-over-1-percent"),
+        pytest.param("1/100ms", 0.105, id="5ms"),
+        pytest.param("2/1s", 0.505, id="equal"),
+        pytest.param("1/1s", 1.01, id="1-percent"),
+    ],
+)
+def test_spread_margin_is_1_percent_or_5_ms_whichever_is_larger(rule, interval):
+    """Arrivals a millisecond early must not reach a no-burst bucket early."""
+    assert spread_interval(parse_rule(rule)) == pytest.approx(interval)
 
 
 def test_eta_matches_batches_of_a_single_window():
@@ -114,7 +130,7 @@ def allowed(rule: Rule, pace: Pace, earlier: list[Sent], moment: float) -> bool:
         if recent >= window.count:
             return False
     if pace is Pace.SPREAD and earlier:
-        return moment >= earlier[-1].start + rule.interval - EPSILON
+        return moment >= earlier[-1].start + spread_interval(rule) - EPSILON
     return True
 
 
@@ -226,12 +242,13 @@ async def test_pacer_waits_for_answers_when_in_flight_fills_the_window():
 
 
 async def test_pacer_spread_spaces_evenly():
-    """`spread` at 4/2s sends one request every 0.5 s, the exact rule still holding."""
+    """`spread` at 4/2s sends one request every 0.505 s (0.5 s and 1 %), the exact
+    rule still holding."""
     t0 = anyio.current_time()
     pacer = make_pacer("4/2s", pace=Pace.SPREAD)
     starts = [s - t0 for s in await send_all(pacer, 5, 0.01)]
-    # The fifth waits for the first answer (at 0.01 s) plus the window.
-    assert starts == pytest.approx([0, 0.5, 1.0, 1.5, 2.01])
+    # The fifth is 0.505 s after the fourth, past the first answer (0.01 s) + 2 s.
+    assert starts == pytest.approx([0, 0.505, 1.01, 1.515, 2.02])
 
 
 async def test_cool_down_holds_the_key():

@@ -18,7 +18,9 @@ from starlette.applications import Starlette
 
 from batchrun.errors import UsageError
 from batchrun.faults import Faults, parse_faults
+from batchrun.limiters import LimiterKind
 from batchrun.limits import LimitKey, Rule, Window, parse_rule
+from batchrun.policy_headers import HeaderStyle
 from batchrun.sandbox import Arrival, Sandbox, create_app
 from batchrun.serving import Dropped, running, serve
 from tests.oracles import max_in_window, most_in_window
@@ -357,7 +359,7 @@ def test_admit_accepts_exactly_what_every_window_allows(windows, steps):
         fits = all(
             sum(a + w.seconds > clock.now for a in accepted) < w.count for w in windows
         )
-        _, wait = sandbox.admit("c", LimitKey.RUN_QUERY)
+        wait = sandbox.admit("c", LimitKey.RUN_QUERY).wait
         assert (wait is None) is fits
         if wait is None:
             accepted.append(clock.now)
@@ -365,6 +367,69 @@ def test_admit_accepts_exactly_what_every_window_allows(windows, steps):
             assert wait > 0
     for w in windows:
         assert most_in_window(accepted, w.seconds) <= w.count
+
+
+# Counting and stated policy
+
+
+async def test_counting_picks_the_server_model():
+    """Fixed windows take 2 at 9.9 s and 2 more at 10 s; the sliding log does not."""
+    moments = [9.9, 9.9, 10.0, 10.0]
+    statuses = {}
+    for counting in (LimiterKind.FIXED, LimiterKind.SLIDING):
+        clock = Clock()
+        app = create_app(rules=rules(run_query="2/10s"), clock=clock, counting=counting)
+        statuses[counting] = await post_at(app, clock, moments)
+    assert statuses == {
+        LimiterKind.FIXED: [200, 200, 200, 200],
+        LimiterKind.SLIDING: [200, 200, 429, 429],
+    }
+
+
+async def test_a_leaky_sandbox_has_no_burst():
+    """Leaky at 2/1s is nginx without burst: one request per 500 ms."""
+    clock = Clock()
+    app = create_app(
+        rules=rules(run_query="2/1s"), clock=clock, counting=LimiterKind.LEAKY
+    )
+    statuses = await post_at(app, clock, [0.0, 0.2, 0.499, 0.5, 1.0])
+    assert statuses == [200, 429, 429, 200, 200]
+
+
+def test_a_rule_too_slow_for_a_leaky_bucket_is_a_usage_error():
+    """nginx counts in thousandths of a request per second: 1/1h is too slow."""
+    with pytest.raises(UsageError, match="cannot count leaky"):
+        create_app(rules=rules(run_query="1/1h"), counting=LimiterKind.LEAKY)
+
+
+async def test_answers_state_the_quota_left_after_them():
+    """With IETF headers, an accepted answer states what is left after it, and a
+    429 states none left with the reset Retry-After rounds up."""
+    clock = Clock()
+    app = create_app(
+        rules=rules(run_query="2/10s"), clock=clock, headers=HeaderStyle.IETF
+    )
+    async with client(app) as http:
+        first = await http.post(QUERY, json={})
+        clock.now = 4.0
+        await http.post(QUERY, json={})
+        clock.now = 5.5
+        refused = await http.post(QUERY, json={})
+    assert first.headers["RateLimit-Policy"] == '"2/10s";q=2;w=10'
+    assert first.headers["RateLimit"] == '"2/10s";r=1;t=10'
+    assert refused.status_code == 429
+    assert refused.headers["RateLimit"] == '"2/10s";r=0;t=4.5'
+    assert refused.headers["Retry-After"] == "5"
+
+
+async def test_no_headers_by_default_and_none_on_unlimited_keys():
+    """By default only a 429's Retry-After speaks; a key with no rule states nothing."""
+    plain = create_app(rules=rules(), clock=Clock())
+    unlimited = create_app(rules={}, clock=Clock(), headers=HeaderStyle.IETF)
+    for app in (plain, unlimited):
+        [response] = await post_times(app, 1)
+        assert response.status_code == 200
+        assert not any("ratelimit" in name for name in response.headers)
 
 
 # Arrivals

@@ -1,0 +1,91 @@
+"""End to end: `batchrun submit` against a sandbox stricter than its rule, over loopback.
+
+The client holds `30/10s` at `--time-scale 10` (30/1s, learning's candidate windows
+scaled alike); the sandbox enforces 10/1s, counted by each `limiters` model, with or
+without rate-limit headers. Every request the sandbox saw is counted; request
+counts are bounded by the jobs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from typer.testing import CliRunner
+
+from batchrun.cli import app
+from batchrun.limiters import LimiterKind
+from batchrun.limits import limit_table, parse_override
+from batchrun.policy_headers import HeaderStyle
+from batchrun.sandbox import create_app
+from batchrun.serving import running
+
+pytestmark = pytest.mark.e2e
+runner = CliRunner()
+CLIENT = ["--limit", "run-query=30/10s", "--time-scale", "10"]
+SERVER = "run-query=10/1s"
+
+
+def stricter(counting: LimiterKind, headers: HeaderStyle = HeaderStyle.NONE):
+    rules = limit_table(overrides=[parse_override(SERVER)])
+    return create_app(rules=rules, counting=counting, headers=headers)
+
+
+def submit(tmp_path, url: str, count: int):
+    path = tmp_path / "jobs.csv"
+    rows = [f"q{i:04d},run-query,team{i % 3}," for i in range(count)]
+    path.write_text("id,type,team_id,payload\n" + "\n".join(rows) + "\n")
+    return runner.invoke(app, ["submit", str(path), "--base-url", url, *CLIENT])
+
+
+def statuses_and_done(server) -> tuple[Counter[int], Counter[str | None]]:
+    arrivals = server.state.sandbox.arrivals
+    statuses = Counter(a.status for a in arrivals)
+    done = Counter(a.idempotency_key for a in arrivals if a.status == 200)
+    return statuses, done
+
+
+@pytest.mark.parametrize("counting", list(LimiterKind))
+def test_the_client_learns_a_stricter_server_however_it_counts(tmp_path, counting):
+    """Each job accepted exactly once, 1 to 3 x 429, and the run says it learned."""
+    server = stricter(counting)
+    with running(server) as url:
+        result = submit(tmp_path, url, 20)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    statuses, done = statuses_and_done(server)
+    assert len(done) == 20
+    assert set(done.values()) == {1}
+    assert 1 <= statuses[429] <= 3, statuses
+    assert "run-query: the server allows less than the rule; now" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("headers", "counting"),
+    [
+        (HeaderStyle.IETF, LimiterKind.SLIDING),
+        (HeaderStyle.IETF, LimiterKind.FIXED),
+        (HeaderStyle.IETF, LimiterKind.LEAKY),
+        (HeaderStyle.DRAFT7, LimiterKind.SLIDING),
+        (HeaderStyle.DRAFT7, LimiterKind.LEAKY),
+    ],
+)
+def test_a_stated_policy_is_kept_with_no_429(tmp_path, headers, counting):
+    """A stated window is adopted from the first answer: no 429 at all."""
+    server = stricter(counting, headers)
+    with running(server) as url:
+        result = submit(tmp_path, url, 20)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    statuses, done = statuses_and_done(server)
+    assert statuses == {200: 20}
+    assert set(done.values()) == {1}
+    assert "in its rate-limit headers" in result.stdout
+
+
+def test_x_ratelimit_remaining_is_waited_for_with_no_429(tmp_path):
+    """X-RateLimit-* states no window, but a spent budget waits for its reset."""
+    server = stricter(LimiterKind.SLIDING, HeaderStyle.X_RATELIMIT)
+    with running(server) as url:
+        result = submit(tmp_path, url, 20)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    statuses, _ = statuses_and_done(server)
+    assert statuses == {200: 20}
