@@ -124,6 +124,7 @@ def _count(
             state.in_flight = max(0, state.in_flight - 1)
             state.done += event.status is Status.DONE
             state.failed += event.status is Status.FAILED
+            state.unknown += event.status is Status.UNKNOWN
         case SlotWait():
             state.slot = event.until
         case RuleLearned():
@@ -197,7 +198,8 @@ def summary_rows(board: Board) -> list[tuple[str, ...]]:
 def closing_lines(board: Board, now: float) -> list[str]:
     c = overall(board.keys.values())
     elapsed = durations.spoken(board.elapsed(now))
-    lines = [f"{c.done} done, {c.failed} failed, {c.left} left in {elapsed}."]
+    unknown = f"{c.unknown} unknown, " if c.unknown else ""
+    lines = [f"{c.done} done, {c.failed} failed, {unknown}{c.left} left in {elapsed}."]
     if board.finished is not None and board.finished.stopped:
         lines.append(
             f"Stopped early with {c.left} jobs left: "

@@ -17,6 +17,11 @@ from batchrun.events import Status
 from batchrun.jobs import Job
 from batchrun.outcome import Kind, Outcome
 
+_UNKNOWN_NOTE = (
+    "the server may have processed this request: check, then resend it with "
+    "--retry-unknown"
+)
+
 
 @dataclass(frozen=True, slots=True)
 class JobResult:
@@ -33,20 +38,35 @@ class JobResult:
     finished_at: float = 0.0
 
     @classmethod
-    def of(cls, job: Job, attempts: int, outcome: Outcome, at: float) -> JobResult:
-        """The end of `job` after `attempts`, as its last `outcome` left it."""
+    def of(
+        cls,
+        job: Job,
+        attempts: int,
+        outcome: Outcome,
+        at: float,
+        *,
+        status: Status | None = None,
+    ) -> JobResult:
+        """The end of `job` after `attempts`, as its last `outcome` left it:
+        done or failed, unless `status` says otherwise (unknown)."""
         done = outcome.kind is Kind.DONE
         return cls(
             id=job.id,
             type=job.type.value,
-            status=Status.DONE if done else Status.FAILED,
+            status=status or (Status.DONE if done else Status.FAILED),
             attempts=attempts,
             http_status=outcome.status,
             response=outcome.body,
             error=outcome.error,
-            note=outcome.note,
+            note=_noted(outcome.note, status),
             finished_at=at,
         )
+
+
+def _noted(note: str | None, status: Status | None) -> str | None:
+    if status is not Status.UNKNOWN:
+        return note
+    return f"{note}; {_UNKNOWN_NOTE}" if note else _UNKNOWN_NOTE
 
 
 _FIELDS = tuple(f.name for f in fields(JobResult))

@@ -377,6 +377,11 @@ class Runner:
     def _transient(
         self, key: LimitKey, queue: _Queue, attempt: _Try, outcome: Outcome
     ) -> None:
+        if outcome.maybe_processed and not attempt.job.endpoint.safe_to_repeat:
+            # Sending it again could do it twice (two invites): only the user,
+            # who can check, may ask for that (--retry-unknown).
+            self._finish(key, attempt, outcome, status=Status.UNKNOWN)
+            return
         attempt.failures += 1
         if attempt.failures >= self._settings.max_attempts:
             self._finish(key, attempt, outcome)
@@ -396,18 +401,29 @@ class Runner:
         rate_limited: bool,
     ) -> None:
         now = self._clock.now()
-        # A 429 was not processed; after a 5xx or a timeout the server may have.
-        self._recorder.requeued(attempt.job, maybe_processed=not rate_limited)
+        maybe = outcome.maybe_processed
+        self._recorder.requeued(attempt.job, maybe_processed=maybe)
         entry = (now + delay, next(self._order), attempt)
         heapq.heappush(queue.retries, entry)
         reason = "; ".join(filter(None, [outcome.error, outcome.note])) or "retry"
         self._emit(JobRequeued(now, key, attempt.job.id, delay, rate_limited, reason))
 
-    def _finish(self, key: LimitKey, attempt: _Try, outcome: Outcome) -> None:
+    def _finish(
+        self,
+        key: LimitKey,
+        attempt: _Try,
+        outcome: Outcome,
+        *,
+        status: Status | None = None,
+    ) -> None:
         now = self._clock.now()
-        result = JobResult.of(attempt.job, attempt.attempts, outcome, now)
+        result = JobResult.of(
+            attempt.job, attempt.attempts, outcome, now, status=status
+        )
         if result.status is Status.DONE:
             self._tally.done += 1
+        elif result.status is Status.UNKNOWN:
+            self._tally.unknown += 1
         else:
             self._tally.failed += 1
         self._recorder.finished(result)
@@ -443,6 +459,7 @@ class Runner:
             t.rate_limited,
             t.retried,
             stopped=t.left > 0,
+            unknown=t.unknown,
         )
 
     def _emit(self, event: Event) -> None:

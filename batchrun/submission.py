@@ -289,7 +289,8 @@ def _exit_code(store: RunStore, *, stopped: bool, say: Callable[[str], None]) ->
     if by_state[JobState.UNKNOWN]:
         say(
             f"{by_state[JobState.UNKNOWN]} invite(s) may or may not have been sent "
-            "when an earlier run died: check them, then --retry-unknown to resend."
+            "(a timeout, a server error or a run that died mid-request): check "
+            "them, then --retry-unknown to resend."
         )
     if by_state[JobState.FAILED] or by_state[JobState.UNKNOWN]:
         return EXIT_SOME_FAILED

@@ -196,6 +196,73 @@ async def test_transient_errors_fail_after_max_attempts(error):
     assert recorder.results[0].attempts == 3
 
 
+INVITE = f"{BASE}/teams/t1/members/invite"
+
+
+async def run_invites(router, jobs, **settings):
+    """Run invite jobs through a Runner; return (tally, recorder)."""
+    sink, recorder = ListSink(), ListRecorder()
+    rules = {LimitKey.INVITE: parse_rule("100/1s")}
+    async with make_runner(router, rules, sink, recorder=recorder, **settings) as run:
+        tally = await run.run({LimitKey.INVITE: jobs}, {LimitKey.INVITE: len(jobs)})
+    return tally, recorder
+
+
+def invite(job_id: str) -> Job:
+    return Job(job_id, JobType.INVITE, "t1", {"email": f"{job_id}@x.example"})
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(httpx.ReadTimeout("slow"), id="read-timeout"),
+        pytest.param(httpx.RemoteProtocolError("cut"), id="dropped"),
+        pytest.param(httpx.Response(500), id="500"),
+        pytest.param(httpx.Response(503), id="503-without-retry-after"),
+    ],
+)
+async def test_an_invite_that_may_have_been_processed_is_unknown_at_once(answer):
+    """After a timeout, a dropped answer or a 5xx, an invite is not sent again."""
+    router = respx.Router()
+    route = router.post(INVITE)
+    route.side_effect = [answer, httpx.Response(200, json={})]
+    tally, recorder = await run_invites(router, [invite("i")], max_attempts=3)
+    assert route.call_count == 1
+    assert tally == Tally(unknown=1, total=1)
+    [result] = recorder.results
+    assert result.status is Status.UNKNOWN
+    assert "--retry-unknown" in (result.note or "")
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(httpx.ConnectError("refused"), id="connect-refused"),
+        pytest.param(httpx.ConnectTimeout("no syn-ack"), id="connect-timeout"),
+        pytest.param(
+            httpx.Response(503, headers={"Retry-After": "1"}), id="503-retry-after"
+        ),
+    ],
+)
+async def test_an_invite_that_never_reached_the_server_is_retried(answer):
+    """A connection never made, or a 503 with Retry-After, retries an invite."""
+    router = respx.Router()
+    route = router.post(INVITE)
+    route.side_effect = [answer, httpx.Response(200, json={})]
+    tally, recorder = await run_invites(router, [invite("i")], max_attempts=3)
+    assert route.call_count == 2
+    assert (tally.done, tally.unknown) == (1, 0)
+    assert recorder.maybe_processed == [False]
+
+
+async def test_the_store_is_told_a_requeued_request_may_have_been_processed():
+    """A run-query retried after a 5xx is requeued as maybe processed."""
+    router = respx.Router()
+    router.post(QUERY).side_effect = [httpx.Response(500), httpx.Response(200)]
+    _, recorder, _ = await run_jobs(router, [query("a")])
+    assert recorder.maybe_processed == [True]
+
+
 async def test_timeout_error_is_named_in_the_result():
     """A job that timed out says so in its error."""
     router = respx.Router()
