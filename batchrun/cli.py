@@ -157,7 +157,8 @@ _RetryUnknownFlag = Annotated[
     bool,
     typer.Option(
         "--retry-unknown",
-        help="Resend invites left unknown by a run that died mid-request.",
+        help="Resend invites left unknown (a timeout, a 5xx, or a run that died "
+        "mid-request: the server may have processed them).",
     ),
 ]
 _RestartFlag = Annotated[

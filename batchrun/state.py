@@ -59,11 +59,12 @@ class JobState(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """A failed job and why."""
+    """A failed or unknown job and why."""
 
     id: str
     type: str
     error: str
+    state: str = "failed"
 
 
 class RunStore:
@@ -223,10 +224,10 @@ class RunStore:
         return {(LimitKey(k), JobState(s)): n for k, s, n in rows}
 
     def failures(self, limit: int = 20) -> list[Failure]:
-        """The first failed jobs, in file order, with their errors."""
+        """The first failed and unknown jobs, in file order, with their errors."""
         rows = self._db.execute(
-            "SELECT id, type, coalesce(error, '') FROM jobs WHERE state = 'failed' "
-            "ORDER BY line LIMIT ?",
+            "SELECT id, type, coalesce(error, ''), state FROM jobs "
+            "WHERE state IN ('failed', 'unknown') ORDER BY line LIMIT ?",
             (limit,),
         )
         return [Failure(*row) for row in rows]

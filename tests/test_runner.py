@@ -209,7 +209,7 @@ async def run_invites(router, jobs, **settings):
 
 
 def invite(job_id: str) -> Job:
-    return Job(job_id, JobType.INVITE, "t1", {"email": f"{job_id}@x.example"})
+    return Job(job_id, JobType.INVITE, "t1", {"email": f"{job_id}@x.test"})
 
 
 @pytest.mark.parametrize(
@@ -362,13 +362,6 @@ async def test_state_is_recorded_before_the_send_and_after_the_answer():
         ("started", "a"),
         ("finished", "a"),
     ]
-
-
-INVITE = f"{BASE}/teams/t1/members/invite"
-
-
-def invite(job_id: str) -> Job:
-    return Job(job_id, JobType.INVITE, "t1", {"email": f"{job_id}@x.test"})
 
 
 async def test_a_key_waiting_for_its_slot_does_not_hold_up_another():

@@ -15,14 +15,18 @@ from typer.testing import CliRunner
 
 from batchrun.cli import app
 from batchrun.faults import Faults
-from batchrun.limits import LimitKey, limit_table
+from batchrun.limits import LimitKey, limit_table, parse_override
 from batchrun.sandbox import create_app
 from batchrun.serving import running
 from tests.e2e.test_flaky import clean_env
 
-pytestmark = pytest.mark.e2e
+# Without the fix the two runs retry for about 20 s: room to fail on the asserts.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 INVITES = 5
+# A loose invite rule on both sides, so that without the fix the 3 tries of each
+# run end in seconds (and the test fails on its asserts, not on its timeout).
+LOOSE = "invite=100/1s"
 
 
 def _arrivals(sandbox, count: int) -> Counter[str | None]:
@@ -45,10 +49,12 @@ def slow_invites(tmp_path_factory):
         f'i{n},invite,acme,"{{""email"": ""u{n}@x.example""}}"' for n in range(INVITES)
     ]
     jobs.write_text("id,type,team_id,payload\n" + "\n".join(rows) + "\n")
-    server = create_app(
-        rules=limit_table(), faults=Faults(rate_slow=1.0, slow_seconds=1.5)
-    )
-    args = ["submit", str(jobs), "--timeout", "0.5", "--max-attempts", "3"]
+    loose = limit_table(overrides=[parse_override(LOOSE)])
+    server = create_app(rules=loose, faults=Faults(rate_slow=1.0, slow_seconds=1.5))
+    args = [
+        *("submit", str(jobs), "--timeout", "0.5", "--max-attempts", "3"),
+        *("--limit", LOOSE),
+    ]
     env = clean_env(BATCHRUN_STATE_DIR=str(folder / "state"))
     with running(server) as url:
         first = CliRunner().invoke(app, [*args, "--base-url", url], env=env)
