@@ -15,13 +15,19 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 from urllib.parse import urlsplit
 
 import typer
 
 from batchrun import __version__, durations, reports
-from batchrun.errors import EXIT_STOPPED, BatchrunError, UsageError
+from batchrun.errors import (
+    EXIT_INTERNAL,
+    EXIT_STOPPED,
+    BatchrunError,
+    StateError,
+    UsageError,
+)
 from batchrun.jobs import summarize, valid_jobs
 from batchrun.limits import (
     LimitKey,
@@ -236,7 +242,7 @@ def status(
     from batchrun.overview import status as read_status
 
     with _reported():
-        paths = StatePaths.resolve(state_dir)
+        paths = StatePaths.resolve(state_dir, create=False)
         client = _client(base_url, token)
         found = read_status(jobs_file, paths, client, ledger_url=ledger)
     if as_json:
@@ -262,7 +268,7 @@ def plan(
     with _reported():
         rules = _rules(profile, limit, 1.0)
         client = _client(base_url, token) or client_fingerprint("", None)
-        paths = StatePaths.resolve(state_dir)
+        paths = StatePaths.resolve(state_dir, create=False)
         plans = make_plan(
             jobs_file,
             rules,
@@ -310,8 +316,8 @@ def limits_command(
             raise UsageError(msg)
         rules = _rules(profile, limit, 1.0)
         client = client_fingerprint(base_url, token)
-        paths = StatePaths.resolve(state_dir)
         forgotten = _forgotten(forget)
+        paths = StatePaths.resolve(state_dir, create=bool(forgotten))
         if forgotten:
             overview.forget(forgotten, paths, client, ledger_url=ledger)
         found = overview.limits(
@@ -364,17 +370,40 @@ def main() -> None:
     try:
         app()
     except KeyboardInterrupt:
-        typer.echo("Interrupted.", err=True)
-        sys.exit(EXIT_STOPPED)
+        _interrupted()
+    except BaseExceptionGroup as group:
+        # Out of a run's task group: a Ctrl-C alone is a stop, anything else a bug.
+        if group.split(KeyboardInterrupt)[1] is None:
+            _interrupted()
+        _internal(group)
     except Exception as exc:
-        if os.environ.get("BATCHRUN_DEBUG"):
-            raise
-        # No traceback: its frames could hold the token. BATCHRUN_DEBUG=1 shows it.
-        typer.echo(f"batchrun: internal error: {type(exc).__name__}: {exc}", err=True)
-        typer.echo(
-            "Please report this (rerun with BATCHRUN_DEBUG=1 for details).", err=True
-        )
-        sys.exit(1)
+        _internal(exc)
+
+
+def _interrupted() -> NoReturn:
+    typer.echo("Interrupted.", err=True)
+    sys.exit(EXIT_STOPPED)
+
+
+def _internal(exc: BaseException) -> NoReturn:
+    """Report a bug in one line per exception and exit 70 (never 1, which means
+    "some jobs failed")."""
+    if os.environ.get("BATCHRUN_DEBUG"):
+        raise exc
+    # No traceback: its frames could hold the token. BATCHRUN_DEBUG=1 shows it.
+    for leaf in _leaves(exc):
+        typer.echo(f"batchrun: internal error: {type(leaf).__name__}: {leaf}", err=True)
+    typer.echo(
+        "Please report this (rerun with BATCHRUN_DEBUG=1 for details).", err=True
+    )
+    sys.exit(EXIT_INTERNAL)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions an ExceptionGroup holds, however nested; else `exc` alone."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
 
 
 def _version(value: bool) -> None:
@@ -529,9 +558,14 @@ def _is_loopback(host: str) -> bool:
 
 @contextmanager
 def _reported() -> Iterator[None]:
-    """Print a BatchrunError's message on stderr and exit with its code."""
+    """Print a BatchrunError's message on stderr and exit with its code, also one
+    raised in a run's task group (inside an ExceptionGroup). A group that holds
+    another exception too goes on to `main`, which reports a bug (exit 70)."""
     try:
         yield
-    except BatchrunError as exc:
+    except* BatchrunError as group:
+        errors = [leaf for leaf in _leaves(group) if isinstance(leaf, BatchrunError)]
+        # A state problem says most about what to do; else the first one raised.
+        exc = min(errors, key=lambda e: not isinstance(e, StateError))
         typer.echo(f"{exc.label}{exc.message}", err=True)
         raise typer.Exit(exc.exit_code) from None

@@ -61,7 +61,7 @@ def status(
     found = _store_path(paths, jobs_file, client)
     if found is None:
         return Status(None)
-    with RunStore(found) as store:
+    with RunStore(found, read_only=True) as store:
         states: dict[LimitKey, dict[JobState, int]] = {}
         for (key, state), n in sorted(store.counts().items()):
             states.setdefault(key, {})[state] = n
@@ -96,7 +96,7 @@ def plan(
     settled: set[str] = set()
     found = _store_path(paths, jobs_file, client)
     if found is not None:
-        with RunStore(found) as store:
+        with RunStore(found, read_only=True) as store:
             settled = store.ids_in(_SETTLED)
     left = Counter(job.key for job in jobs if job.id not in settled)
     budget = _Budget(paths, client, ledger_url, told, fallback or {})
@@ -132,7 +132,9 @@ def _plans(
 
 
 @contextmanager
-def _ledger(budget: _Budget, now: float | None = None) -> Iterator[Ledger]:
+def _ledger(
+    budget: _Budget, now: float | None = None, *, read_only: bool = True
+) -> Iterator[Ledger]:
     """The client's ledger, read at `now` (default: the time it is opened)."""
     at = time.time() if now is None else now
     ledger = open_shared_ledger(
@@ -141,6 +143,7 @@ def _ledger(budget: _Budget, now: float | None = None) -> Iterator[Ledger]:
         client=budget.client,
         hold=0.0,
         now=lambda: at,
+        read_only=read_only,
     )
     try:
         yield ledger
@@ -225,6 +228,6 @@ def forget(
 ) -> None:
     """Forget what was learned of `keys`' limits for `client`: the next run starts
     from the rule given again."""
-    with _ledger(_Budget(paths, client, ledger_url)) as ledger:
+    with _ledger(_Budget(paths, client, ledger_url), read_only=False) as ledger:
         for key in keys:
             ledger.remember(key.value, "{}")

@@ -7,11 +7,13 @@ later in the file: readers take the last line of each id.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import IO, Any, Self
 
+from batchrun.database import explain
 from batchrun.errors import UsageError
 from batchrun.events import Status
 from batchrun.jobs import Job
@@ -92,12 +94,21 @@ class ResultsFile:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._file.close()
+        # Each line was flushed as written, and a failed write already raised.
+        with contextlib.suppress(OSError):
+            self._file.close()
 
     def write(self, result: JobResult) -> None:
-        """Append one result and flush it to the operating system."""
+        """Append one result and flush it to the operating system.
+
+        Raises:
+            StateError: the line cannot be written (`DiskFull` when no space is left).
+        """
         # Not dataclasses.asdict: that deep-copies the response body first.
         fields = {name: getattr(result, name) for name in _FIELDS}
         line = json.dumps(fields, ensure_ascii=False, default=str)
-        self._file.write(line + "\n")
-        self._file.flush()
+        try:
+            self._file.write(line + "\n")
+            self._file.flush()
+        except OSError as exc:
+            raise explain(exc, self.path) from None

@@ -5,7 +5,10 @@ waits for the key's pacer slot, and sends. Outcomes
 (CONTRACT.md section 4) are settled as they come: done and failed jobs are recorded,
 429s requeue the job and cool the key down, transient errors retry with backoff.
 Every job sent is released back to the pacer, whatever happens to its request.
-A ledger lost mid-run (`LedgerLost` from a slot) stops the run as `stop` does.
+A ledger lost mid-run (`LedgerLost` from a slot), or a state file that cannot be
+written (`StateError`, e.g. a full disk, from a slot or the recorder) stops the run
+as `stop` does: no new requests, those in flight answered and recorded where
+possible; `halted` says why.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Protocol
 import anyio
 
 from batchrun.clock import Clock
-from batchrun.errors import LedgerLost
+from batchrun.errors import StateError
 from batchrun.events import (
     Event,
     EventSink,
@@ -174,7 +177,8 @@ class Runner:
         self._changed = anyio.Event()
         self._waits: set[anyio.CancelScope] = set()
         self._stop_requested = False
-        self.ledger_lost: LedgerLost | None = None
+        # Why the run stopped on its own: the ledger lost, a state file unwritable.
+        self.halted: StateError | None = None
 
     async def run(
         self, jobs: Mapping[LimitKey, Iterable[Job]], totals: Mapping[LimitKey, int]
@@ -237,10 +241,9 @@ class Runner:
             with self._stoppable():
                 try:
                     ticket = await self._pacer.acquire(key)
-                except LedgerLost as lost:
+                except StateError as lost:
                     # No budget to draw on: send nothing more; answers still come.
-                    self.ledger_lost = lost
-                    self.stop()
+                    self._halt(lost)
                     return None
                 attempt = queue.pop(self._clock.now())
                 self._in_flight += 1
@@ -250,6 +253,11 @@ class Runner:
             queue.claimed = False
             if self._idle:
                 self._notify()  # the key is free for another worker
+
+    def _halt(self, why: StateError) -> None:
+        if self.halted is None:
+            self.halted = why
+        self.stop()
 
     def _claimed(self) -> bool:
         return any(queue.claimed for _, queue in self._queues)
@@ -281,8 +289,15 @@ class Runner:
     ) -> None:
         attempt.attempts += 1
         attempt.sent_at = self._clock.now()
+        try:
+            self._recorder.started(attempt.job, attempt.attempts)
+        except StateError as exc:
+            # Not recorded as in flight, so not sent: the store still has it to send.
+            self._pacer.release(key, ticket)
+            self._in_flight -= 1
+            self._halt(exc)
+            return
         sent = self._learner.sent(key, attempt.sent_at)
-        self._recorder.started(attempt.job, attempt.attempts)
         self._emit(JobSent(self._clock.now(), key, attempt.job.id, attempt.attempts))
         try:
             outcome = await self._sender.send(attempt.job)
@@ -294,7 +309,12 @@ class Runner:
         self._learner.answered(
             key, sent, self._clock.now(), refused=refused, wait=outcome.retry_after
         )
-        self._settle(key, queue, attempt, outcome)
+        try:
+            self._settle(key, queue, attempt, outcome)
+        except StateError as exc:
+            # The answer could not be recorded: the store still says in flight,
+            # so the next run resends the job if safe, else leaves it unknown.
+            self._halt(exc)
         self._heed(key, outcome.hints)
         self._review(key)
         if refused is False and key in self._fallback:

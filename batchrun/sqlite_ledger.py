@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchrun.database import open_database, write_transaction
+from batchrun.errors import StateError
 from batchrun.limits import Rule
 from batchrun.slots import Grant, Pace, Usage, Wait, earliest_slot
 
@@ -105,9 +106,16 @@ class SqliteLedger:
     """
 
     def __init__(
-        self, path: Path, *, client: str, hold: float, now: Callable[[], float]
+        self,
+        path: Path,
+        *,
+        client: str,
+        hold: float,
+        now: Callable[[], float],
+        read_only: bool = False,
     ) -> None:
-        self._db = open_database(path, _MIGRATIONS, timeout=60)
+        self._db = open_database(path, _MIGRATIONS, timeout=60, read_only=read_only)
+        self._read_only = read_only
         self._client = client
         self._hold = hold
         self._now = now
@@ -118,11 +126,19 @@ class SqliteLedger:
         self._keys: dict[int, tuple[str, float]] = {}
 
     def close(self) -> None:
-        """Write the answers not yet written, and close the file."""
-        if self._answers:
-            with write_transaction(self._db):
-                self._write_answers()
-        self._db.close()
+        """Write the answers not yet written, and close the file.
+
+        An answer that cannot be written (a full disk) only leaves its request
+        counted as in flight until its expiry, which is never less safe.
+        """
+        try:
+            if self._answers and not self._read_only:
+                with write_transaction(self._db):
+                    self._write_answers()
+        except StateError:
+            pass
+        finally:
+            self._db.close()
 
     def reserve(self, key: str, rule: Rule, pace: Pace, now: float) -> Grant | Wait:
         with write_transaction(self._db):
@@ -144,31 +160,33 @@ class SqliteLedger:
         if slot > now:
             return Wait(slot)
         expires = now + self._hold
-        cursor = self._db.execute(
+        ticket = self._db.insert(
             "INSERT INTO send_log (client, key, at, expires, keep_until) "
             "VALUES (?, ?, ?, ?, ?)",
             (self._client, key, now, expires, expires + keep),
         )
-        assert cursor.lastrowid is not None
-        self._keys[cursor.lastrowid] = (key, keep)
-        return Grant(cursor.lastrowid)
+        self._keys[ticket] = (key, keep)
+        return Grant(ticket)
 
     def release(self, ticket: int, now: float) -> None:
         key, keep = self._keys.pop(ticket)
         self._answers.append((key, ticket, now, now + keep))
 
     def usage(self, key: str, rule: Rule) -> Usage:
-        with write_transaction(self._db):
-            self._write_answers()
+        if self._read_only:
             self._catch_up()
+        else:
+            with write_transaction(self._db):
+                self._write_answers()
+                self._catch_up()
         return self._logs[key].usage(rule, self._now())
 
     def recall(self, key: str) -> str | None:
         """The text last remembered for `key` by any process of this client."""
-        row = self._db.execute(
+        rows = self._db.execute(
             "SELECT text FROM learned WHERE client = ? AND key = ?", (self._client, key)
-        ).fetchone()
-        return None if row is None else str(row[0])
+        )
+        return str(rows[0][0]) if rows else None
 
     def remember(self, key: str, text: str) -> None:
         """Keep `text` for `key`; kept until replaced (the file has no expiry)."""
@@ -192,7 +210,7 @@ class SqliteLedger:
             "SELECT seq, key, ticket, at, expires FROM send_log "
             "WHERE seq > ? AND client = ? ORDER BY seq",
             (self._seen, self._client),
-        ).fetchall()
+        )
         for seq, key, ticket, at, expires in rows:
             if ticket is None:
                 self._logs[key].sent(seq, at, expires)

@@ -70,8 +70,8 @@ class Failure:
 class RunStore:
     """The jobs of one file for one client, and where each stands."""
 
-    def __init__(self, path: Path | str) -> None:
-        self._db = open_database(path, _MIGRATIONS)
+    def __init__(self, path: Path | str, *, read_only: bool = False) -> None:
+        self._db = open_database(path, _MIGRATIONS, read_only=read_only)
 
     def close(self) -> None:
         self._db.close()
@@ -143,10 +143,10 @@ class RunStore:
 
     def _counted(self, columns: str, query: str) -> tuple[int, list[Any]]:
         """How many rows `query` finds, and the first of them by line."""
-        (count,) = self._db.execute(f"SELECT count(*) {query}").fetchone()
+        [(count,)] = self._db.execute(f"SELECT count(*) {query}")
         rows = self._db.execute(
             f"SELECT {columns} {query} ORDER BY i.line LIMIT {_SHOWN}"
-        ).fetchall()
+        )
         return count, rows
 
     def _conflicts(self) -> tuple[list[tuple[int, str]], int]:
@@ -211,7 +211,7 @@ class RunStore:
                 "SELECT id, type, team_id, payload, line FROM jobs WHERE key = ? "
                 "AND state = 'pending' AND line > ? ORDER BY line LIMIT ?",
                 (key.value, after, _PAGE),
-            ).fetchall()
+            )
             for job_id, kind, team, payload, line in page:
                 yield Job(job_id, JobType(kind), team, json.loads(payload), line)
             if len(page) < _PAGE:
@@ -240,9 +240,8 @@ class RunStore:
         return {row[0] for row in rows}
 
     def get_meta(self, name: str) -> str | None:
-        row = self._db.execute("SELECT value FROM meta WHERE name = ?", (name,))
-        found = row.fetchone()
-        return None if found is None else str(found[0])
+        rows = self._db.execute("SELECT value FROM meta WHERE name = ?", (name,))
+        return str(rows[0][0]) if rows else None
 
     def set_meta(self, name: str, value: str) -> None:
         self._db.execute(

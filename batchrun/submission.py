@@ -25,7 +25,7 @@ import anyio
 
 from batchrun.client import Client
 from batchrun.clock import Clock, SystemClock
-from batchrun.errors import EXIT_OK, EXIT_SOME_FAILED, StoppedEarly
+from batchrun.errors import EXIT_OK, EXIT_SOME_FAILED, LedgerLost, StoppedEarly
 from batchrun.events import EventSink
 from batchrun.jobs import scan
 from batchrun.journal import Journal
@@ -85,7 +85,7 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
     Raises:
         StoppedEarly: when jobs are left after a deadline or a signal (exit 75).
     """
-    lock = RunLock(job.state.run_folder(job.jobs_file), job.jobs_file)
+    lock = RunLock(job.state.make_run_folder(job.jobs_file), job.jobs_file)
     # A ledger that cannot be used stops the run before the jobs file is read;
     # closing it writes the last answers for the other processes.
     with lock, _store(job) as store, contextlib.closing(_ledger(job)) as ledger:
@@ -200,10 +200,17 @@ async def _supervised(
             tasks.start_soon(_after, deadline, stop)
         await runner.run(sources, pending)
         tasks.cancel_scope.cancel()
-    if runner.ledger_lost is not None:
-        lost = runner.ledger_lost.message
+    halted = runner.halted
+    if isinstance(halted, LedgerLost):
+        lost = halted.message
         say(f"Ledger lost: {lost}\nStarted no new requests; those in flight ended.")
         return True
+    if halted is not None:
+        msg = (
+            f"{halted.message}\nThe run stopped: it started no new requests, and "
+            "those in flight ended and were recorded where the state folder allowed."
+        )
+        raise type(halted)(msg)
     return stopped
 
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from batchrun.cli import app
+from batchrun.errors import StateError
 
 runner = CliRunner()
 TOKEN = "tok-3f9a-SECRET"
@@ -258,7 +259,7 @@ def test_sandbox_on_a_busy_port_exits_2():
 
 
 def test_internal_errors_print_a_message_not_a_traceback(monkeypatch, capsys):
-    """An unexpected exception becomes one line on stderr and exit 1."""
+    """An unexpected exception becomes one line on stderr and exit 70 (a bug)."""
     import batchrun.cli as cli
 
     def broken():
@@ -269,7 +270,7 @@ def test_internal_errors_print_a_message_not_a_traceback(monkeypatch, capsys):
     with pytest.raises(SystemExit) as info:
         cli.main()
     err = capsys.readouterr().err
-    assert info.value.code == 1
+    assert info.value.code == 70
     assert "internal error: RuntimeError: boom" in err
     assert "Traceback" not in err
 
@@ -317,3 +318,56 @@ def test_validate_any_bytes_exits_0_or_2_with_a_message(tmp_path, data, jsonl):
     assert result.exit_code in (0, 2)
     assert (result.stdout if result.exit_code == 0 else result.stderr).strip()
     assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_a_state_error_inside_an_exception_group_exits_74(monkeypatch, tmp_path):
+    """An error raised in a run's task group is unwrapped at the edge: its message
+    and exit code, not "internal error" and 1."""
+    import batchrun.submission as submission
+
+    def grouped(job, *, say):
+        msg = "/x/ledger.db is damaged (file is not a database). Move it aside."
+        group = "unhandled errors in a TaskGroup"
+        raise ExceptionGroup(group, [StateError(msg)])
+
+    monkeypatch.setattr(submission, "submit", grouped)
+    jobs = tmp_path / "jobs.csv"
+    jobs.write_text("id,type,team_id,payload\nq,run-query,t,\n")
+    result = runner.invoke(app, ["submit", str(jobs), "--sandbox"])
+    assert result.exit_code == 74
+    assert result.stderr == (
+        "Error: /x/ledger.db is damaged (file is not a database). Move it aside.\n"
+    )
+
+
+def test_an_internal_error_in_an_exception_group_exits_70(monkeypatch, capsys):
+    """A bug in a task group is reported leaf by leaf, exit 70, even beside a
+    BatchrunError."""
+    import batchrun.cli as cli
+
+    def broken():
+        boom, damaged, group = "boom", "x.db is damaged", "group"
+        inner = ExceptionGroup(group, [RuntimeError(boom)])
+        raise ExceptionGroup(group, [inner, StateError(damaged)])
+
+    monkeypatch.setattr(cli, "app", broken)
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    err = capsys.readouterr().err
+    assert info.value.code == 70
+    assert "internal error: RuntimeError: boom" in err
+    assert "Traceback" not in err
+
+
+def test_ctrl_c_inside_an_exception_group_exits_75(monkeypatch):
+    """A Ctrl-C that reaches the edge inside a task group's group is a stop."""
+    import batchrun.cli as cli
+
+    def interrupted():
+        group = "group"
+        raise BaseExceptionGroup(group, [KeyboardInterrupt()])
+
+    monkeypatch.setattr(cli, "app", interrupted)
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code == 75

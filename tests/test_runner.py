@@ -469,5 +469,5 @@ async def test_a_ledger_lost_mid_run_stops_starting_requests():
         tally = await runner.run({LimitKey.RUN_QUERY: jobs}, {LimitKey.RUN_QUERY: 6})
     assert tally == Tally(done=2, total=6)
     assert len(sink.of(JobSent)) == 2
-    assert runner.ledger_lost is not None
-    assert "redis://h:6379/0" in runner.ledger_lost.message
+    assert runner.halted is not None
+    assert "redis://h:6379/0" in runner.halted.message
