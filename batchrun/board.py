@@ -30,6 +30,11 @@ from batchrun.slots import Pace, eta
 
 _FAILURES_RECENT = 3
 NONE = "—"
+RESUME = "run the same command again to resume."
+NOT_KEPT = (
+    "sandbox runs are not kept (their state is temporary), so running the "
+    "command again starts over."
+)
 _COLUMNS = ("endpoint", "done", "failed", "left", "429s", "retries")
 
 
@@ -59,7 +64,9 @@ def overall(states: Iterable[Tally]) -> Tally:
 class Board:
     """Counts per key, kept from the events; each sink shows one."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, kept: bool = True) -> None:
+        # False when the run's state is temporary (the sandbox): nothing resumes.
+        self.kept = kept
         self.keys: dict[LimitKey, KeyCounts] = {}
         self.pace = Pace.EXACT
         self.started: float | None = None
@@ -217,8 +224,6 @@ def closing_lines(board: Board, now: float) -> list[str]:
     unknown = f"{c.unknown} unknown, " if c.unknown else ""
     lines = [f"{c.done} done, {c.failed} failed, {unknown}{c.left} left in {elapsed}."]
     if board.finished is not None and board.finished.stopped:
-        lines.append(
-            f"Stopped early with {c.left} jobs left: "
-            "run the same command again to resume."
-        )
+        then = RESUME if board.kept else NOT_KEPT
+        lines.append(f"Stopped early with {c.left} jobs left: {then}")
     return lines

@@ -200,6 +200,7 @@ def submit(
     from batchrun.submission import Submission, submit
 
     with _reported():
+        _check_time_scale(time_scale, sandbox=sandbox)
         rules = _rules(profile, limit, time_scale)
         job = Submission(
             jobs_file=jobs_file,
@@ -519,6 +520,16 @@ def _target(
     _check_base_url(base_url)
     _check_ca_bundle(ca_bundle)
     return Target(base_url=base_url, token=token, timeout=timeout, ca_bundle=ca_bundle)
+
+
+def _check_time_scale(time_scale: float, *, sandbox: bool) -> None:
+    """Scaling a real API's windows would multiply its limits: sandbox only."""
+    if time_scale != 1 and not sandbox:
+        msg = (
+            f"--time-scale {time_scale:g} only works with --sandbox: against a real "
+            f"API it would send {time_scale:g} times faster than its limits allow."
+        )
+        raise UsageError(msg)
 
 
 def _check_ca_bundle(ca_bundle: Path | None) -> None:

@@ -69,21 +69,26 @@ def open_progress(
     clock: Clock,
     every: float = 10.0,
     wall: Callable[[], datetime] = datetime.now,
+    kept: bool = True,
 ) -> ProgressSink:
     """A Rich live view if `stream` is a terminal, plain timestamped lines otherwise.
 
     `live` forces either. The live view reads `clock` from its refresh thread, so it
     must be readable from any thread (SystemClock is). Plain lines: at most one
     progress line per `every` seconds of event time, stamped with `wall()`.
+    `kept` is False for a run whose state is not kept (the sandbox's): a stopped
+    run then says that running it again starts over, not that it resumes.
     """
     if every < 0:
         msg = f"every must be at least 0 s, got {every}"
         raise ValueError(msg)
     if live is None:
         live = stream.isatty()
+    board = Board(kept=kept)
     if live:
-        return _LiveView(Console(file=stream, force_terminal=True), clock=clock)
-    return _PlainLog(stream, clock=clock, every=every, wall=wall)
+        console = Console(file=stream, force_terminal=True)
+        return _LiveView(console, clock=clock, board=board)
+    return _PlainLog(stream, clock=clock, every=every, wall=wall, board=board)
 
 
 class _PlainLog:
@@ -96,12 +101,13 @@ class _PlainLog:
         clock: Clock,
         every: float,
         wall: Callable[[], datetime],
+        board: Board,
     ) -> None:
         self._stream = stream
         self._clock = clock
         self._every = every
         self._wall = wall
-        self._board = Board()
+        self._board = board
         self._last = -math.inf
         self._requeues = 0
         self._closed = False
@@ -200,10 +206,10 @@ class _PlainLog:
 class _LiveView:
     """A Rich live view: an overall bar, a row per endpoint, the latest failures."""
 
-    def __init__(self, console: Console, *, clock: Clock) -> None:
+    def __init__(self, console: Console, *, clock: Clock, board: Board) -> None:
         self._console = console
         self._clock = clock
-        self._board = Board()
+        self._board = board
         self._lock = threading.Lock()
         self._live = Live(
             console=console,

@@ -23,6 +23,7 @@ from typing import Any
 
 import anyio
 
+from batchrun.board import NOT_KEPT, RESUME
 from batchrun.client import Client
 from batchrun.clock import Clock, SystemClock
 from batchrun.errors import EXIT_OK, EXIT_SOME_FAILED, LedgerLost, StoppedEarly
@@ -104,7 +105,8 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
             say(f"Results: {job.results}")
         else:
             stopped = False
-        return _exit_code(store, stopped=stopped, say=say)
+        kept = not job.target.is_sandbox
+        return _exit_code(store, stopped=stopped, kept=kept, say=say)
 
 
 async def _run(
@@ -115,7 +117,7 @@ async def _run(
     say: Callable[[str], None],
 ) -> bool:
     clock = SystemClock()
-    sink = open_progress(sys.stdout, clock=clock)
+    sink = open_progress(sys.stdout, clock=clock, kept=not job.target.is_sandbox)
     try:
         async with open_run(
             job.target,
@@ -285,11 +287,13 @@ def _announce(store: RunStore, say: Callable[[str], None]) -> None:
         say("Nothing to send.")
 
 
-def _exit_code(store: RunStore, *, stopped: bool, say: Callable[[str], None]) -> int:
+def _exit_code(
+    store: RunStore, *, stopped: bool, kept: bool, say: Callable[[str], None]
+) -> int:
     counts = store.counts()
     by_state = {s: sum(n for (_, st), n in counts.items() if st is s) for s in JobState}
     left = by_state[JobState.PENDING] + by_state[JobState.IN_FLIGHT]
-    resume = f"{left} job(s) left: run the same command to resume."
+    resume = f"{left} job(s) left: {RESUME if kept else NOT_KEPT}"
     if left and stopped:
         msg = f"Stopped early with {resume}"
         raise StoppedEarly(msg)

@@ -121,6 +121,11 @@ def test_submit_refuses_a_bad_file_before_sending(tmp_path):
         ),
         pytest.param(["--sandbox", "--inject", "429=2"], "fault rates", id="bad-fault"),
         pytest.param(["--sandbox", "--time-scale", "0"], "time-scale", id="zero-scale"),
+        pytest.param(
+            ["--base-url", "https://api.test", "--time-scale", "30"],
+            "--time-scale 30 only works with --sandbox",
+            id="time-scale-against-a-real-api",
+        ),
     ],
 )
 def test_bad_usage_exits_2_with_a_message(tmp_path, args, message):
@@ -371,3 +376,17 @@ def test_ctrl_c_inside_an_exception_group_exits_75(monkeypatch):
     with pytest.raises(SystemExit) as info:
         cli.main()
     assert info.value.code == 75
+
+
+def test_a_stopped_sandbox_run_does_not_claim_it_resumes(tmp_path):
+    """A sandbox run's state is temporary: stopped, it says running it again starts
+    over, in its log and its message, and never that it resumes."""
+    jobs = tmp_path / "jobs.csv"
+    rows = [f"i{n},invite,t," for n in range(20)]
+    jobs.write_text("id,type,team_id,payload\n" + "\n".join(rows) + "\n")
+    # 15/5m: the last 5 invites wait minutes, so the deadline stops the run.
+    result = runner.invoke(app, ["submit", str(jobs), "--sandbox", "--deadline", "1s"])
+    assert result.exit_code == 75, result.output
+    assert "resume" not in result.stdout + result.stderr
+    assert "sandbox runs are not kept" in result.stdout
+    assert "sandbox runs are not kept" in result.stderr
