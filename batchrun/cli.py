@@ -28,7 +28,6 @@ from batchrun.errors import (
     StateError,
     UsageError,
 )
-from batchrun.jobs import summarize, valid_jobs
 from batchrun.limits import (
     LimitKey,
     Profile,
@@ -223,8 +222,10 @@ def submit(
 @app.command()
 def validate(jobs_file: _JobsArg) -> None:
     """Check JOBS_FILE without sending anything: every bad row, or a summary."""
+    from batchrun.state import check_jobs_file
+
     with _reported():
-        summary = summarize(valid_jobs(jobs_file))
+        summary = check_jobs_file(jobs_file)
     _echo(reports.summary_lines(jobs_file, summary))
 
 

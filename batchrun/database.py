@@ -133,7 +133,7 @@ def open_database(
         return _open_read_only(Path(path), migrations, timeout)
     try:
         db = sqlite3.connect(path, isolation_level=None, timeout=timeout)
-        if str(path) != ":memory:":
+        if _on_disk(path):
             Path(path).chmod(0o600)
     except (sqlite3.Error, OSError) as exc:
         raise explain(exc, path) from None
@@ -145,8 +145,14 @@ def open_database(
     return Database(db, path)
 
 
+def _on_disk(path: Path | str) -> bool:
+    # ":memory:" is memory; "" a private temporary database SQLite deletes itself
+    # (and Path("") would be the current folder).
+    return str(path) not in (":memory:", "")
+
+
 def _set_up(db: Database, migrations: Sequence[str]) -> None:
-    on_disk = str(db.path) != ":memory:"
+    on_disk = _on_disk(db.path)
     attempt = 0
     while True:
         attempt += 1

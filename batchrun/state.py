@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -25,7 +25,7 @@ from batchrun.database import open_database, write_transaction
 from batchrun.endpoints import ENDPOINTS, JobType
 from batchrun.errors import JobsFileError
 from batchrun.jobfile import Problem
-from batchrun.jobs import Job
+from batchrun.jobs import Job, Summary, scan
 from batchrun.limits import LimitKey
 from batchrun.results import JobResult
 
@@ -90,22 +90,57 @@ class RunStore:
         with write_transaction(self._db):
             if restart:
                 self._db.execute("DELETE FROM jobs")
-            self._db.execute(
-                "CREATE TEMP TABLE IF NOT EXISTS incoming (id TEXT, line INT, "
-                "type TEXT, key TEXT, team_id TEXT, payload TEXT, digest TEXT)"
-            )
-            self._db.execute("CREATE INDEX IF NOT EXISTS incoming_id ON incoming (id)")
-            self._db.execute("DELETE FROM incoming")
-            problems, total = self._stage(rows)
-            problems, total = self._duplicates(problems, total)
+            problems, total = self._take_in(rows)
             if not total:
                 problems, total = self._conflicts()
             if total:
                 raise JobsFileError(path, problems, total)
             self._merge()
 
+    def check(self, rows: Iterable[Job | Problem], *, path: str) -> Summary:
+        """`validate`: find every bad row as `sync` does (duplicate ids by SQLite,
+        so memory does not grow with the file), keep nothing, and count the jobs.
+
+        Raises:
+            JobsFileError: naming the first bad rows and counting all of them.
+        """
+        with write_transaction(self._db):
+            problems, total = self._take_in(rows, staged=_identity)
+            if total:
+                raise JobsFileError(path, problems, total)
+            per_type = self._db.execute(
+                "SELECT type, count(*) FROM incoming WHERE type IS NOT NULL "
+                "GROUP BY type ORDER BY min(line)"
+            )
+            per_team = self._db.execute(
+                "SELECT team_id, count(*) FROM incoming WHERE team_id IS NOT NULL "
+                "GROUP BY team_id"
+            )
+            self._db.execute("DELETE FROM incoming")
+        types = {JobType(kind): n for kind, n in per_type}
+        return Summary(sum(types.values()), types, dict(per_team))
+
+    def _take_in(
+        self,
+        rows: Iterable[Job | Problem],
+        *,
+        staged: Callable[[Job], tuple[object, ...]] | None = None,
+    ) -> tuple[list[tuple[int, str]], int]:
+        """Stage `rows` in the temporary table `incoming`; return the bad rows
+        (the first of them, and how many), duplicate ids included."""
+        self._db.execute(
+            "CREATE TEMP TABLE IF NOT EXISTS incoming (id TEXT, line INT, "
+            "type TEXT, key TEXT, team_id TEXT, payload TEXT, digest TEXT)"
+        )
+        self._db.execute("CREATE INDEX IF NOT EXISTS incoming_id ON incoming (id)")
+        self._db.execute("DELETE FROM incoming")
+        problems, total = self._stage(rows, staged or _staged)
+        return self._duplicates(problems, total)
+
     def _stage(
-        self, rows: Iterable[Job | Problem]
+        self,
+        rows: Iterable[Job | Problem],
+        staged: Callable[[Job], tuple[object, ...]],
     ) -> tuple[list[tuple[int, str]], int]:
         problems: list[tuple[int, str]] = []
         total = 0
@@ -115,8 +150,13 @@ class RunStore:
                 total += 1
                 if len(problems) < _SHOWN:
                     problems.append((row.line, row.reason))
+                if row.id is not None:
+                    # A bad row still claims its id: a later row with it is named.
+                    batch.append((row.id, row.line, *(None,) * 5))
+                    if len(batch) >= _BATCH:
+                        self._insert_staged(batch)
                 continue
-            batch.append(_staged(row))
+            batch.append(staged(row))
             if len(batch) >= _BATCH:
                 self._insert_staged(batch)
         self._insert_staged(batch)
@@ -132,7 +172,8 @@ class RunStore:
         """Add the rows whose id an earlier row already has, in line order."""
         query = (
             "FROM incoming i JOIN (SELECT id, min(line) AS first FROM incoming "
-            "GROUP BY id HAVING count(*) > 1) d ON i.id = d.id WHERE i.line > d.first"
+            "GROUP BY id HAVING count(*) > 1) d ON i.id = d.id "
+            "WHERE i.line > d.first AND i.type IS NOT NULL"
         )
         more, rows = self._counted("i.line, i.id, d.first", query)
         found = [
@@ -279,6 +320,11 @@ class RunStore:
         )
 
 
+def _identity(job: Job) -> tuple[object, ...]:
+    """What `validate` stages of a job: all a check needs, no payload or digest."""
+    return (job.id, job.line, job.type.value, job.key.value, job.team_id, None, None)
+
+
 def _staged(job: Job) -> tuple[object, ...]:
     payload = json.dumps(job.payload, sort_keys=True, separators=(",", ":"))
     content = json.dumps([job.type.value, job.team_id, payload])
@@ -292,3 +338,11 @@ def _staged(job: Job) -> tuple[object, ...]:
         payload,
         digest,
     )
+
+
+def check_jobs_file(path: Path) -> Summary:
+    """`validate`: the jobs of `path` counted, or JobsFileError naming every bad
+    row. Duplicate ids are found in a private temporary SQLite database (it spills
+    to a temporary file when large, and is gone when closed), not in memory."""
+    with RunStore("") as store:
+        return store.check(scan(path, check_duplicates=False), path=str(path))

@@ -20,7 +20,7 @@ from batchrun.results import JobResult
 from batchrun.runlock import RunLock
 from batchrun.slots import Grant, Pace, Wait
 from batchrun.sqlite_ledger import SqliteLedger
-from batchrun.state import RunStore
+from batchrun.state import RunStore, check_jobs_file
 
 RQ = LimitKey.RUN_QUERY
 
@@ -280,6 +280,45 @@ def test_taking_in_a_file_streams_with_flat_memory(tmp_path):
     small = _peak_while_taking_in(tmp_path, 5_000)
     large = _peak_while_taking_in(tmp_path, 25_000)
     assert large < small * 1.5 + 256 * 1024, (small, large)
+
+
+def _peak_while_validating(tmp_path, rows):
+    import tracemalloc
+
+    path = tmp_path / f"jobs{rows}.csv"
+    with path.open("w") as out:
+        out.write("id,type,team_id,payload\n")
+        for i in range(rows):
+            out.write(f"job-{i:07d},run-query,team{i % 50},\n")
+    tracemalloc.start()
+    summary = check_jobs_file(path)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert summary.total == rows
+    assert summary.per_team["team7"] == rows // 50
+    return peak
+
+
+def test_validate_finds_duplicates_with_flat_memory(tmp_path):
+    """validate checks ids in SQLite as submit does: five times the rows take no
+    more Python memory (a set of every id grew with the file)."""
+    small = _peak_while_validating(tmp_path, 5_000)
+    large = _peak_while_validating(tmp_path, 25_000)
+    assert large < small * 1.5 + 256 * 1024, (small, large)
+
+
+def test_validate_names_duplicates_and_keeps_nothing(tmp_path):
+    """validate names a duplicate id after a bad row that claimed it, and leaves
+    no file behind."""
+    path = tmp_path / "jobs.csv"
+    path.write_text("id,type,team_id,payload\na,fax,t,\nb,run-query,t,\na,invite,t,\n")
+    with pytest.raises(JobsFileError) as info:
+        check_jobs_file(path)
+    assert info.value.problems == [
+        (2, "unknown type 'fax' (expected run-query, invite or avatar)"),
+        (4, "duplicate id 'a' (first on line 2)"),
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["jobs.csv"]
 
 
 def test_store_from_a_newer_batchrun_is_refused_with_exit_74(tmp_path):
