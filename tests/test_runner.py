@@ -471,3 +471,55 @@ async def test_a_ledger_lost_mid_run_stops_starting_requests():
     assert len(sink.of(JobSent)) == 2
     assert runner.halted is not None
     assert "redis://h:6379/0" in runner.halted.message
+
+
+async def test_transient_backoff_is_capped():
+    """Server errors back off exponentially up to --backoff-cap, never beyond."""
+    router = respx.Router()
+    route = router.post(QUERY)
+    route.side_effect = [httpx.Response(500)] * 7 + [httpx.Response(200, json={})]
+    _, _, sink = await run_jobs(
+        router, [query("a")], backoff=1.0, backoff_cap=4.0, max_attempts=10
+    )
+    delays = [e.delay for e in sink.of(JobRequeued)]
+    assert len(delays) == 7
+    assert max(delays) <= 4.0
+    assert min(delays[3:]) >= 2.0  # steps 8, 16, ... capped to 4, halved by jitter
+
+
+async def test_backoff_is_jittered_between_half_and_all_of_the_step():
+    """Equal jitter: first retries of many jobs spread over [step/2, step], so
+    they do not come back all at once."""
+    router = respx.Router()
+    seen: set[str] = set()
+
+    def first_fails(request):
+        key = request.headers["Idempotency-Key"]
+        if key in seen:
+            return httpx.Response(200, json={})
+        seen.add(key)
+        return httpx.Response(500)
+
+    router.post(QUERY).side_effect = first_fails
+    jobs = [query(f"j{n}") for n in range(20)]
+    _, _, sink = await run_jobs(router, jobs, backoff=2.0, concurrency=20)
+    delays = [e.delay for e in sink.of(JobRequeued)]
+    assert len(delays) == 20
+    assert all(1.0 <= d <= 2.0 for d in delays)
+    assert max(delays) - min(delays) > 0.5  # spread, not one moment
+
+
+async def test_the_429_streak_resets_after_an_answer_that_is_not_429():
+    """After a 2xx, the next 429 starts the backoff from its first step again."""
+    router = respx.Router()
+    route = router.post(QUERY)
+    no = httpx.Response(429)
+    ok = httpx.Response(200, json={})
+    route.side_effect = [no, no, no, ok, no, ok]
+    _, _, sink = await run_jobs(
+        router, [query("a"), query("b")], rule="100/1m", backoff=1.0, concurrency=1
+    )
+    delays = [e.delay for e in sink.of(JobRequeued)]
+    assert len(delays) == 4
+    assert 2.0 <= delays[2] <= 4.0  # the third 429 in a row: step 4
+    assert 0.5 <= delays[3] <= 1.0  # after the 2xx: step 1 again
