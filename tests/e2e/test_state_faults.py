@@ -12,6 +12,8 @@ import errno
 import json
 import os
 import sqlite3
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -214,3 +216,38 @@ def snapshot(folder):
         p.relative_to(folder): (p.stat().st_size, p.stat().st_mtime_ns)
         for p in folder.rglob("*")
     }
+
+
+def test_a_ledger_whose_wal_was_deleted_in_use_exits_74(tmp_path, server, jobs):
+    """Another process holds the ledger open and its -wal file is deleted: the
+    next run names the ledger and what to do, exit 74, no traceback."""
+    _, url = server
+    assert submit(jobs, url).exit_code == 0
+    ledger = tmp_path / "state" / "ledger.db"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_OPEN, str(ledger)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "holding"
+        ledger.with_name("ledger.db-wal").unlink()
+        result = submit(jobs, url, "--restart")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.exit_code == 74, result.output
+    assert f"{ledger} cannot be read or written" in result.stderr
+    assert "Wait until no batchrun uses it" in result.stderr
+    assert "Traceback" not in result.output
+
+
+# A process that writes to the ledger and keeps it open (and its -wal with it).
+HOLD_OPEN = """
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("INSERT INTO learned VALUES ('x', 'y', 'z')")
+print("holding", flush=True)
+time.sleep(60)
+"""
