@@ -30,11 +30,6 @@ from batchrun.slots import Pace, eta
 
 _FAILURES_RECENT = 3
 NONE = "—"
-RESUME = "run the same command again to resume."
-NOT_KEPT = (
-    "sandbox runs are not kept (their state is temporary), so running the "
-    "command again starts over."
-)
 _COLUMNS = ("endpoint", "done", "failed", "left", "429s", "retries")
 
 
@@ -64,9 +59,7 @@ def overall(states: Iterable[Tally]) -> Tally:
 class Board:
     """Counts per key, kept from the events; each sink shows one."""
 
-    def __init__(self, *, kept: bool = True) -> None:
-        # False when the run's state is temporary (the sandbox): nothing resumes.
-        self.kept = kept
+    def __init__(self) -> None:
         self.keys: dict[LimitKey, KeyCounts] = {}
         self.pace = Pace.EXACT
         self.started: float | None = None
@@ -187,10 +180,10 @@ def next_slot(state: KeyCounts, now: float) -> str:
     if state.left <= 0:
         return NONE
     if state.slot is None:
-        return "after an answer"
+        return "on answer"
     if state.slot <= now:
         return "now"
-    return f"in {durations.spoken(state.slot - now)}"
+    return durations.spoken(state.slot - now)
 
 
 def ended_text(state: KeyCounts) -> str:
@@ -221,9 +214,7 @@ def summary_rows(board: Board) -> list[tuple[str, ...]]:
 def closing_lines(board: Board, now: float) -> list[str]:
     c = overall(board.keys.values())
     elapsed = durations.spoken(board.elapsed(now))
+    # Whether it stopped early, and how to resume, is said once, with the exit code
+    # (submission.py): not here as well.
     unknown = f"{c.unknown} unknown, " if c.unknown else ""
-    lines = [f"{c.done} done, {c.failed} failed, {unknown}{c.left} left in {elapsed}."]
-    if board.finished is not None and board.finished.stopped:
-        then = RESUME if board.kept else NOT_KEPT
-        lines.append(f"Stopped early with {c.left} jobs left: {then}")
-    return lines
+    return [f"{c.done} done, {c.failed} failed, {unknown}{c.left} left in {elapsed}."]

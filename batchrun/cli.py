@@ -12,8 +12,9 @@ import ipaddress
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 from urllib.parse import urlsplit
@@ -23,8 +24,9 @@ import typer
 from batchrun import __version__, durations, reports
 from batchrun.errors import (
     EXIT_INTERNAL,
-    EXIT_STOPPED,
+    EXIT_INTERRUPTED,
     BatchrunError,
+    JobsFileError,
     StateError,
     UsageError,
 )
@@ -51,6 +53,15 @@ app = typer.Typer(
     add_completion=False,
     # A traceback with locals could show the token; errors are reported by _reported.
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+# Shown under `submit --help`; README's table says the same at more length.
+_EXIT_CODES = (
+    "Exit codes: 0 all done; 1 some jobs failed or are unknown; 2 bad usage or jobs "
+    "file, nothing sent; 3 another run holds this file; 74 state folder or ledger "
+    "unusable; 75 stopped early (deadline, ledger lost), resume by running again; "
+    "130 Ctrl-C; 143 SIGTERM. A signal's code wins, then 1, then 75."
 )
 
 
@@ -63,6 +74,7 @@ _ProfileOpt = Annotated[
         "--profile",
         help="run-query limit: b = 15/1m+500/1h (the stricter, default), a = 30/1m; "
         "auto = a until the server shows it is b (at most one 429 to find out).",
+        rich_help_panel="Limits",
     ),
 ]
 _LimitOpt = Annotated[
@@ -71,6 +83,7 @@ _LimitOpt = Annotated[
         "--limit",
         metavar="KEY=RULE",
         help="Replace one key's rule, e.g. run-query=30/1m (repeatable).",
+        rich_help_panel="Limits",
     ),
 ]
 _TimeScaleOpt = Annotated[
@@ -78,6 +91,7 @@ _TimeScaleOpt = Annotated[
     typer.Option(
         "--time-scale",
         help="Divide every window by this factor (demos, tests): 30 makes 1m 2s.",
+        rich_help_panel="Limits",
     ),
 ]
 _InjectOpt = Annotated[
@@ -85,7 +99,9 @@ _InjectOpt = Annotated[
     typer.Option(
         "--inject",
         metavar="FAULT=RATE",
-        help="Sandbox faults: 429=0.05, 5xx=0.1, drop=0.05, slow=0.1 (repeatable).",
+        help="Sandbox faults: 429=0.05, 5xx=0.1, drop=0.05, slow=0.1, "
+        "slow-seconds=2, seed=7 (repeatable).",
+        rich_help_panel="Sandbox faults",
     ),
 ]
 _StateDirOpt = Annotated[
@@ -93,6 +109,7 @@ _StateDirOpt = Annotated[
     typer.Option(
         envvar="BATCHRUN_STATE_DIR",
         help="Where runs and the send ledger live. Default: the user's state folder.",
+        rich_help_panel="State",
     ),
 ]
 _LedgerOpt = Annotated[
@@ -105,10 +122,16 @@ _LedgerOpt = Annotated[
         help="Where the client's budget lives: redis://[:PASSWORD@]HOST:PORT/DB "
         "(rediss:// for TLS) shares it across machines. Default: SQLite in the "
         "state folder (this machine).",
+        rich_help_panel="State",
     ),
 ]
 _BaseUrlOpt = Annotated[
-    str | None, typer.Option(envvar="BATCHRUN_BASE_URL", help="The API's base URL.")
+    str | None,
+    typer.Option(
+        envvar="BATCHRUN_BASE_URL",
+        help="The API's base URL.",
+        rich_help_panel="Where to send",
+    ),
 ]
 _TokenOpt = Annotated[
     str | None,
@@ -116,36 +139,60 @@ _TokenOpt = Annotated[
         envvar="BATCHRUN_TOKEN",
         show_default=False,
         help="Bearer token (better: set BATCHRUN_TOKEN). Never printed or stored.",
+        rich_help_panel="Where to send",
     ),
 ]
 _PaceOpt = Annotated[
     Pace,
-    typer.Option(help="exact: as early as the windows allow; spread: evenly spaced."),
+    typer.Option(
+        help="exact: as early as the windows allow; spread: evenly spaced.",
+        rich_help_panel="Limits",
+    ),
 ]
 _ConcurrencyOpt = Annotated[
-    int, typer.Option(min=1, help="Most requests in flight at once.")
+    int,
+    typer.Option(
+        min=1, help="Most requests in flight at once.", rich_help_panel="Limits"
+    ),
 ]
 _AttemptsOpt = Annotated[
     int,
     typer.Option(
-        min=1, help="Give up on a job after this many server errors or timeouts."
+        min=1,
+        help="Give up on a job after this many server errors or timeouts.",
+        rich_help_panel="Run control",
     ),
 ]
 _TimeoutOpt = Annotated[
-    float, typer.Option(min=0.001, help="Seconds to wait for each answer.")
+    float,
+    typer.Option(
+        min=0.001,
+        help="Seconds to wait for each answer.",
+        rich_help_panel="Where to send",
+    ),
 ]
 _ResultsOpt = Annotated[
     Path | None,
-    typer.Option(help="Results file (JSON Lines). Default: JOBS.results.jsonl."),
+    typer.Option(
+        help="Results file (JSON Lines). Default: JOBS.results.jsonl.",
+        rich_help_panel="Output",
+    ),
 ]
 _SandboxFlag = Annotated[
-    bool, typer.Option("--sandbox", help="Run against the built-in local sandbox.")
+    bool,
+    typer.Option(
+        "--sandbox",
+        help="Run against the built-in local sandbox.",
+        rich_help_panel="Where to send",
+        metavar="",
+    ),
 ]
 _CaBundleOpt = Annotated[
     Path | None,
     typer.Option(
         metavar="PATH",
         help="Also trust the CA certificates in this PEM file (a private CA).",
+        rich_help_panel="Where to send",
     ),
 ]
 _DeadlineOpt = Annotated[
@@ -153,10 +200,17 @@ _DeadlineOpt = Annotated[
     typer.Option(
         metavar="DURATION",
         help="Stop starting requests after this long (e.g. 55m), then exit 75.",
+        rich_help_panel="Run control",
     ),
 ]
 _RetryFailedFlag = Annotated[
-    bool, typer.Option("--retry-failed", help="Try failed jobs again.")
+    bool,
+    typer.Option(
+        "--retry-failed",
+        help="Try failed jobs again.",
+        rich_help_panel="Run control",
+        metavar="",
+    ),
 ]
 _RetryUnknownFlag = Annotated[
     bool,
@@ -164,15 +218,40 @@ _RetryUnknownFlag = Annotated[
         "--retry-unknown",
         help="Resend invites left unknown (a timeout, a 5xx, or a run that died "
         "mid-request: the server may have processed them).",
+        rich_help_panel="Run control",
+        metavar="",
     ),
 ]
 _RestartFlag = Annotated[
     bool,
-    typer.Option("--restart", help="Forget earlier runs of this file; start over."),
+    typer.Option(
+        "--restart",
+        help="Forget earlier runs of this file; start over.",
+        rich_help_panel="Run control",
+        metavar="",
+    ),
+]
+_JsonFlag = Annotated[
+    bool,
+    typer.Option(
+        "--json",
+        help="One JSON object on stdout, for scripts.",
+        rich_help_panel="Output",
+        metavar="",
+    ),
+]
+_NoColorFlag = Annotated[
+    bool,
+    typer.Option(
+        "--no-color",
+        help="No colour in the live view (as NO_COLOR=1).",
+        rich_help_panel="Output",
+        metavar="",
+    ),
 ]
 
 
-@app.command()
+@app.command(epilog=_EXIT_CODES)
 def submit(
     jobs_file: _JobsArg,
     base_url: _BaseUrlOpt = None,
@@ -194,11 +273,13 @@ def submit(
     retry_failed: _RetryFailedFlag = False,
     retry_unknown: _RetryUnknownFlag = False,
     restart: _RestartFlag = False,
+    no_color: _NoColorFlag = False,
 ) -> None:
     """Send every job of JOBS_FILE inside the rate limits; run it again to resume."""
     from batchrun.submission import Submission, submit
 
-    with _reported():
+    say = _log_for(jobs_file)
+    with _reported(say):
         _check_time_scale(time_scale, sandbox=sandbox)
         rules = _rules(profile, limit, time_scale)
         job = Submission(
@@ -215,18 +296,28 @@ def submit(
             retry_unknown=retry_unknown,
             restart=restart,
             ledger_url=ledger,
+            color=not no_color,
         )
-        raise typer.Exit(submit(job, say=lambda text: typer.echo(text, err=True)))
+        raise typer.Exit(submit(job, say=say))
 
 
 @app.command()
-def validate(jobs_file: _JobsArg) -> None:
+def validate(jobs_file: _JobsArg, as_json: _JsonFlag = False) -> None:
     """Check JOBS_FILE without sending anything: every bad row, or a summary."""
     from batchrun.state import check_jobs_file
 
     with _reported():
-        summary = check_jobs_file(jobs_file)
-    _echo(reports.summary_lines(jobs_file, summary))
+        try:
+            summary = check_jobs_file(jobs_file)
+        except JobsFileError as exc:
+            if not as_json:
+                raise
+            _echo([json.dumps(reports.problems_json(exc), indent=2)])
+            raise typer.Exit(exc.exit_code) from None
+    if as_json:
+        _echo([json.dumps(reports.summary_json(jobs_file, summary), indent=2)])
+    else:
+        _echo(reports.summary_lines(jobs_file, summary))
 
 
 @app.command()
@@ -248,7 +339,7 @@ def status(
         client = _client(base_url, token)
         found = read_status(jobs_file, paths, client, ledger_url=ledger)
     if as_json:
-        typer.echo(json.dumps(reports.status_json(jobs_file, found), indent=2))
+        _echo([json.dumps(reports.status_json(jobs_file, found), indent=2)])
     else:
         _echo(reports.status_lines(jobs_file, found))
 
@@ -263,6 +354,7 @@ def plan(
     ledger: _LedgerOpt = None,
     base_url: _BaseUrlOpt = None,
     token: _TokenOpt = None,
+    as_json: _JsonFlag = False,
 ) -> None:
     """How long the jobs of JOBS_FILE not yet done take (nothing is sent)."""
     from batchrun.overview import plan as make_plan
@@ -278,12 +370,12 @@ def plan(
             paths,
             client,
             ledger_url=ledger,
-            told=_told(limit),
             fallback=_fallbacks(profile, limit),
         )
-    if not plans:
-        typer.echo("Nothing to send.")
-    _echo(reports.plan_lines(plans))
+    if as_json:
+        _echo([json.dumps(reports.plan_json(jobs_file, plans), indent=2)])
+    else:
+        _echo(reports.plan_lines(plans) if plans else ["Nothing to send."])
 
 
 @app.command("limits")
@@ -327,13 +419,96 @@ def limits_command(
             paths,
             client,
             ledger_url=ledger,
-            told=_told(limit),
             fallback=_fallbacks(profile, limit),
         )
     if as_json:
-        typer.echo(json.dumps(reports.limits_json(found), indent=2))
+        _echo([json.dumps(reports.limits_json(found), indent=2)])
     else:
         _echo(reports.limits_lines(found, forgotten))
+
+
+@app.command()
+def show(
+    jobs_file: _JobsArg,
+    job_id: Annotated[str, typer.Argument(metavar="ID", help="The job's id.")],
+    results: _ResultsOpt = None,
+    state_dir: _StateDirOpt = None,
+    base_url: _BaseUrlOpt = None,
+    token: _TokenOpt = None,
+    as_json: _JsonFlag = False,
+) -> None:
+    """One job of JOBS_FILE's latest run: its state, attempts, error and response."""
+    from batchrun.overview import show as find
+
+    with _reported():
+        paths = StatePaths.resolve(state_dir, create=False)
+        client = _client(base_url, token)
+        where = results or default_results_path(jobs_file)
+        shown = find(jobs_file, job_id, paths, client, where)
+    if as_json:
+        _echo([json.dumps(reports.show_json(shown), indent=2)])
+    else:
+        _echo(reports.show_lines(shown))
+
+
+@app.command(
+    "cron-line",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def cron_line(
+    ctx: typer.Context,
+    jobs_file: _JobsArg,
+    schedule: Annotated[
+        str, typer.Option(help="When: five cron fields or an @word.")
+    ] = "0 1 * * *",
+    deadline: Annotated[
+        str, typer.Option(metavar="DURATION", help="Each run's --deadline.")
+    ] = "55m",
+    log: Annotated[
+        Path | None,
+        typer.Option(help="Log file, appended to. Default: logs/NAME.log beside JOBS."),
+    ] = None,
+    env_file: Annotated[
+        Path | None,
+        typer.Option(help="A file of KEY=value lines (BATCHRUN_TOKEN=…) read first."),
+    ] = None,
+    state_dir: _StateDirOpt = None,
+    base_url: _BaseUrlOpt = None,
+) -> None:
+    """Print a crontab line that runs `submit JOBS_FILE` under cron's bare
+    environment; other options (--profile a, --limit …) are passed on to submit."""
+    from batchrun.crontab import CronJob, crontab_line
+
+    with _reported():
+        durations.parse(deadline)
+        job = CronJob(
+            schedule=schedule,
+            python=Path(sys.executable).absolute(),
+            jobs_file=_existing(jobs_file),
+            state_dir=StatePaths.resolve(state_dir, create=False).root.absolute(),
+            log=(log or _default_log(jobs_file)).absolute(),
+            env_file=None if env_file is None else _existing(env_file),
+            base_url=base_url,
+            deadline=deadline,
+            extra=tuple(ctx.args),
+        )
+    if env_file is None and os.environ.get("BATCHRUN_TOKEN"):
+        _to_stderr(
+            "The line holds no token: put BATCHRUN_TOKEN=… in a file only you can "
+            "read (chmod 600) and add --env-file FILE."
+        )
+    _echo([crontab_line(job)])
+
+
+def _existing(path: Path) -> Path:
+    if not path.is_file():
+        msg = f"{path}: no such file."
+        raise UsageError(msg)
+    return path.absolute()
+
+
+def _default_log(jobs_file: Path) -> Path:
+    return jobs_file.absolute().parent / "logs" / f"{jobs_file.stem}.log"
 
 
 @app.command("sandbox")
@@ -384,7 +559,7 @@ def main() -> None:
 
 def _interrupted() -> NoReturn:
     typer.echo("Interrupted.", err=True)
-    sys.exit(EXIT_STOPPED)
+    sys.exit(EXIT_INTERRUPTED)
 
 
 def _internal(exc: BaseException) -> NoReturn:
@@ -427,8 +602,14 @@ def _options(
 
 
 def _echo(lines: list[str]) -> None:
-    for line in lines:
-        typer.echo(line)
+    """Print on stdout; a reader that left early (`| head`) is not a failure."""
+    try:
+        for line in lines:
+            typer.echo(line)
+    except BrokenPipeError:
+        # Python's advice: point stdout at /dev/null, or the flush at exit fails
+        # again, and Click would exit 1 for a command that did its work.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _client(base_url: str | None, token: str | None) -> str | None:
@@ -444,11 +625,6 @@ def _rules(
 
 def _fallbacks(profile: Profile, limits: list[str] | None) -> dict[LimitKey, Rule]:
     return fallbacks(profile, [parse_override(text) for text in limits or []])
-
-
-def _told(limits: list[str] | None) -> frozenset[LimitKey]:
-    """The keys given a rule with --limit: a rule learned earlier does not apply."""
-    return frozenset(parse_override(text)[0] for text in limits or [])
 
 
 def _forgotten(names: list[str] | None) -> list[LimitKey]:
@@ -475,7 +651,6 @@ def _settings(
 
     overrides = [parse_override(text) for text in limits or []]
     return Settings(
-        told=_told(limits),
         fallback=fallbacks(profile, overrides, time_scale),
         concurrency=concurrency,
         max_attempts=max_attempts,
@@ -568,8 +743,23 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _to_stderr(text: str) -> None:
+    typer.echo(text, err=True)
+
+
+def _log_for(jobs_file: Path) -> Callable[[str], None]:
+    """How `submit` writes on stderr: off a terminal (cron, a log file) each line
+    carries the time, the process and the jobs file, as the plain progress does."""
+    if sys.stderr.isatty():
+        return _to_stderr
+    from batchrun.progress import log_tag, stamped
+
+    tag = log_tag(jobs_file)
+    return lambda text: _to_stderr(stamped(text, tag=tag, wall=datetime.now))
+
+
 @contextmanager
-def _reported() -> Iterator[None]:
+def _reported(say: Callable[[str], None] = _to_stderr) -> Iterator[None]:
     """Print a BatchrunError's message on stderr and exit with its code, also one
     raised in a run's task group (inside an ExceptionGroup). A group that holds
     another exception too goes on to `main`, which reports a bug (exit 70)."""
@@ -579,5 +769,5 @@ def _reported() -> Iterator[None]:
         errors = [leaf for leaf in _leaves(group) if isinstance(leaf, BatchrunError)]
         # A state problem says most about what to do; else the first one raised.
         exc = min(errors, key=lambda e: not isinstance(e, StateError))
-        typer.echo(f"{exc.label}{exc.message}", err=True)
+        say(f"{exc.label}{exc.message}")
         raise typer.Exit(exc.exit_code) from None

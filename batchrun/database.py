@@ -94,6 +94,11 @@ class Database:
         assert row is not None
         return row
 
+    def changes(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one UPDATE or DELETE; return how many rows it changed."""
+        with self.guarded():
+            return self._db.execute(sql, params).rowcount
+
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         with self.guarded():
             self._db.executemany(sql, rows)

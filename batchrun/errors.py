@@ -7,7 +7,8 @@
     ├── StateError           exit 74 (the state folder or the ledger cannot be used)
     │   ├── DiskFull         exit 74 (no space left: mid-run, the run stops, 75)
     │   └── LedgerLost       exit 74 (the ledger went away mid-run: the run stops, 75)
-    └── StoppedEarly         exit 75 (deadline or signal, jobs left to resume)
+    └── StoppedEarly         exit 75 (deadline, ledger lost), 130 (Ctrl-C) or
+                             143 (SIGTERM), jobs left to resume
 
 `cli.py` converts these to a message on stderr and the exit code, once, at the edge,
 also when one comes out of a run's task group inside an ExceptionGroup. Any other
@@ -22,6 +23,10 @@ EXIT_OK = 0
 EXIT_SOME_FAILED = 1
 EXIT_INTERNAL = 70  # EX_SOFTWARE from sysexits.h: a bug, never "jobs failed".
 EXIT_STOPPED = 75  # EX_TEMPFAIL from sysexits.h: "try again later".
+# 128 + the signal's number, as a shell reports a process the signal killed, so
+# that a shell loop around batchrun stops on Ctrl-C as it would around `sleep`.
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
 
 
 class BatchrunError(Exception):
@@ -105,3 +110,7 @@ class StoppedEarly(BatchrunError):
 
     exit_code = EXIT_STOPPED
     label = ""  # not an error: the next run resumes
+
+    def __init__(self, message: str, *, exit_code: int = EXIT_STOPPED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -13,16 +13,20 @@ taken from the rule's own windows and the lengths the API description uses (1 s,
 - an accepted request that left while N were counted says the server allows at
   least N + 1 per W, so a W whose refusals came at fewer is not the one.
 
-Of the windows consistent with both, the shortest is taken (the loosest reading
-that explains the log): if it is wrong, the next probe is refused and rules it out,
-one 429 per wrong guess. Invariant: a lesson only ever adds a window or lowers a
-count, so the rule it gives never allows more than the rule it came from.
+A burst fits any window longer than it lasted, so the log often cannot tell the
+rule's own window from a shorter one. The safe reading (the rule's own window, or
+the shortest that fits) is learned, and when a shorter window fits as well it is
+paced by first, with the safe one to fall back to (`Fallback`): one request past
+the safe count settles it, for at most one more 429. Invariant: a lesson only ever
+adds a window or lowers a count, so the rule it gives never allows more than the
+rule it came from.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+import math
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -35,6 +39,11 @@ from batchrun.limits import Rule, Window
 # The window lengths, in seconds, that the API description uses or that common
 # servers count in.
 _CANDIDATES = (1.0, 10.0, 60.0, 300.0, 3600.0, 86400.0)
+# How long a learned limit is trusted (the Redis ledger keeps it as long).
+KEPT_FOR = 30 * 86400.0
+# The part of a window within which more accepted requests than its count rule
+# the window out (`Fallback.ruled_out`).
+_SPAN = 0.1
 # Requests older than the longest candidate window cannot bear on a lesson; past
 # this many the oldest are dropped, which keeps `infer` cheap (quadratic in it).
 _KEPT = 2000
@@ -60,6 +69,9 @@ class Lesson:
     rule: Rule
     evidence: str
     spread: bool = False
+    # A safer rule that explains the log as well: the key falls back to it if
+    # the server refuses again before it lets through more than it allows.
+    fallback: Rule | None = None
 
 
 def candidates(rule: Rule, *, time_scale: float = 1.0) -> tuple[float, ...]:
@@ -163,14 +175,17 @@ def infer(log: Sequence[Sent], rule: Rule, windows: Iterable[float]) -> Lesson |
     return None
 
 
-def _bounds(log: Sequence[Sent], seconds: float) -> tuple[int, int]:
+def _bounds(
+    log: Sequence[Sent], seconds: float, *, fit: bool = True
+) -> tuple[int, int]:
     """Bounds on the count per `seconds` of a server that refused and accepted as
     in `log`: at most the fewest accepted requests that arrived within `seconds`
     up to a refusal; at least the most that arrived within `seconds` up to an
     acceptance (the server let them all through).
 
     A request is taken to arrive halfway through its round trip; requests that
-    seem to arrive together all count, whatever order they really came in.
+    seem to arrive together all count, whatever order they really came in. With
+    `fit`, a refusal whose Retry-After does not fit the window rules it out.
     """
     arrivals = sorted(_arrival(s) for s in log if s.refused is False)
     most, least = len(arrivals), 1
@@ -180,7 +195,8 @@ def _bounds(log: Sequence[Sent], seconds: float) -> tuple[int, int]:
             arrivals, moment - seconds
         )
         if entry.refused:
-            most = min(most, inside if _agrees(entry, arrivals, seconds) else 0)
+            agrees = not fit or _agrees(entry, arrivals, seconds)
+            most = min(most, inside if agrees else 0)
         else:
             least = max(least, inside)
     return most, least
@@ -206,32 +222,54 @@ def _arrival(entry: Sent) -> float:
     return (entry.start + end) / 2
 
 
-def stored(lesson: Lesson, *, time_scale: float, at: float) -> str:
-    """A lesson as the text a ledger keeps: windows in unscaled seconds, so a run
-    at another time scale reads the same limit; `at` is wall-clock seconds."""
-    windows = [[w.count, w.seconds * time_scale] for w in lesson.rule.windows]
+def stored(lesson: Lesson, *, given: Rule, time_scale: float, at: float) -> str:
+    """A lesson as the text a ledger keeps, with the rule it was `given` (what it
+    tightened): windows in unscaled seconds, so a run at another time scale reads
+    the same limit; `at` is wall-clock seconds."""
+    windows = _unscaled(lesson.rule, time_scale)
     why = lesson.evidence
     if time_scale != 1:
         why += f" (at --time-scale {time_scale:g})"
     fields = {"windows": windows, "spread": lesson.spread, "why": why}
-    return json.dumps({**fields, "at": at})
+    return json.dumps({**fields, "given": _unscaled(given, time_scale), "at": at})
 
 
-def recalled(rule: Rule, text: str | None, *, time_scale: float) -> Lesson | None:
+def _unscaled(rule: Rule, time_scale: float) -> list[list[float]]:
+    return [[w.count, w.seconds * time_scale] for w in rule.windows]
+
+
+def recalled(
+    rule: Rule, text: str | None, *, time_scale: float, now: float
+) -> Lesson | None:
     """The lesson a ledger kept (`stored`), applied to `rule`: only ever tighter
-    than `rule`, whatever was kept; None if nothing (or nothing readable) was."""
+    than `rule`, whatever was kept. None if nothing (or nothing readable) was; if
+    it was learned under another rule than `rule` (the user now gives another:
+    theirs wins); or if it is older than `KEPT_FOR` at `now` (wall-clock seconds):
+    servers change their limits, and one 429 learns it again."""
     try:
         kept = json.loads(text or "{}")
         windows = [Window(int(c), float(s) / time_scale) for c, s in kept["windows"]]
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(kept["at"])))
+        given = [(int(c), float(s)) for c, s in kept["given"]]
+        at = float(kept["at"])
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(at))
         why, spread = str(kept["why"]), bool(kept["spread"])
-    except (ValueError, TypeError, KeyError, UsageError):
+    except (ValueError, TypeError, KeyError, UsageError, OverflowError, OSError):
+        return None
+    if not now - KEPT_FOR <= at or not _same(given, rule, time_scale):
         return None
     lesson = adopt(rule, windows, "") or Lesson(rule, "")
     # Kept for this very rule (--profile auto's answer that it holds) says so too.
     if lesson.rule == rule and not spread and tuple(windows) != rule.windows:
         return None
     return Lesson(lesson.rule, f"learned {when}: {why}", spread)
+
+
+def _same(given: list[tuple[int, float]], rule: Rule, time_scale: float) -> bool:
+    """Whether `given` (unscaled windows) is `rule` at `time_scale`."""
+    return len(given) == len(rule.windows) and all(
+        c == w.count and math.isclose(s, w.seconds * time_scale, rel_tol=1e-9)
+        for (c, s), w in zip(given, rule.windows, strict=True)
+    )
 
 
 def adopt(rule: Rule, policy: Iterable[Window], source: str) -> Lesson | None:
@@ -316,7 +354,9 @@ class Learner:
         """A 429 episode of `key` began at `began`: review it once it settles."""
         self._episodes[key] = began
 
-    def review(self, key: str, rule: Rule, *, spread: bool) -> Lesson | None:
+    def review(
+        self, key: str, rule: Rule, *, spread: bool, doubt: bool = False
+    ) -> Lesson | None:
         """The lesson of `key`'s episode once every request sent before it began
         has its answer; None while it has not settled, or when none is pending.
 
@@ -339,6 +379,7 @@ class Learner:
         shorter = [w for w in windows if w < rule.longest and w not in own]
         lesson = infer(log.sent, rule, own + shorter)
         if lesson is not None:
+            lesson = _looser(log.sent, rule, lesson, shorter) or lesson
             log.rearm()
         if lesson is not None or not _refused_amid_acceptances(log.sent, rule):
             # Refused with nothing accepted in any window (a spent quota, or
@@ -346,6 +387,10 @@ class Learner:
             return lesson
         if spread:
             lesson = infer(log.sent, rule, [w for w in windows if w > rule.longest])
+            if lesson is None and doubt:
+                # The rule itself is in doubt (a fallback stands): that is the
+                # lesson, and the fallback answers it.
+                lesson = Lesson(rule, "429s still came when spaced evenly", True)
             if lesson is not None:
                 log.rearm()
             return lesson
@@ -354,10 +399,27 @@ class Learner:
         return Lesson(rule, f"{why}: the server counts in another way", spread=True)
 
 
+def _looser(
+    log: Sequence[Sent], rule: Rule, safe: Lesson, shorter: Sequence[float]
+) -> Lesson | None:
+    """The lesson of a window shorter than `safe`'s that explains `log` as well
+    (a burst fits any window longer than it lasted), with `safe` to fall back to:
+    the shorter reading is tried first, as the faster one, and a single request
+    past `safe`'s count (`Fallback`) settles which is right."""
+    learned = next(w for w in safe.rule.windows if w not in rule.windows)
+    loose = infer(log, rule, [s for s in shorter if s < learned.seconds])
+    if loose is None:
+        return None
+    why = f"{loose.evidence}; {learned} if refused again"
+    return Lesson(loose.rule, why, fallback=safe.rule)
+
+
 def _refused_amid_acceptances(log: Sequence[Sent], rule: Rule) -> bool:
-    """Whether some refusal came with accepted requests within the rule's window."""
+    """Whether some refusal came with accepted requests within the rule's window
+    (whatever its Retry-After: a server that counts another way computes it
+    another way too)."""
     answered = [s for s in log if s.end is not None and s.refused is not None]
-    most, _ = _bounds(answered, rule.longest)
+    most, _ = _bounds(answered, rule.longest, fit=False)
     return most > 0
 
 
@@ -382,13 +444,19 @@ class Fallback:
 
     def ruled_out(self, learner: Learner, key: str, given: Rule) -> Lesson | None:
         """A lesson that `given` holds if the server let through more than one of
-        this fallback's windows allows; None while it has not."""
+        this fallback's windows allows, within a tenth of it; None while it has not.
+
+        A tenth, because a server counting in fixed windows (or a weighted
+        counter) lets up to twice its count through within one window length
+        across its boundary; within a tenth of it, one time in ten at most.
+        """
         for window in self.rule.windows:
-            seen = learner.accepted_within(key, window.seconds)
+            span = window.seconds * _SPAN
+            seen = learner.accepted_within(key, span)
             if seen > window.count:
                 why = (
-                    f"{seen} accepted within {durations.compact(window.seconds)}, "
-                    f"more than {self.rule} allows: the server enforces {given}"
+                    f"{seen} accepted within {durations.compact(span)}, more than "
+                    f"{self.rule} allows: the server enforces {given}"
                 )
                 return Lesson(given, why)
         return None

@@ -187,17 +187,6 @@ def table_text(table: Mapping[LimitKey, Rule]) -> str:
     )
 
 
-def keys_text(keys: Iterable[LimitKey]) -> str:
-    """Some keys (those a user gave a rule for) as text to store: `read_keys`."""
-    return ",".join(sorted(key.value for key in keys))
-
-
-def read_keys(text: str) -> frozenset[LimitKey]:
-    """The keys stored by `keys_text`; names this build does not know are skipped."""
-    known = {key.value for key in LimitKey}
-    return frozenset(LimitKey(name) for name in text.split(",") if name in known)
-
-
 def read_table(text: str) -> dict[LimitKey, Rule]:
     """The rule table stored by `table_text` (or, from earlier builds, as
     `key=rule` pairs joined by commas)."""

@@ -7,21 +7,24 @@ the same rule the pacer grants by.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from batchrun.clock import MachineClock, wall_time
+from batchrun.errors import UsageError
 from batchrun.jobs import read_jobs
 from batchrun.learning import Lesson, recalled
 from batchrun.ledger import Ledger
-from batchrun.limits import LimitKey, Rule, read_keys, read_table
+from batchrun.limits import LimitKey, Rule, read_table
 from batchrun.paths import StatePaths
+from batchrun.results import last_result
 from batchrun.shared_ledger import open_shared_ledger
 from batchrun.slots import Pace, eta
-from batchrun.state import Failure, JobState, RunStore
+from batchrun.state import Failure, JobRecord, JobState, RunStore
 
 _SETTLED = {JobState.DONE, JobState.FAILED, JobState.UNKNOWN}
 
@@ -57,26 +60,67 @@ def status(
     ledger_url: str | None = None,
 ) -> Status:
     """The latest run of `jobs_file` (for `client`, if given); the budget in use is
-    read from the ledger at `ledger_url` (None: SQLite in `paths`)."""
+    read from the ledger at `ledger_url` (None: SQLite in `paths`).
+
+    Raises:
+        UsageError: when the file has no run (exit 2), saying why that may be.
+    """
     found = _store_path(paths, jobs_file, client)
     if found is None:
-        return Status(None)
+        raise UsageError(_no_run(jobs_file, paths, client))
     with RunStore(found, read_only=True) as store:
         states: dict[LimitKey, dict[JobState, int]] = {}
         for (key, state), n in sorted(store.counts().items()):
             states.setdefault(key, {})[state] = n
         rules = read_table(store.get_meta("rules") or "{}")
         pace = Pace(store.get_meta("pace") or Pace.EXACT)
-        told = read_keys(store.get_meta("told") or "")
         fallback = read_table(store.get_meta("fallback") or "{}")
         failures = store.failures()
     pending = {
         k: s.get(JobState.PENDING, 0) + s.get(JobState.IN_FLIGHT, 0)
         for k, s in states.items()
     }
-    budget = _Budget(paths, found.stem, ledger_url, told, fallback)
+    budget = _Budget(paths, found.stem, ledger_url, fallback)
     keys = _plans(pending, rules, pace, budget)
     return Status(found, states, failures, keys)
+
+
+@dataclass(frozen=True, slots=True)
+class Shown:
+    """One job: where it stands in the latest run, and its last results line."""
+
+    store: Path
+    job: JobRecord
+    result: dict[str, Any] | None
+
+
+def show(
+    jobs_file: Path, job_id: str, paths: StatePaths, client: str | None, results: Path
+) -> Shown:
+    """Job `job_id` of the latest run of `jobs_file`, and its line in `results`.
+
+    Raises:
+        UsageError: when the file has no run, or its run no such job (exit 2).
+    """
+    found = _store_path(paths, jobs_file, client)
+    if found is None:
+        raise UsageError(_no_run(jobs_file, paths, client))
+    with RunStore(found, read_only=True) as store:
+        job = store.job(job_id)
+    if job is None:
+        msg = f"{jobs_file}: its run has no job {job_id!r}. Check the id's spelling."
+        raise UsageError(msg)
+    return Shown(found, job, last_result(results, job_id))
+
+
+def _no_run(jobs_file: Path, paths: StatePaths, client: str | None) -> str:
+    if not jobs_file.is_file():
+        return f"{jobs_file}: no such file, and no run of it in {paths.root}."
+    whose = " for this --base-url and token" if client is not None else ""
+    return (
+        f"{jobs_file}: no run yet{whose} in {paths.root} (runs with --sandbox are "
+        f"not kept). `batchrun submit {jobs_file}` starts one."
+    )
 
 
 def plan(
@@ -87,11 +131,10 @@ def plan(
     client: str,
     *,
     ledger_url: str | None = None,
-    told: frozenset[LimitKey] = frozenset(),
     fallback: dict[LimitKey, Rule] | None = None,
 ) -> list[KeyPlan]:
     """How long the jobs of `jobs_file` not yet settled take under `rules` now,
-    or under what was learned of a key's limit unless its rule was `told`."""
+    or under what was learned of a key's limit under these rules."""
     jobs = read_jobs(jobs_file)
     settled: set[str] = set()
     found = _store_path(paths, jobs_file, client)
@@ -99,19 +142,18 @@ def plan(
         with RunStore(found, read_only=True) as store:
             settled = store.ids_in(_SETTLED)
     left = Counter(job.key for job in jobs if job.id not in settled)
-    budget = _Budget(paths, client, ledger_url, told, fallback or {})
+    budget = _Budget(paths, client, ledger_url, fallback or {})
     return _plans(dict(left), rules, pace, budget)
 
 
 @dataclass(frozen=True, slots=True)
 class _Budget:
     """Where a client's budget in use, and what was learned of its limits, are
-    read: its ledger; `told` keys keep the rule they were given."""
+    read: its ledger."""
 
     paths: StatePaths
     client: str
     ledger_url: str | None = field(repr=False)  # may hold a password
-    told: frozenset[LimitKey] = frozenset()
     # --profile auto: the rule a key is planned by until the server settles it.
     fallback: dict[LimitKey, Rule] = field(default_factory=dict)
 
@@ -122,7 +164,7 @@ def _plans(
     pace: Pace,
     budget: _Budget,
 ) -> list[KeyPlan]:
-    now = time.time()
+    now = MachineClock().now()
     with _ledger(budget, now) as ledger:
         return [
             _plan(key, n, _in_force(key, rules[key], ledger, budget), pace, ledger, now)
@@ -136,7 +178,7 @@ def _ledger(
     budget: _Budget, now: float | None = None, *, read_only: bool = True
 ) -> Iterator[Ledger]:
     """The client's ledger, read at `now` (default: the time it is opened)."""
-    at = time.time() if now is None else now
+    at = MachineClock().now() if now is None else now
     ledger = open_shared_ledger(
         budget.ledger_url,
         state=budget.paths,
@@ -153,11 +195,11 @@ def _ledger(
 
 def _in_force(key: LimitKey, rule: Rule, ledger: Ledger, budget: _Budget) -> Lesson:
     """The rule a run of `key` would pace by: what was learned of it, if anything
-    (and not overridden), else `rule` (as a lesson of no evidence)."""
-    if key not in budget.told:
-        lesson = recalled(rule, ledger.recall(key.value), time_scale=1.0)
-        if lesson is not None:
-            return lesson
+    under this very rule, else `rule` (as a lesson of no evidence)."""
+    text = ledger.recall(key.value)
+    lesson = recalled(rule, text, time_scale=1.0, now=wall_time())
+    if lesson is not None:
+        return lesson
     return Lesson(budget.fallback.get(key, rule), "")
 
 
@@ -206,12 +248,11 @@ def limits(
     client: str,
     *,
     ledger_url: str | None = None,
-    told: frozenset[LimitKey] = frozenset(),
     fallback: dict[LimitKey, Rule] | None = None,
 ) -> list[KeyLimit]:
     """Each key's limit for `client`, as the next run would pace it (or plan it,
     under --profile auto until the server settles which statement holds)."""
-    budget = _Budget(paths, client, ledger_url, told, fallback or {})
+    budget = _Budget(paths, client, ledger_url, fallback or {})
     rules = {key: rules[key] for key in LimitKey if key in rules}
     with _ledger(budget) as ledger:
         found = [

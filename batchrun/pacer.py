@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from batchrun.clock import Clock, SystemClock
+from batchrun.clock import Clock, wall_time
 from batchrun.events import EventSink, SlotWait
 from batchrun.learning import Learner, Lesson, recalled, stored
 from batchrun.ledger import Ledger
@@ -36,6 +36,8 @@ class _Cooling:
     until: float = -math.inf
     half_open: bool = False
     probe: int | None = None
+    # The server named its end (Retry-After): then no lesson shortens it.
+    asked: bool = False
 
 
 class Pacer:
@@ -56,6 +58,7 @@ class Pacer:
         time_scale: float = 1.0,
     ) -> None:
         self._rules = dict(rules)
+        self._given = dict(rules)  # what lessons tighten, kept with them
         self._ledger = ledger
         self._clock = clock
         self._paces = dict.fromkeys(self._rules, pace)
@@ -98,14 +101,16 @@ class Pacer:
         if answer is not None:
             answer.set()
 
-    def cool_down(self, key: LimitKey, until: float) -> None:
+    def cool_down(self, key: LimitKey, until: float, *, asked: bool = False) -> None:
         """Grant no slot of `key` before `until` (after a 429 from the server), then
-        one probe. A cool-down that starts while another runs extends that episode."""
+        one probe. A cool-down that starts while another runs extends that episode.
+        `asked`: the server named `until` (Retry-After), not a backoff guess."""
         cooling = self._cooling[key]
         now = self._clock.now()
         if now >= cooling.until:
-            cooling.began = now
+            cooling.began, cooling.asked = now, False
         cooling.until = max(cooling.until, until)
+        cooling.asked = cooling.asked or asked
         cooling.half_open = True
 
     def learn(self, key: LimitKey, lesson: Lesson, *, keep: bool = True) -> None:
@@ -114,8 +119,17 @@ class Pacer:
         self._rules[key] = lesson.rule
         if lesson.spread:
             self._paces[key] = Pace.SPREAD
+        cooling = self._cooling[key]
+        if not cooling.asked:
+            # A backoff was a guess at when the server has room again; the rule
+            # learned says it better (a probe still goes first, half-open).
+            cooling.until = min(cooling.until, self._clock.now())
         if keep:
-            text = stored(lesson, time_scale=self._time_scale, at=SystemClock().now())
+            # Until the server settles a lesson's fallback, later runs start from it.
+            if lesson.fallback is not None:
+                lesson = Lesson(lesson.fallback, lesson.evidence)
+            given, scale = self._given[key], self._time_scale
+            text = stored(lesson, given=given, time_scale=scale, at=wall_time())
             self._ledger.remember(key.value, text)
 
     def recall(self, keys: Iterable[LimitKey]) -> list[tuple[LimitKey, Lesson]]:
@@ -123,7 +137,9 @@ class Pacer:
         found = []
         for key in keys:
             text = self._ledger.recall(key.value)
-            lesson = recalled(self._rules[key], text, time_scale=self._time_scale)
+            rule = self._rules[key]
+            scale = self._time_scale
+            lesson = recalled(rule, text, time_scale=scale, now=wall_time())
             if lesson is not None:
                 self.learn(key, lesson, keep=False)
                 found.append((key, lesson))

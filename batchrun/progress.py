@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import threading
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Protocol, TextIO
 
 from rich.console import Console, Group, RenderableType
@@ -51,7 +53,12 @@ from batchrun.limits import LimitKey
 # Enough to see a pattern in a cron mail; the results file holds every failure.
 _FAILURES_LISTED = 20
 _STAMP = "%Y-%m-%d %H:%M:%S"
-_VIEW_COLUMNS = "endpoint,rule,done/total,failed,429s,retries,in flight,next slot,ETA"
+_VIEW_COLUMNS = "endpoint,rule,done,failed,429s,retries,sending,next slot,ETA"
+# A plain log quiet this long (a long wait for a slot or a cool-down) says what it
+# waits for; `tick()` is called often enough that a cron log gets a line a minute.
+QUIET = 50.0
+# Terminals that cannot move the cursor: a live view would be a blank screen there.
+_DUMB_TERMINALS = ("dumb", "unknown")
 
 
 class ProgressSink(EventSink, Protocol):
@@ -61,6 +68,26 @@ class ProgressSink(EventSink, Protocol):
         """Stop any live display and print the final summary; idempotent."""
         ...
 
+    def note(self, text: str) -> None:
+        """Show a message (a signal's acknowledgement) without breaking the view."""
+        ...
+
+    def tick(self) -> None:
+        """Say what the run waits for, if nothing was said for `QUIET` seconds."""
+        ...
+
+
+def log_tag(jobs_file: Path) -> str:
+    """What each line of a log names: the process and the jobs file, so that the
+    lines of two runs (or a refused run's error) appended to one log tell apart."""
+    return f"batchrun[{os.getpid()}] {jobs_file.name}: "
+
+
+def stamped(text: str, *, tag: str, wall: Callable[[], datetime]) -> str:
+    """`text`, each of its lines prefixed with the local time and `tag`."""
+    stamp = wall().strftime(_STAMP)
+    return "\n".join(f"{stamp} {tag}{line}" for line in text.splitlines())
+
 
 def open_progress(
     stream: TextIO,
@@ -69,26 +96,33 @@ def open_progress(
     clock: Clock,
     every: float = 10.0,
     wall: Callable[[], datetime] = datetime.now,
-    kept: bool = True,
+    notes: Callable[[str], None] | None = None,
+    color: bool = True,
+    tag: str = "",
 ) -> ProgressSink:
     """A Rich live view if `stream` is a terminal, plain timestamped lines otherwise.
 
-    `live` forces either. The live view reads `clock` from its refresh thread, so it
-    must be readable from any thread (SystemClock is). Plain lines: at most one
-    progress line per `every` seconds of event time, stamped with `wall()`.
-    `kept` is False for a run whose state is not kept (the sandbox's): a stopped
-    run then says that running it again starts over, not that it resumes.
+    `live` forces either; a terminal with TERM=dumb gets plain lines. The live view
+    reads `clock` from its refresh thread, so it must be readable from any thread
+    (MachineClock is); it has no colour with `color=False` or NO_COLOR set. Plain
+    lines: at most one progress line per `every` seconds of event time, stamped with
+    `wall()` and `tag` (`log_tag`). `note()` goes to `notes` (default: the stream)
+    unless a live view is drawing, which prints it above itself.
     """
     if every < 0:
         msg = f"every must be at least 0 s, got {every}"
         raise ValueError(msg)
     if live is None:
-        live = stream.isatty()
-    board = Board(kept=kept)
+        live = stream.isatty() and os.environ.get("TERM") not in _DUMB_TERMINALS
     if live:
-        console = Console(file=stream, force_terminal=True)
-        return _LiveView(console, clock=clock, board=board)
-    return _PlainLog(stream, clock=clock, every=every, wall=wall, board=board)
+        console = Console(file=stream, force_terminal=True, no_color=_no_color(color))
+        return _LiveView(console, clock=clock, notes=notes)
+    return _PlainLog(stream, clock=clock, every=every, wall=wall, notes=notes, tag=tag)
+
+
+def _no_color(color: bool) -> bool:
+    # https://no-color.org: set and not empty.
+    return not color or bool(os.environ.get("NO_COLOR"))
 
 
 class _PlainLog:
@@ -101,13 +135,17 @@ class _PlainLog:
         clock: Clock,
         every: float,
         wall: Callable[[], datetime],
-        board: Board,
+        notes: Callable[[str], None] | None,
+        tag: str,
     ) -> None:
         self._stream = stream
+        self._notes = notes or self._line
+        self._tag = tag
         self._clock = clock
+        self._said = clock.now()
         self._every = every
         self._wall = wall
-        self._board = board
+        self._board = Board()
         self._last = -math.inf
         self._requeues = 0
         self._closed = False
@@ -133,6 +171,29 @@ class _PlainLog:
         self._closed = True
         if self._board.started is not None:
             self._summary()
+
+    def note(self, text: str) -> None:
+        self._notes(text)
+
+    def tick(self) -> None:
+        now = self._clock.now()
+        board = self._board
+        if self._closed or board.started is None or now - self._said < QUIET:
+            return
+        waits = "; ".join(
+            f"{key} next slot {self._slot_text(s, now)}"
+            for key, s in board.keys.items()
+            if s.left > 0
+        )
+        counts = tally(overall(board.keys.values()))
+        eta_text = durations.spoken(board.eta(now))
+        self._line(f"waiting: {waits} — {counts}; ETA {eta_text}")
+
+    def _slot_text(self, state: KeyCounts, now: float) -> str:
+        if state.slot is None or state.slot <= now:
+            return next_slot(state, now)
+        at = self._wall() + timedelta(seconds=state.slot - now)
+        return f"in {durations.spoken(state.slot - now)} (at {at:%H:%M:%S})"
 
     def _start_text(self, at: float) -> str:
         board = self._board
@@ -196,20 +257,23 @@ class _PlainLog:
             self._line(text)
 
     def _line(self, text: str) -> None:
-        stamp = self._wall().strftime(_STAMP)
+        self._said = self._clock.now()
         # A closed pipe (`| head`) must not stop the run this log reports on.
         with contextlib.suppress(OSError, ValueError):
-            self._stream.write(f"{stamp} {text}\n")
+            self._stream.write(stamped(text, tag=self._tag, wall=self._wall) + "\n")
             self._stream.flush()
 
 
 class _LiveView:
     """A Rich live view: an overall bar, a row per endpoint, the latest failures."""
 
-    def __init__(self, console: Console, *, clock: Clock, board: Board) -> None:
+    def __init__(
+        self, console: Console, *, clock: Clock, notes: Callable[[str], None] | None
+    ) -> None:
         self._console = console
+        self._notes = notes
         self._clock = clock
-        self._board = board
+        self._board = Board()
         self._lock = threading.Lock()
         self._live = Live(
             console=console,
@@ -236,6 +300,17 @@ class _LiveView:
         if self._board.started is not None:
             self._summary()
 
+    def tick(self) -> None:
+        """The live view redraws itself: its next slot and ETA are always there."""
+
+    def note(self, text: str) -> None:
+        # While the view draws, only its console may print, above the view:
+        # anything else is erased by the next redraw.
+        if self._live.is_started or self._notes is None:
+            self._console.print(Text(text))
+        else:
+            self._notes(text)
+
     def _render(self) -> RenderableType:
         # Runs on Rich's refresh thread: the board is only read under the lock
         # that `emit` changes it under.
@@ -256,7 +331,7 @@ class _LiveView:
         c = overall(list(self._board.keys.values()))
         grid = Table.grid(padding=(0, 1))
         grid.add_row(
-            ProgressBar(total=max(c.total, 1), completed=c.ended, width=40),
+            ProgressBar(total=max(c.total, 1), completed=c.ended, width=30),
             f"{c.ended}/{c.total}",
             f"elapsed {durations.spoken(self._board.elapsed(now))}",
             f"ETA {durations.spoken(max(etas.values(), default=0.0))}",
@@ -264,9 +339,11 @@ class _LiveView:
         return grid
 
     def _table(self, now: float, etas: dict[LimitKey, float]) -> Table:
-        table = Table(box=None, header_style="bold")
+        # One space between columns, and only the rule may wrap: 80 columns hold
+        # every row, "run-query  15/1m+500/1h  2000/2000 …" included.
+        table = Table(box=None, header_style="bold", padding=(0, 1, 0, 0))
         for i, name in enumerate(_VIEW_COLUMNS.split(",")):
-            table.add_column(name, justify="left" if i < 2 else "right")
+            table.add_column(name, justify="left" if i < 2 else "right", no_wrap=i != 1)
         for key, s in list(self._board.keys.items()):
             key_eta = durations.spoken(etas.get(key, 0.0)) if s.left > 0 else NONE
             numbers = (s.failed, s.rate_limited, s.retried, s.in_flight)

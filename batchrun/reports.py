@@ -6,6 +6,8 @@ Pure rendering of values computed elsewhere (`jobs.Summary`, `overview.Status`,
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,9 +16,10 @@ from batchrun import durations
 if TYPE_CHECKING:
     # Types only: `status` and `plan` import overview when they run, so that
     # `--help` and `validate` do not load SQLite.
+    from batchrun.errors import JobsFileError
     from batchrun.jobs import Summary
     from batchrun.limits import LimitKey
-    from batchrun.overview import KeyLimit, KeyPlan, Status
+    from batchrun.overview import KeyLimit, KeyPlan, Shown, Status
     from batchrun.state import Failure
 
 _TEAMS_SHOWN = 10
@@ -42,10 +45,38 @@ def summary_lines(jobs_file: Path, summary: Summary) -> list[str]:
     return lines
 
 
+def summary_json(jobs_file: Path, summary: Summary) -> dict[str, object]:
+    """`validate --json` of a good file: the counts per type and per team."""
+    return {
+        "file": str(jobs_file),
+        "valid": True,
+        "jobs": summary.total,
+        "per_type": {kind.value: n for kind, n in summary.per_type.items()},
+        "per_team": dict(sorted(summary.per_team.items())),
+    }
+
+
+def problems_json(error: JobsFileError) -> dict[str, object]:
+    """`validate --json` of a bad file: every problem kept, by line (0: the file)."""
+    return {
+        "file": error.path,
+        "valid": False,
+        "invalid_rows": error.total,
+        "problems": [{"line": line, "reason": why} for line, why in error.problems],
+    }
+
+
+def plan_json(jobs_file: Path, plans: list[KeyPlan]) -> dict[str, object]:
+    """`plan --json`: `plan_lines` as one object; `eta_seconds` is the longest."""
+    return {
+        "file": str(jobs_file),
+        "keys": [_plan_json(p) for p in plans],
+        "eta_seconds": round(max((p.seconds for p in plans), default=0.0), 3),
+    }
+
+
 def status_lines(jobs_file: Path, found: Status) -> list[str]:
     """`status`: counts per endpoint and state, failures, then the time left."""
-    if found.store is None:
-        return [f"{jobs_file}: no run yet."]
     lines = []
     for key, states in found.states.items():
         counts = ", ".join(f"{n} {state.value}" for state, n in states.items())
@@ -137,3 +168,37 @@ def limits_json(found: list[KeyLimit]) -> dict[str, object]:
         }
         for item in found
     }
+
+
+def show_json(shown: Shown) -> dict[str, object]:
+    """`show --json`: the job's state in the run store and its last results line."""
+    job = shown.job
+    return {
+        "id": job.id,
+        "line": job.line,
+        "type": job.type,
+        "state": job.state.value,
+        "attempts": job.attempts,
+        "http_status": job.http_status,
+        "error": job.error,
+        "result": shown.result,
+    }
+
+
+def show_lines(shown: Shown) -> list[str]:
+    """`show`: one field a line, then the results line's response, if any."""
+    fields = show_json(shown)
+    result = fields.pop("result")
+    lines = [
+        f"{name}: {'' if value is None else value}" for name, value in fields.items()
+    ]
+    if isinstance(result, dict):
+        lines.append(f"response: {json.dumps(result.get('response'))}")
+        finished = result.get("finished_at")
+        if isinstance(finished, int | float):
+            lines.append(
+                f"finished: {datetime.fromtimestamp(finished):%Y-%m-%d %H:%M:%S}"
+            )
+    else:
+        lines.append("response: (no line in the results file)")
+    return lines

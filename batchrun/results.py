@@ -79,6 +79,22 @@ def default_results_path(jobs_path: Path) -> Path:
     return jobs_path.with_name(f"{jobs_path.stem}.results.jsonl")
 
 
+def last_result(path: Path, job_id: str) -> dict[str, Any] | None:
+    """The last line of the results file at `path` for `job_id` (a later run's line
+    wins), or None; unreadable lines (a run killed mid-write) are skipped."""
+    found = None
+    with (
+        contextlib.suppress(FileNotFoundError),
+        path.open(encoding="utf-8", errors="replace") as file,
+    ):
+        for text in file:
+            with contextlib.suppress(ValueError):
+                line = json.loads(text)
+                if isinstance(line, dict) and line.get("id") == job_id:
+                    found = line
+    return found
+
+
 class ResultsFile:
     """Appends results as JSON lines to a file, flushing each one."""
 

@@ -24,7 +24,7 @@ from typing import Protocol
 
 import anyio
 
-from batchrun.clock import Clock
+from batchrun.clock import Clock, wall_time
 from batchrun.errors import StateError
 from batchrun.events import (
     Event,
@@ -80,8 +80,6 @@ class Settings:
     # Windows are divided by this (demos, tests): so are the windows a 429 may be
     # explained by.
     time_scale: float = 1.0
-    # Keys whose rule the user gave (--limit): limits learned earlier do not apply.
-    told: frozenset[LimitKey] = frozenset()
     # The safer rule a key falls back to if the server shows its rule is too
     # loose (--profile auto: run-query's statement B), until that is settled.
     fallback: Mapping[LimitKey, Rule] = field(default_factory=dict)
@@ -159,14 +157,13 @@ class Runner:
         self._settings = settings
         self._rng = rng or random.Random()
         self._learner = pacer.learner
-        untold = [key for key in pacer.rules if key not in settings.told]
-        self._recalled = pacer.recall(untold)
+        self._recalled = pacer.recall(list(pacer.rules))
         # What an earlier run learned of a key settles its fallback too.
         settled = {key for key, _ in self._recalled}
         self._fallback = {
             key: Fallback(rule)
             for key, rule in settings.fallback.items()
-            if key in untold and key not in settled
+            if key in pacer.rules and key not in settled
         }
         self._order = itertools.count()
         self._tally = Tally()
@@ -353,7 +350,7 @@ class Runner:
             streak = queue.rate_limited_streak
             delay = self._backoff(streak, cap=cap) if asked is None else asked
             # The whole key waits: its other jobs would only collect 429s too.
-            self._pacer.cool_down(key, now + delay)
+            self._pacer.cool_down(key, now + delay, asked=asked is not None)
             self._learner.episode(key, self._pacer.cooling(key)[0])
         self._requeue(key, queue, attempt, delay, outcome, rate_limited=True)
 
@@ -372,7 +369,9 @@ class Runner:
     def _review(self, key: LimitKey) -> None:
         """Once a 429 episode of `key` has settled, pace by what it taught."""
         spread = self._pacer.pace(key) is Pace.SPREAD
-        lesson = self._learner.review(key, self._pacer.rules[key], spread=spread)
+        doubt = key in self._fallback
+        rule = self._pacer.rules[key]
+        lesson = self._learner.review(key, rule, spread=spread, doubt=doubt)
         if lesson is not None:
             self._learned(key, lesson)
 
@@ -384,11 +383,17 @@ class Runner:
             self._learned(key, lesson)
 
     def _learned(self, key: LimitKey, lesson: Lesson) -> None:
-        # Any lesson settles a fallback: one that tightens the rule takes it whole.
-        fallback = self._fallback.pop(key, None)
+        # A lesson settles a fallback, unless it is the first to only space the
+        # same rule evenly (the count is still in question): one that tightens
+        # the rule, or 429s that still come when spread, take the fallback.
         given = self._pacer.rules[key]
+        spread = self._pacer.pace(key) is Pace.SPREAD
+        first_spread = lesson.spread and lesson.rule == given and not spread
+        fallback = None if first_spread else self._fallback.pop(key, None)
         if fallback is not None and (lesson.rule != given or lesson.spread):
             lesson = fallback.taken(lesson, given)
+        if lesson.fallback is not None:
+            self._fallback[key] = Fallback(lesson.fallback)
         self._pacer.learn(key, lesson)
         at = self._clock.now()
         spread = self._pacer.pace(key) is Pace.SPREAD
@@ -437,8 +442,9 @@ class Runner:
         status: Status | None = None,
     ) -> None:
         now = self._clock.now()
+        # The results file is for people: its date is the wall clock's.
         result = JobResult.of(
-            attempt.job, attempt.attempts, outcome, now, status=status
+            attempt.job, attempt.attempts, outcome, wall_time(), status=status
         )
         if result.status is Status.DONE:
             self._tally.done += 1

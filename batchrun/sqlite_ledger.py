@@ -5,19 +5,30 @@ every send and answer any process of the client has written, read and written in
 one `BEGIN IMMEDIATE` transaction, so two processes never both take the last slot of
 a window. A request whose answer is not (yet) written counts as in flight until its
 start + the request timeout, then as answered at that moment.
+
+Stamps are on the machine clock (`clock.MachineClock`, seconds since boot), each
+with the id of its boot, never on the wall clock, which can be stepped. A stamp is
+never read as later than now. A stamp of an earlier boot is read as the start of
+this boot (that request was answered before the machine restarted). A history that
+was lost (the file emptied, deleted or replaced, which its generation marker beside
+it tells) is read as full: every window of every key counts as full at the moment
+the loss was noticed (the horizon).
 """
 
 from __future__ import annotations
 
 import bisect
+import json
 import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchrun.clock import boot_id
 from batchrun.database import open_database, write_transaction
 from batchrun.errors import StateError
+from batchrun.generation import marker_of, new_generation, read_marker, write_marker
 from batchrun.limits import Rule
 from batchrun.slots import Grant, Pace, Usage, Wait, earliest_slot
 
@@ -43,6 +54,12 @@ CREATE TABLE IF NOT EXISTS learned (
     text TEXT NOT NULL,
     PRIMARY KEY (client, key)
 );
+""",
+    # The boot of each stamp; NULL marks a row of an older batchrun, stamped on the
+    # wall clock. The file's generation and horizon live in `ledger_meta`.
+    """
+ALTER TABLE send_log ADD COLUMN boot TEXT;
+CREATE TABLE IF NOT EXISTS ledger_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """,
 )
 # History older than this (or than the rule's longest window) is pruned, from the
@@ -78,7 +95,7 @@ class _SharedLog:
                 del self.finished[at]
         bisect.insort(self.finished, end)
 
-    def usage(self, rule: Rule, now: float) -> Usage:
+    def usage(self, rule: Rule, now: float, horizon: float | None) -> Usage:
         for ticket, expires in list(self.open.items()):
             if expires <= now:
                 del self.open[ticket]
@@ -86,17 +103,21 @@ class _SharedLog:
                 bisect.insort(self.finished, expires)
         del self.finished[: -rule.deepest]
         last = self.last_start if self.last_start > -math.inf else None
-        return Usage(len(self.open), self.finished, last)
+        finished: list[float] = self.finished
+        if horizon is not None and now < horizon + rule.longest:
+            # Before the horizon the history is lost: read it as full windows.
+            finished = sorted([horizon] * rule.deepest + finished)[-rule.deepest :]
+        return Usage(len(self.open), finished, last)
 
 
 class SqliteLedger:
     """The send log of one client, shared by every process on the machine.
 
     `reserve` reads and records in one `BEGIN IMMEDIATE` transaction, so two
-    processes can never both take the last slot of a window. Times are wall-clock
-    seconds, which processes share. A request whose process died before its answer
-    counts as in flight until `start + hold` (the request timeout), then as answered
-    at that moment.
+    processes can never both take the last slot of a window. Times are seconds on
+    the machine clock, which processes share. A request whose process died before
+    its answer counts as in flight until `start + hold` (the request timeout), then
+    as answered at that moment.
 
     The file is an append-only log of sends and answers. Each process keeps a copy
     of its client's history in memory and reads only the rows written since it last
@@ -112,18 +133,38 @@ class SqliteLedger:
         client: str,
         hold: float,
         now: Callable[[], float],
+        boot: str | None = None,
         read_only: bool = False,
     ) -> None:
+        """`now` is the machine clock (`clock.MachineClock().now`) and `boot` the
+        id of the boot it counts from (`clock.boot_id()` unless given).
+        `read_only` (status, plan) writes nothing, not even to settle a lost
+        history: the next run that writes notices that.
+
+        Raises:
+            StateError: the file or its generation marker cannot be used.
+        """
         self._db = open_database(path, _MIGRATIONS, timeout=60, read_only=read_only)
         self._read_only = read_only
         self._client = client
         self._hold = hold
         self._now = now
+        self._boot = boot_id() if boot is None else boot
         self._reserves = 0
         self._seen = 0
         self._answers: list[tuple[str, int, float, float]] = []
         self._logs: defaultdict[str, _SharedLog] = defaultdict(_SharedLog)
         self._keys: dict[int, tuple[str, float]] = {}
+        self.lost_history = False
+        try:
+            if read_only:
+                self._horizon = self._read_horizon(now())
+            else:
+                with write_transaction(self._db):
+                    self._horizon = self._settle(marker_of(path), now())
+        except BaseException:
+            self._db.close()
+            raise
 
     def close(self) -> None:
         """Write the answers not yet written, and close the file.
@@ -150,9 +191,9 @@ class SqliteLedger:
         if self._reserves % _PRUNE_EVERY == 1:
             self._prune(now)
         self._write_answers()
-        self._catch_up()
+        self._catch_up(now)
         log = self._logs[key]
-        slot = earliest_slot(log.usage(rule, now), rule, pace)
+        slot = earliest_slot(log.usage(rule, now, self._horizon), rule, pace)
         if slot is None:
             # Every slot waits on an answer; one from another process may come
             # only as its expiry.
@@ -161,9 +202,9 @@ class SqliteLedger:
             return Wait(slot)
         expires = now + self._hold
         ticket = self._db.insert(
-            "INSERT INTO send_log (client, key, at, expires, keep_until) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (self._client, key, now, expires, expires + keep),
+            "INSERT INTO send_log (client, key, at, expires, keep_until, boot) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (self._client, key, now, expires, expires + keep, self._boot),
         )
         self._keys[ticket] = (key, keep)
         return Grant(ticket)
@@ -173,13 +214,14 @@ class SqliteLedger:
         self._answers.append((key, ticket, now, now + keep))
 
     def usage(self, key: str, rule: Rule) -> Usage:
+        now = self._now()
         if self._read_only:
-            self._catch_up()
+            self._catch_up(now)
         else:
             with write_transaction(self._db):
                 self._write_answers()
-                self._catch_up()
-        return self._logs[key].usage(rule, self._now())
+                self._catch_up(now)
+        return self._logs[key].usage(rule, now, self._horizon)
 
     def recall(self, key: str) -> str | None:
         """The text last remembered for `key` by any process of this client."""
@@ -198,26 +240,67 @@ class SqliteLedger:
 
     def _write_answers(self) -> None:
         self._db.executemany(
-            "INSERT INTO send_log (client, key, ticket, at, keep_until) "
-            "VALUES (?, ?, ?, ?, ?)",
-            [(self._client, *answer) for answer in self._answers],
+            "INSERT INTO send_log (client, key, ticket, at, keep_until, boot) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [(self._client, *answer, self._boot) for answer in self._answers],
         )
         self._answers.clear()
 
-    def _catch_up(self) -> None:
+    def _catch_up(self, now: float) -> None:
         """Apply every send and answer of this client written since the last look."""
         rows = self._db.execute(
-            "SELECT seq, key, ticket, at, expires FROM send_log "
+            "SELECT seq, key, ticket, at, expires, boot FROM send_log "
             "WHERE seq > ? AND client = ? ORDER BY seq",
             (self._seen, self._client),
         )
-        for seq, key, ticket, at, expires in rows:
+        for seq, key, ticket, at, expires, boot in rows:
+            at = self._stamp(at, boot, now)
             if ticket is None:
+                expires = self._stamp(expires, boot, now + self._hold)
                 self._logs[key].sent(seq, at, expires)
             else:
                 self._logs[key].answered(ticket, at)
         if rows:
             self._seen = rows[-1][0]
+
+    def _stamp(self, at: float, boot: str | None, latest: float) -> float:
+        """A stamp on this boot's clock: never after `latest`; one of an earlier
+        boot (or a row of an older batchrun) at the start of this boot."""
+        return min(at, latest) if boot == self._boot else min(0.0, latest)
+
+    def _settle(self, marker: Path, now: float) -> float | None:
+        """Notice a lost history, and return the horizon (None if there is none).
+
+        Lost: the marker names another generation than the file's (the file was
+        emptied, deleted or replaced), or rows of an older batchrun are on the
+        wall clock, which cannot be read on this one (they are deleted).
+        """
+        self._db.execute(
+            "INSERT OR IGNORE INTO ledger_meta VALUES ('generation', ?)",
+            (new_generation(),),
+        )
+        [(generation,)] = self._db.execute(
+            "SELECT value FROM ledger_meta WHERE name = 'generation'"
+        )
+        kept = read_marker(marker)
+        legacy = self._db.changes("DELETE FROM send_log WHERE boot IS NULL")
+        if legacy or kept not in (None, generation):
+            self.lost_history = True
+            horizon = json.dumps({"boot": self._boot, "at": now})
+            self._db.execute(
+                "INSERT OR REPLACE INTO ledger_meta VALUES ('horizon', ?)", (horizon,)
+            )
+        if kept != generation:
+            write_marker(marker, generation)
+        return self._read_horizon(now)
+
+    def _read_horizon(self, now: float) -> float | None:
+        """The moment a lost history was noticed, on this boot's clock, if ever."""
+        rows = self._db.execute("SELECT value FROM ledger_meta WHERE name = 'horizon'")
+        if not rows:
+            return None
+        kept_horizon = json.loads(rows[0][0])
+        return self._stamp(float(kept_horizon["at"]), kept_horizon["boot"], now)
 
     def _prune(self, now: float) -> None:
         """Delete rows that no window needs any more, from the oldest.
@@ -225,9 +308,11 @@ class SqliteLedger:
         The newest row always stays, so `seq` only grows and no process's last
         look is ever overtaken by a reused number.
         """
+        # A row of an earlier boot counts from the start of this one (0).
         self._db.execute(
             "DELETE FROM send_log WHERE seq IN (SELECT seq FROM send_log "
-            "ORDER BY seq LIMIT ?) AND keep_until < ? "
+            "ORDER BY seq LIMIT ?) AND (CASE WHEN boot IS ? THEN keep_until "
+            "ELSE keep_until - coalesce(expires, at) END) < ? "
             "AND seq < (SELECT max(seq) FROM send_log)",
-            (_PRUNE_BATCH, now),
+            (_PRUNE_BATCH, self._boot, now),
         )

@@ -67,6 +67,19 @@ class Failure:
     state: str = "failed"
 
 
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """One job as the run store holds it (`batchrun show`)."""
+
+    id: str
+    line: int
+    type: str
+    state: JobState
+    attempts: int
+    http_status: int | None
+    error: str | None
+
+
 class RunStore:
     """The jobs of one file for one client, and where each stands."""
 
@@ -272,6 +285,18 @@ class RunStore:
             (limit,),
         )
         return [Failure(*row) for row in rows]
+
+    def job(self, job_id: str) -> JobRecord | None:
+        """The job `job_id` of this run, or None if the run has no such job."""
+        found = self._db.execute(
+            "SELECT id, line, type, state, attempts, http_status, error FROM jobs "
+            "WHERE id = ?",
+            (job_id,),
+        )
+        if not found:
+            return None
+        job, line, kind, state, attempts, http_status, error = found[0]
+        return JobRecord(job, line, kind, JobState(state), attempts, http_status, error)
 
     def ids_in(self, states: Iterable[JobState]) -> set[str]:
         """The ids of the jobs in any of `states`."""

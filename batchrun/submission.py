@@ -7,6 +7,10 @@
 
 SIGINT, SIGTERM and `--deadline` stop starting requests and wait for those in
 flight; a second SIGINT stops at once. Either way the store stays consistent.
+
+The exit code: a signal's (130 for SIGINT, 143 for SIGTERM) wins, so that a shell
+loop stops; then 1 if any job failed or is unknown, even with jobs left; then 75
+if jobs are left (deadline, ledger lost); else 0.
 """
 
 from __future__ import annotations
@@ -23,18 +27,27 @@ from typing import Any
 
 import anyio
 
-from batchrun.board import NOT_KEPT, RESUME
 from batchrun.client import Client
-from batchrun.clock import Clock, SystemClock
-from batchrun.errors import EXIT_OK, EXIT_SOME_FAILED, LedgerLost, StoppedEarly
+from batchrun.clock import Clock, MachineClock
+from batchrun.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_SOME_FAILED,
+    EXIT_STOPPED,
+    EXIT_TERMINATED,
+    LedgerLost,
+    StoppedEarly,
+    UsageError,
+)
 from batchrun.events import EventSink
+from batchrun.generation import marker_of, new_generation, read_marker, write_marker
 from batchrun.jobs import scan
 from batchrun.journal import Journal
 from batchrun.ledger import Ledger, MemoryLedger
-from batchrun.limits import LimitKey, Rule, keys_text, table_text
+from batchrun.limits import LimitKey, Rule, table_text
 from batchrun.pacer import Pacer
 from batchrun.paths import StatePaths, client_fingerprint
-from batchrun.progress import open_progress
+from batchrun.progress import QUIET, ProgressSink, log_tag, open_progress
 from batchrun.results import ResultsFile
 from batchrun.runlock import RunLock
 from batchrun.runner import Recorder, Runner, Settings
@@ -78,35 +91,41 @@ class Submission:
     restart: bool = False
     # --ledger: Redis URL, or None for SQLite; out of repr, as it may hold a password.
     ledger_url: str | None = field(default=None, repr=False)
+    color: bool = True
 
 
 def submit(job: Submission, *, say: Callable[[str], None]) -> int:
     """Run one submission; return its exit code (CONTRACT.md section 4).
 
     Raises:
-        StoppedEarly: when jobs are left after a deadline or a signal (exit 75).
+        StoppedEarly: when jobs are left after a deadline, a lost ledger or a
+            signal, and none failed (exit 75), or after a signal (130, 143).
     """
     lock = RunLock(job.state.make_run_folder(job.jobs_file), job.jobs_file)
     # A ledger that cannot be used stops the run before the jobs file is read;
     # closing it writes the last answers for the other processes.
     with lock, _store(job) as store, contextlib.closing(_ledger(job)) as ledger:
+        if getattr(ledger, "lost_history", False):
+            say(
+                f"The send ledger {job.state.ledger} was emptied, deleted or replaced "
+                "since it was last used: each window is paced as if it were full."
+            )
         rows = scan(job.jobs_file, check_duplicates=False)
         store.sync(rows, path=str(job.jobs_file), restart=job.restart)
         store.recover(retry_failed=job.retry_failed, retry_unknown=job.retry_unknown)
         store.set_meta("rules", table_text(job.rules))
         store.set_meta("pace", job.settings.pace)
-        store.set_meta("told", keys_text(job.settings.told))
         store.set_meta("fallback", table_text(job.settings.fallback))
         _announce(store, say)
         if _pending(store):
             with ResultsFile(job.results) as results:
                 journal = Journal(store, results)
-                stopped = anyio.run(_run, job, store, ledger, journal, say)
+                stop = anyio.run(_run, job, store, ledger, journal, say)
             say(f"Results: {job.results}")
         else:
-            stopped = False
+            stop = None
         kept = not job.target.is_sandbox
-        return _exit_code(store, stopped=stopped, kept=kept, say=say)
+        return _exit_code(store, stop=stop, kept=kept, say=say)
 
 
 async def _run(
@@ -115,9 +134,15 @@ async def _run(
     ledger: Ledger,
     journal: Journal,
     say: Callable[[str], None],
-) -> bool:
-    clock = SystemClock()
-    sink = open_progress(sys.stdout, clock=clock, kept=not job.target.is_sandbox)
+) -> int | None:
+    clock = MachineClock()
+    sink = open_progress(
+        sys.stdout,
+        clock=clock,
+        notes=say,
+        color=job.color,
+        tag=log_tag(job.jobs_file),
+    )
     try:
         async with open_run(
             job.target,
@@ -129,7 +154,7 @@ async def _run(
             recorder=journal,
             scope=str(job.jobs_file.resolve()),
         ) as runner:
-            return await _supervised(runner, store, job.deadline, say)
+            return await _supervised(runner, store, job.deadline, sink)
     finally:
         sink.close()
 
@@ -182,22 +207,26 @@ async def open_run(
 
 
 async def _supervised(
-    runner: Runner, store: RunStore, deadline: float | None, say: Callable[[str], None]
-) -> bool:
-    """Run until done, a deadline or a signal; True if it stopped early."""
+    runner: Runner, store: RunStore, deadline: float | None, sink: ProgressSink
+) -> int | None:
+    """Run until done, a deadline or a signal; the exit code it stopped early with."""
+    say = sink.note
     pending = _pending(store)
     sources = {key: store.pending(key) for key in pending}
-    stopped = False
+    stopped: int | None = None
 
-    def stop(why: str) -> None:
+    def stop(why: str, code: int) -> None:
         nonlocal stopped
-        if not stopped:
+        if stopped is None:
             say(f"{why}: starting no new requests, waiting for those in flight.")
-        stopped = True
+        # A signal after the deadline still stops a shell loop around batchrun.
+        if stopped in (None, EXIT_STOPPED):
+            stopped = code
         runner.stop()
 
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(_on_signals, stop, tasks.cancel_scope, say)
+        tasks.start_soon(_heartbeat, sink.tick)
         if deadline is not None:
             tasks.start_soon(_after, deadline, stop)
         await runner.run(sources, pending)
@@ -206,7 +235,7 @@ async def _supervised(
     if isinstance(halted, LedgerLost):
         lost = halted.message
         say(f"Ledger lost: {lost}\nStarted no new requests; those in flight ended.")
-        return True
+        return stopped or EXIT_STOPPED
     if halted is not None:
         msg = (
             f"{halted.message}\nThe run stopped: it started no new requests, and "
@@ -217,7 +246,7 @@ async def _supervised(
 
 
 async def _on_signals(
-    stop: Callable[[str], None],
+    stop: Callable[[str, int], None],
     everything: anyio.CancelScope,
     say: Callable[[str], None],
 ) -> None:
@@ -231,19 +260,32 @@ async def _on_signals(
                 )
                 everything.cancel()
                 return
-            name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
-            stop(f"{name} (Ctrl-C again to stop at once)")
+            if signum == signal.SIGINT:
+                stop("Ctrl-C (again to stop at once)", EXIT_INTERRUPTED)
+            else:
+                stop("SIGTERM (Ctrl-C to stop at once)", EXIT_TERMINATED)
 
 
-async def _after(seconds: float, stop: Callable[[str], None]) -> None:
+async def _heartbeat(tick: Callable[[], None]) -> None:
+    # Checked ten times per quiet spell, so a quiet log speaks within QUIET + 10 %.
+    while True:
+        await anyio.sleep(QUIET / 10)
+        tick()
+
+
+async def _after(seconds: float, stop: Callable[[str, int], None]) -> None:
     await anyio.sleep(seconds)
-    stop("Deadline reached")
+    stop("Deadline reached", EXIT_STOPPED)
 
 
 @contextlib.contextmanager
 def _store(job: Submission) -> Iterator[RunStore]:
     if not job.target.is_sandbox:
-        with RunStore(job.state.run_store(job.jobs_file, job.target.client)) as store:
+        path = job.state.run_store(job.jobs_file, job.target.client)
+        if not job.restart:
+            _refuse_a_lost_store(job, path)
+        with RunStore(path) as store:
+            _mark(store, marker_of(path))
             yield store
         return
     # The in-process sandbox forgets its limits when it stops: so do its runs.
@@ -255,6 +297,57 @@ def _store(job: Submission) -> Iterator[RunStore]:
         yield store
 
 
+def _refuse_a_lost_store(job: Submission, path: Path) -> None:
+    """Refuse to take a run store that is missing or empty for a fresh start when
+    its marker, or a results file of the jobs file, says jobs were sent before.
+
+    Raises:
+        UsageError: the store was lost (exit 2); `--restart` sends every job.
+    """
+    if path.exists() and path.stat().st_size > 0:
+        return
+    if read_marker(marker_of(path)) is not None:
+        msg = (
+            f"the run store of {job.jobs_file} ({path}) was deleted or emptied after "
+            "an earlier run: which jobs ended is lost, and sending again could repeat "
+            "them (invites included). Restore it from a backup, or use --restart to "
+            f"send every job again (earlier results are in {job.results})."
+        )
+        raise UsageError(msg)
+    ended = _result_lines(job.results)
+    if ended:
+        msg = (
+            f"{job.results} holds {ended} result(s) of earlier runs of "
+            f"{job.jobs_file}, but the state folder {job.state.root} has no run of "
+            "it for this API: sending again could repeat them (invites included). "
+            "If the state folder moved, point --state-dir at it; if those results "
+            "came from --sandbox or another API, or every job should go again, use "
+            "--restart."
+        )
+        raise UsageError(msg)
+
+
+def _result_lines(path: Path) -> int:
+    try:
+        with path.open(encoding="utf-8", errors="replace") as file:
+            return sum(1 for line in file if line.strip())
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        msg = f"cannot read the results file {path}: {exc.strerror or exc}."
+        raise UsageError(msg) from None
+
+
+def _mark(store: RunStore, marker: Path) -> None:
+    """Keep the store's generation in the marker beside it (made on first use)."""
+    generation = store.get_meta("generation")
+    if generation is None:
+        generation = new_generation()
+        store.set_meta("generation", generation)
+    if read_marker(marker) != generation:
+        write_marker(marker, generation)
+
+
 def _ledger(job: Submission) -> Ledger:
     if job.target.is_sandbox and job.ledger_url is None:
         return MemoryLedger()
@@ -263,7 +356,7 @@ def _ledger(job: Submission) -> Ledger:
         state=job.state,
         client=job.target.client,
         hold=job.target.timeout,
-        now=SystemClock().now,
+        now=MachineClock().now,
     )
 
 
@@ -287,25 +380,41 @@ def _announce(store: RunStore, say: Callable[[str], None]) -> None:
         say("Nothing to send.")
 
 
+_RESUME = "run the same command to resume."
+# The in-process sandbox's runs live in a temporary folder (see `_store`).
+_NOT_KEPT = (
+    "sandbox runs are not kept (their state is temporary), so running the "
+    "command again starts over."
+)
+
+
 def _exit_code(
-    store: RunStore, *, stopped: bool, kept: bool, say: Callable[[str], None]
+    store: RunStore, *, stop: int | None, kept: bool, say: Callable[[str], None]
 ) -> int:
     counts = store.counts()
     by_state = {s: sum(n for (_, st), n in counts.items() if st is s) for s in JobState}
     left = by_state[JobState.PENDING] + by_state[JobState.IN_FLIGHT]
-    resume = f"{left} job(s) left: {RESUME if kept else NOT_KEPT}"
-    if left and stopped:
-        msg = f"Stopped early with {resume}"
-        raise StoppedEarly(msg)
     if by_state[JobState.UNKNOWN]:
         say(
             f"{by_state[JobState.UNKNOWN]} invite(s) may or may not have been sent "
             "(a timeout, a server error or a run that died mid-request): check "
             "them, then --retry-unknown to resend."
         )
-    if by_state[JobState.FAILED] or by_state[JobState.UNKNOWN]:
-        return EXIT_SOME_FAILED
+    failed = by_state[JobState.FAILED] + by_state[JobState.UNKNOWN]
+    code = _code(stop, failed=failed, left=left)
     if left:
-        msg = f"Stopped with {resume}"
-        raise StoppedEarly(msg)
-    return EXIT_OK
+        then = _RESUME if kept else _NOT_KEPT
+        message = f"Stopped early with {left} job(s) left: {then}"
+        if code != EXIT_SOME_FAILED:
+            raise StoppedEarly(message, exit_code=code)
+        say(message)
+    return code
+
+
+def _code(stop: int | None, *, failed: int, left: int) -> int:
+    """A signal's code first, then failures (never hidden by a stop), then a stop."""
+    if stop is not None and stop != EXIT_STOPPED:
+        return stop
+    if failed:
+        return EXIT_SOME_FAILED
+    return EXIT_STOPPED if stop is not None or left else EXIT_OK

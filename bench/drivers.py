@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +20,7 @@ import aiometer
 import anyio
 import httpx
 
-from batchrun.clock import SystemClock
+from batchrun.clock import MachineClock
 from batchrun.endpoints import JobType
 from batchrun.events import JobFinished, JobRequeued, JobSent
 from batchrun.jobs import Job
@@ -108,7 +107,10 @@ async def drive_batchrun(
         source: Iterable[Job] = jobs(count)
         if state in ("ledger", "durable"):
             ledger = SqliteLedger(
-                Path(folder) / "ledger.db", client="bench", hold=30.0, now=time.time
+                Path(folder) / "ledger.db",
+                client="bench",
+                hold=30.0,
+                now=MachineClock().now,
             )
             stack.callback(ledger.close)
         if state == "durable":
@@ -124,7 +126,7 @@ async def drive_batchrun(
             rules=rules,
             settings=Settings(concurrency=concurrency),
             ledger=ledger,
-            clock=SystemClock(),
+            clock=MachineClock(),
             sink=sink or NullSink(),
             recorder=recorder,
             scope="bench",

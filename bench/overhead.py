@@ -20,7 +20,7 @@ import limits.strategies
 from aiometer._impl.meters import RateLimitMeter
 
 from batchrun import sqlite_ledger as ledger_module
-from batchrun.clock import SystemClock
+from batchrun.clock import MachineClock
 from batchrun.ledger import MemoryLedger
 from batchrun.limits import LimitKey, Rule, parse_rule
 from batchrun.pacer import Pacer
@@ -97,7 +97,7 @@ def pacer(grants: int) -> float:
     """The whole Pacer.acquire + release over a MemoryLedger, under anyio."""
 
     def setup() -> Callable[[], Awaitable[None]]:
-        paced = Pacer(rules={KEY: WIDE}, ledger=MemoryLedger(), clock=SystemClock())
+        paced = Pacer(rules={KEY: WIDE}, ledger=MemoryLedger(), clock=MachineClock())
 
         async def acquire() -> None:
             paced.release(KEY, await paced.acquire(KEY))

@@ -51,6 +51,26 @@ def test_every_command_is_in_the_readme(command):
     assert f"`batchrun {command}" in readme
 
 
+@pytest.mark.parametrize("command", [[], ["submit"], ["status"]])
+def test_dash_h_is_help(command):
+    """-h is --help, for the app and each command."""
+    result = runner.invoke(app, [*command, "-h"])
+    assert result.exit_code == 0
+    assert "Usage" in result.stdout
+
+
+def test_submit_help_groups_options_and_lists_exit_codes():
+    """submit --help: options in panels, flags without a <bool> type, the exit
+    codes (130, 143 and which wins) and every --inject fault."""
+    text = " ".join(runner.invoke(app, ["submit", "--help"]).stdout.split())
+    for panel in ("Where to send", "Limits", "Run control", "Output", "State"):
+        assert f"─ {panel} ─" in text
+    assert "--sandbox <bool>" not in text
+    assert "--restart Forget" in text
+    assert "130 Ctrl-C; 143 SIGTERM. A signal's code wins, then 1, then 75." in text
+    assert "seed=7" in text
+
+
 def test_version():
     """--version prints the version."""
     result = runner.invoke(app, ["--version"])
@@ -74,6 +94,36 @@ def test_validate_names_bad_rows_and_exits_2(tmp_path):
     # A bad row still claims its id, so both problems show at once.
     assert "line 3: duplicate id 'a'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_validate_json_of_a_good_file(tmp_path):
+    """validate --json: one object with the counts per type and team."""
+    path = jobs_file(tmp_path)
+    result = runner.invoke(app, ["validate", str(path), "--json"])
+    assert result.exit_code == 0
+    assert json.loads(result.stdout) == {
+        "file": str(path),
+        "valid": True,
+        "jobs": 3,
+        "per_type": {"run-query": 1, "invite": 1, "avatar": 1},
+        "per_team": {"t1": 2},
+    }
+
+
+def test_validate_json_of_a_bad_file_exits_2_with_every_problem(tmp_path):
+    """validate --json of a bad file: exit 2, the problems by line on stdout."""
+    path = jobs_file(tmp_path, ["a,fax,t1,", "a,avatar,,"])
+    result = runner.invoke(app, ["validate", str(path), "--json"])
+    assert result.exit_code == 2
+    report = json.loads(result.stdout)
+    assert (report["valid"], report["invalid_rows"]) == (False, 2)
+    assert report["problems"] == [
+        {
+            "line": 2,
+            "reason": "unknown type 'fax' (expected run-query, invite or avatar)",
+        },
+        {"line": 3, "reason": "duplicate id 'a' (first on line 2)"},
+    ]
 
 
 def test_submit_to_sandbox_sends_every_job_and_exits_0(tmp_path):
@@ -280,8 +330,8 @@ def test_internal_errors_print_a_message_not_a_traceback(monkeypatch, capsys):
     assert "Traceback" not in err
 
 
-def test_ctrl_c_exits_75(monkeypatch, capsys):
-    """Ctrl-C outside a run exits 75, the contract's 'stopped early'."""
+def test_ctrl_c_exits_130(monkeypatch, capsys):
+    """Ctrl-C outside a run exits 130, as a shell reports a SIGINT."""
     import batchrun.cli as cli
 
     def interrupted():
@@ -290,7 +340,110 @@ def test_ctrl_c_exits_75(monkeypatch, capsys):
     monkeypatch.setattr(cli, "app", interrupted)
     with pytest.raises(SystemExit) as info:
         cli.main()
-    assert info.value.code == 75
+    assert info.value.code == 130
+
+
+def test_deadline_with_failed_jobs_exits_1(tmp_path):
+    """A deadline with jobs left does not hide failures: exit 1, saying both."""
+    path = jobs_file(tmp_path, [f"q{i},run-query,t1," for i in range(10)])
+    failing = ["--inject", "5xx=1", "--max-attempts", "1"]
+    slow = ["--limit", "run-query=2/1m", "--deadline", "300ms"]
+    result = runner.invoke(app, ["submit", str(path), "--sandbox", *failing, *slow])
+    assert result.exit_code == 1, result.stderr
+    assert "Stopped early with 8 job(s) left" in result.stderr
+    assert "2 failed" in result.stdout
+
+
+def test_deadline_without_failures_exits_75(tmp_path):
+    """A deadline with jobs left and none failed exits 75, said once."""
+    path = jobs_file(tmp_path, [f"q{i},run-query,t1," for i in range(10)])
+    slow = ["--limit", "run-query=2/1m", "--deadline", "300ms"]
+    result = runner.invoke(app, ["submit", str(path), "--sandbox", *slow])
+    assert result.exit_code == 75, result.stderr
+    assert (result.stdout + result.stderr).count("Stopped early") == 1
+
+
+def test_no_color_flag_reaches_the_progress_view(tmp_path, monkeypatch):
+    """submit --no-color opens the progress view without colour."""
+    from batchrun.progress import open_progress as real
+
+    seen = {}
+
+    def spy(stream, **options):
+        seen.update(options)
+        return real(stream, **options)
+
+    monkeypatch.setattr("batchrun.submission.open_progress", spy)
+    result = runner.invoke(
+        app, ["submit", str(jobs_file(tmp_path)), *FAST, "--no-color"]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert seen["color"] is False
+
+
+@pytest.mark.parametrize("command", ["validate", "plan"])
+def test_a_closed_stdout_pipe_is_not_a_failure(tmp_path, command):
+    """`batchrun validate jobs.csv | head -0`: the reader left, the command did its
+    work, so it exits 0, with nothing on stderr."""
+    import os
+    import subprocess
+    import sys
+
+    path = jobs_file(tmp_path)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line
+    env = {**os.environ, "BATCHRUN_STATE_DIR": str(tmp_path / "state")}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "batchrun", command, str(path)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=env,
+            timeout=20,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (0, b"")
+
+
+LOG_LINE = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d batchrun\[\d+\] jobs\.csv: ."
+
+
+def test_every_submit_line_off_a_terminal_is_stamped(tmp_path):
+    """Off a terminal (cron), every line of a submit, on stdout and on stderr, starts
+    with the time, the process and the jobs file."""
+    import re
+
+    result = runner.invoke(app, ["submit", str(jobs_file(tmp_path)), *FAST])
+    assert result.exit_code == 0, result.stderr
+    output = result.stdout.splitlines() + result.stderr.splitlines()
+    assert any("Results:" in line for line in output)
+    assert [line for line in output if not re.match(LOG_LINE, line)] == []
+
+
+def test_a_refused_submit_is_stamped_too(tmp_path):
+    """A refused run's error (here a bad row, exit 2) names its time, process and
+    file, so in a shared log it does not read as part of another run."""
+    import re
+
+    path = jobs_file(tmp_path, ["a,run-query,t1,", "b,no-such-type,t1,"])
+    result = runner.invoke(app, ["submit", str(path), *FAST])
+    assert result.exit_code == 2
+    assert result.stderr.strip()
+    assert all(re.match(LOG_LINE, line) for line in result.stderr.splitlines())
+
+
+def test_a_long_wait_writes_a_waiting_line(tmp_path, monkeypatch):
+    """While a run only waits for a slot, the log says so once per quiet spell
+    (QUIET shortened here from 50 s)."""
+    monkeypatch.setattr("batchrun.submission.QUIET", 0.2)
+    monkeypatch.setattr("batchrun.progress.QUIET", 0.2)
+    path = jobs_file(tmp_path, [f"q{i},run-query,t1," for i in range(2)])
+    args = ["submit", str(path), "--sandbox", "--limit", "run-query=1/1s"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    assert "waiting: run-query next slot in " in result.stdout
 
 
 def test_python_dash_m_runs_the_cli():
@@ -325,6 +478,24 @@ def test_validate_any_bytes_exits_0_or_2_with_a_message(tmp_path, data, jsonl):
     assert "Traceback" not in result.stdout + result.stderr
 
 
+def test_cron_line_of_a_missing_file_exits_2(tmp_path):
+    """cron-line checks now what would fail every night: a jobs file not there."""
+    result = runner.invoke(app, ["cron-line", str(tmp_path / "nope.csv")])
+    assert result.exit_code == 2
+    assert "nope.csv: no such file." in result.stderr
+
+
+def test_cron_line_keeps_the_token_out_and_says_where_it_goes(tmp_path, monkeypatch):
+    """With BATCHRUN_TOKEN set and no --env-file, the line holds no token and a
+    note on stderr says to use --env-file."""
+    monkeypatch.setenv("BATCHRUN_TOKEN", TOKEN)
+    result = runner.invoke(app, ["cron-line", str(jobs_file(tmp_path))])
+    assert result.exit_code == 0, result.stderr
+    assert TOKEN not in result.stdout + result.stderr
+    assert "--env-file" in result.stderr
+    assert result.stdout.startswith("0 1 * * * mkdir -p ")
+
+
 def test_a_state_error_inside_an_exception_group_exits_74(monkeypatch, tmp_path):
     """An error raised in a run's task group is unwrapped at the edge: its message
     and exit code, not "internal error" and 1."""
@@ -340,9 +511,11 @@ def test_a_state_error_inside_an_exception_group_exits_74(monkeypatch, tmp_path)
     jobs.write_text("id,type,team_id,payload\nq,run-query,t,\n")
     result = runner.invoke(app, ["submit", str(jobs), "--sandbox"])
     assert result.exit_code == 74
-    assert result.stderr == (
+    # Off a terminal submit stamps its stderr lines; the message ends the line.
+    assert result.stderr.endswith(
         "Error: /x/ledger.db is damaged (file is not a database). Move it aside.\n"
     )
+    assert "internal error" not in result.stderr
 
 
 def test_an_internal_error_in_an_exception_group_exits_70(monkeypatch, capsys):
@@ -364,8 +537,8 @@ def test_an_internal_error_in_an_exception_group_exits_70(monkeypatch, capsys):
     assert "Traceback" not in err
 
 
-def test_ctrl_c_inside_an_exception_group_exits_75(monkeypatch):
-    """A Ctrl-C that reaches the edge inside a task group's group is a stop."""
+def test_ctrl_c_inside_an_exception_group_exits_130(monkeypatch):
+    """A Ctrl-C that reaches the edge inside a task group's group is a Ctrl-C."""
     import batchrun.cli as cli
 
     def interrupted():
@@ -375,12 +548,12 @@ def test_ctrl_c_inside_an_exception_group_exits_75(monkeypatch):
     monkeypatch.setattr(cli, "app", interrupted)
     with pytest.raises(SystemExit) as info:
         cli.main()
-    assert info.value.code == 75
+    assert info.value.code == 130
 
 
 def test_a_stopped_sandbox_run_does_not_claim_it_resumes(tmp_path):
     """A sandbox run's state is temporary: stopped, it says running it again starts
-    over, in its log and its message, and never that it resumes."""
+    over, and never that it resumes."""
     jobs = tmp_path / "jobs.csv"
     rows = [f"i{n},invite,t," for n in range(20)]
     jobs.write_text("id,type,team_id,payload\n" + "\n".join(rows) + "\n")
@@ -388,5 +561,4 @@ def test_a_stopped_sandbox_run_does_not_claim_it_resumes(tmp_path):
     result = runner.invoke(app, ["submit", str(jobs), "--sandbox", "--deadline", "1s"])
     assert result.exit_code == 75, result.output
     assert "resume" not in result.stdout + result.stderr
-    assert "sandbox runs are not kept" in result.stdout
     assert "sandbox runs are not kept" in result.stderr

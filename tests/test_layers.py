@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).parent.parent / "batchrun"
 LAYERS = [
     # values and seams, no I/O
     ["errors", "clock", "strict_json"],
-    ["durations", "database"],
+    ["durations", "database", "generation"],
     ["limits"],
     ["hints"],
     ["endpoints", "slots", "outcome", "learning", "limiters"],
@@ -30,7 +30,7 @@ LAYERS = [
     # what people see
     ["board"],
     ["progress", "overview"],
-    ["reports"],
+    ["reports", "crontab"],
     ["faults", "serving"],
     ["sandbox"],
     # the edge

@@ -244,15 +244,13 @@ async def test_a_rerun_on_the_same_ledger_starts_from_what_was_learned():
     assert recalled.evidence.startswith("learned ")
 
 
-async def test_a_limit_given_explicitly_wins_over_a_learned_one():
-    """--limit for a key means the user knows better: the kept lesson is not
-    applied (so this server, stricter than the rule given, refuses again)."""
+async def test_a_lesson_applies_only_to_the_rule_it_was_learned_under():
+    """Another rule given (another --limit or profile) means the user says
+    something new: the kept lesson is not applied (so this server, stricter than
+    the rule given, refuses again)."""
     ledger = MemoryLedger()
     await run_against("10/2s", "30/2s", 40, ledger=ledger)
-    told = Settings(told=frozenset({LimitKey.RUN_QUERY}))
-    sandbox, sink, _ = await run_against(
-        "10/2s", "30/2s", 40, ledger=ledger, settings=told
-    )
+    sandbox, sink, _ = await run_against("10/2s", "20/2s", 40, ledger=ledger)
     assert Counter(a.status for a in sandbox.arrivals)[429] >= 1
     assert not any(e.evidence.startswith("learned ") for e in sink.of(RuleLearned))
 
@@ -324,13 +322,15 @@ def test_a_kept_lesson_reads_back_at_any_time_scale():
     """Windows are kept unscaled: a lesson learned at --time-scale 10 reads back
     as the same real limit at scale 1 and at scale 10."""
     lesson = Lesson(parse_rule("10/0.2s"), "3 of 8 refused", spread=True)
-    text = stored(lesson, time_scale=10.0, at=0.0)
+    given = parse_rule("30/200ms")
+    text = stored(lesson, given=given, time_scale=10.0, at=0.0)
     assert json.loads(text)["windows"] == [[10, 2.0]]
+    assert json.loads(text)["given"] == [[30, 2.0]]
     for scale, rule, expected in [
         (1.0, "30/2s", "10/2s"),
         (10.0, "30/200ms", "10/200ms"),
     ]:
-        back = recalled(parse_rule(rule), text, time_scale=scale)
+        back = recalled(parse_rule(rule), text, time_scale=scale, now=0.0)
         assert back is not None
         assert str(back.rule) == expected
         assert back.spread
@@ -348,10 +348,15 @@ def test_a_kept_lesson_reads_back_at_any_time_scale():
         '{"windows": "x", "spread": 1, "why": "", "at": 0}',
         '{"windows": [[10, -1]], "spread": false, "why": "", "at": 0}',
         '{"windows": [[10, 2]], "spread": false, "why": "", "at": "soon"}',
+        '{"windows": [[10, 2]], "spread": false, "why": "", "at": 0}',
+        '{"windows": [[10, 2]], "spread": false, "why": "", "at": 0, "given": 7}',
+        # Learned under another rule than the one in force:
+        '{"windows": [[10, 2]], "spread": false, "why": "", "at": 0,'
+        ' "given": [[20, 2]]}',
     ],
 )
 def test_damaged_or_missing_kept_text_is_ignored(text):
-    assert recalled(parse_rule("30/2s"), text, time_scale=1.0) is None
+    assert recalled(parse_rule("30/2s"), text, time_scale=1.0, now=0.0) is None
 
 
 @given(
@@ -364,8 +369,10 @@ def test_damaged_or_missing_kept_text_is_ignored(text):
 def test_a_kept_lesson_never_loosens_the_rule(rule, kept, spread):
     """Whatever a ledger holds (another version, a hand edit), every window of
     the rule in force is still kept."""
-    text = json.dumps({"windows": kept, "spread": spread, "why": "w", "at": 0})
-    back = recalled(rule, text, time_scale=1.0)
+    given = [[w.count, w.seconds] for w in rule.windows]
+    kept_text = {"windows": kept, "spread": spread, "why": "w", "given": given}
+    text = json.dumps({**kept_text, "at": 0})
+    back = recalled(rule, text, time_scale=1.0, now=0.0)
     if back is None:
         return
     for old in rule.windows:
@@ -411,7 +418,7 @@ async def test_auto_against_an_a_server_keeps_a_without_a_429():
     assert Counter(a.status for a in sandbox.arrivals) == {200: 60}
     (lesson,) = sink.of(RuleLearned)
     assert lesson.rule == A
-    assert "16 accepted within 1m, more than 15/1m+500/1h allows" in lesson.evidence
+    assert "16 accepted within 6s, more than 15/1m+500/1h allows" in lesson.evidence
     assert seconds <= 1.25 * eta(60, A, now=0.0)
     _, sink, _ = await run_against(str(A), str(A), 10, ledger=ledger, settings=AUTO)
     (kept,) = sink.of(RuleLearned)
@@ -425,3 +432,12 @@ def test_auto_falls_back_only_for_run_query_and_not_when_told():
     told = [(LimitKey.RUN_QUERY, parse_rule("10/1m"))]
     assert fallbacks(Profile.AUTO, told) == {}
     assert limit_table(profile=Profile.AUTO)[LimitKey.RUN_QUERY] == A
+
+
+def test_a_kept_lesson_is_trusted_for_30_days():
+    """Servers change their limits: past 30 days a kept lesson is learned again."""
+    lesson, given = Lesson(parse_rule("10/2s"), "why"), parse_rule("30/2s")
+    text = stored(lesson, given=given, time_scale=1.0, at=0.0)
+    day = 86400.0
+    assert recalled(parse_rule("30/2s"), text, time_scale=1.0, now=29 * day)
+    assert not recalled(parse_rule("30/2s"), text, time_scale=1.0, now=31 * day)

@@ -12,10 +12,12 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchrun import sqlite_ledger as ledger_module
+from batchrun.database import open_database
 from batchrun.ledger import MemoryLedger
 from batchrun.limits import parse_rule
 from batchrun.slots import Grant, Pace, Usage, Wait, earliest_slot
@@ -173,6 +175,137 @@ def test_memory_keeps_learned_limits_for_its_process():
     assert ledger.recall("avatar") is None
 
 
+def ledger_at(path: Path, boot: str = "b") -> SqliteLedger:
+    """A process of client "c" on `path`, on a machine clock of boot `boot`."""
+    return SqliteLedger(path, client="c", hold=1.0, now=lambda: 0.0, boot=boot)
+
+
+def sent_and_answered(ledger: SqliteLedger, rule, start: float, end: float) -> None:
+    grant = ledger.reserve("k", rule, Pace.EXACT, start)
+    assert isinstance(grant, Grant)
+    ledger.release(grant.ticket, end)
+    ledger.close()
+
+
+def test_a_stamp_in_the_future_is_read_as_now(tmp_path):
+    """An answer stamped later than now (a damaged row, a clock of another origin)
+    counts as answered now, not as a wait of a thousand seconds."""
+    rule = parse_rule("1/10s")
+    sent_and_answered(ledger_at(tmp_path / "l.db"), rule, 1000.0, 1000.5)
+    assert ledger_at(tmp_path / "l.db").reserve("k", rule, Pace.EXACT, 20.0) == Wait(
+        30.0
+    )
+
+
+def test_a_request_of_an_earlier_boot_counts_from_the_start_of_this_one(tmp_path):
+    """Sent and answered at 5000 s of the last boot: at 3 s of this boot it counts
+    as answered at 0 s, when this boot began (it was answered before)."""
+    rule = parse_rule("1/10s")
+    sent_and_answered(ledger_at(tmp_path / "l.db", "one"), rule, 5000.0, 5000.2)
+    here = ledger_at(tmp_path / "l.db", "two")
+    assert here.reserve("k", rule, Pace.EXACT, 3.0) == Wait(10.0)
+    assert isinstance(here.reserve("k", rule, Pace.EXACT, 10.0), Grant)
+
+
+def test_a_request_in_flight_when_the_machine_stopped_counts_from_the_boot(tmp_path):
+    """A process that died with a request in flight: after the reboot it counts as
+    answered when this boot began, not at its old expiry."""
+    rule = parse_rule("1/10s")
+    died = ledger_at(tmp_path / "l.db", "one")
+    assert isinstance(died.reserve("k", rule, Pace.EXACT, 5000.0), Grant)
+    died._db.close()
+    here = ledger_at(tmp_path / "l.db", "two")
+    assert here.reserve("k", rule, Pace.EXACT, 3.0) == Wait(10.0)
+
+
+def test_rows_of_an_earlier_boot_are_pruned_once_this_boot_outlived_them(
+    tmp_path, monkeypatch
+):
+    """An earlier boot's rows go when their keep has passed since this boot began,
+    however large their old stamps."""
+    monkeypatch.setattr(ledger_module, "_KEEP", 10.0)
+    monkeypatch.setattr(ledger_module, "_PRUNE_EVERY", 2)
+    rule = parse_rule("100/1s")
+    sent_and_answered(ledger_at(tmp_path / "l.db", "one"), rule, 5000.0, 5000.2)
+    here = ledger_at(tmp_path / "l.db", "two")
+    for second in (5.0, 6.0, 20.0):
+        here.reserve("k", rule, Pace.EXACT, second)
+    with sqlite3.connect(tmp_path / "l.db") as db:
+        (old,) = db.execute("SELECT count(*) FROM send_log WHERE boot = 'one'")
+    assert old == (0,)
+
+
+def _truncated(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def _deleted(path: Path) -> None:
+    path.unlink()
+
+
+def _replaced(path: Path) -> None:
+    other = path.with_name("other.db")
+    ledger_at(other).close()
+    other.replace(path)
+
+
+@pytest.mark.parametrize("loss", [_truncated, _deleted, _replaced])
+def test_a_ledger_that_lost_its_history_paces_its_first_window_as_full(tmp_path, loss):
+    """Emptied, deleted or replaced: the marker beside it tells, and every key
+    (even one never sent) waits out each window as if it were full."""
+    path, rule = tmp_path / "l.db", parse_rule("2/10s+5/30s")
+    sent_and_answered(ledger_at(path), rule, 0.0, 0.1)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    loss(path)
+    here = SqliteLedger(path, client="c", hold=1.0, now=lambda: 100.0, boot="b")
+    assert here.lost_history
+    assert here.reserve("k", rule, Pace.EXACT, 100.0) == Wait(130.0)
+    assert here.reserve("new", rule, Pace.EXACT, 120.0) == Wait(130.0)
+    # Another process that opens it later reads the same horizon.
+    later = SqliteLedger(path, client="c", hold=1.0, now=lambda: 110.0, boot="b")
+    assert not later.lost_history
+    assert later.reserve("k", rule, Pace.EXACT, 110.0) == Wait(130.0)
+    assert isinstance(here.reserve("k", rule, Pace.EXACT, 130.0), Grant)
+
+
+def test_a_lost_marker_alone_costs_nothing(tmp_path):
+    """The ledger intact and its marker gone: nothing was lost, nothing waits."""
+    path, rule = tmp_path / "l.db", parse_rule("1/10s")
+    ledger_at(path).close()
+    (tmp_path / "l.generation").unlink()
+    here = ledger_at(path)
+    assert not here.lost_history
+    assert isinstance(here.reserve("k", rule, Pace.EXACT, 0.0), Grant)
+    assert (tmp_path / "l.generation").exists()
+
+
+def test_a_horizon_of_an_earlier_boot_counts_from_the_start_of_this_one(tmp_path):
+    """A loss noticed in the last boot holds this boot's first window at most."""
+    path, rule = tmp_path / "l.db", parse_rule("1/10s")
+    ledger_at(path).close()
+    _deleted(path)
+    SqliteLedger(path, client="c", hold=1.0, now=lambda: 900.0, boot="one").close()
+    here = ledger_at(path, "two")
+    assert not here.lost_history
+    assert here.reserve("k", rule, Pace.EXACT, 3.0) == Wait(10.0)
+
+
+def test_wall_clock_rows_of_an_older_batchrun_are_read_as_a_lost_history(tmp_path):
+    """Rows stamped on the wall clock by an older batchrun cannot be placed on the
+    machine clock: they go, and the first window is paced as full instead."""
+    path, rule = tmp_path / "l.db", parse_rule("1/10s")
+    old = open_database(path, ledger_module._MIGRATIONS[:2])
+    old.execute(
+        "INSERT INTO send_log (client, key, at, keep_until) "
+        "VALUES ('c', 'k', 1.7e9, 1.7e9 + 3600)"
+    )
+    old.close()
+    here = SqliteLedger(path, client="c", hold=1.0, now=lambda: 50.0, boot="b")
+    assert here.lost_history
+    assert here.reserve("k", rule, Pace.EXACT, 50.0) == Wait(60.0)
+
+
 def test_windows_longer_than_an_hour_are_not_pruned_early(tmp_path):
     """A send is kept as long as the rule's longest window, past the 1 h default:
     a 2/2h rule still counts two sends of 70 minutes ago in a new process."""
@@ -195,8 +328,8 @@ def _reserve_racing(path: str, start, grants) -> None:
 
     real = SqliteLedger._catch_up
 
-    def slow_catch_up(self):
-        real(self)
+    def slow_catch_up(self, *args):
+        real(self, *args)
         time.sleep(0.2)  # between reading the log and writing the send
 
     SqliteLedger._catch_up = slow_catch_up  # type: ignore[method-assign]

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 from typer.testing import CliRunner
 
 from batchrun.cli import app
+from batchrun.clock import MachineClock
 from batchrun.events import Status
 from batchrun.jobs import scan
 from batchrun.limits import parse_rule
@@ -40,6 +42,19 @@ def test_plan_of_a_fresh_file_comes_from_the_rules(tmp_path):
     assert lines[2] == "all: 3 h 33 m"
 
 
+def test_plan_json_gives_each_key_and_the_longest(tmp_path):
+    """plan --json: each endpoint's jobs, rule and seconds, and the run's ETA."""
+    path = jobs_file(tmp_path, 2000, 40)
+    result = runner.invoke(app, ["plan", str(path), "--json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["file"] == str(path)
+    by_key = {k["key"]: k for k in report["keys"]}
+    assert (by_key["invite"]["jobs_left"], by_key["invite"]["rule"]) == (40, "15/5m")
+    assert by_key["invite"]["eta_seconds"] == 600.0
+    assert report["eta_seconds"] == by_key["run-query"]["eta_seconds"] > 3 * 3600
+
+
 def test_plan_spread_spaces_by_the_binding_interval(tmp_path):
     """With --pace spread, 40 invites at 15/5m are 20 s apart: 39 x 20 s = 13 m."""
     result = runner.invoke(
@@ -52,12 +67,12 @@ def test_plan_counts_the_ledger_in_use_now(tmp_path):
     """15 queries sent by another run a moment ago hold 15/1m: the next 15 wait 1 m."""
     paths = StatePaths.resolve(tmp_path / "state")
     client = client_fingerprint(URL, "tok")
-    ledger = SqliteLedger(paths.ledger, client=client, hold=30, now=time.time)
+    ledger = SqliteLedger(paths.ledger, client=client, hold=30, now=MachineClock().now)
     rule = parse_rule("15/1m+500/1h")
     for _ in range(15):
-        grant = ledger.reserve("run-query", rule, Pace.EXACT, time.time())
+        grant = ledger.reserve("run-query", rule, Pace.EXACT, MachineClock().now())
         assert isinstance(grant, Grant)
-        ledger.release(grant.ticket, time.time())
+        ledger.release(grant.ticket, MachineClock().now())
     ledger.close()
     result = runner.invoke(
         app,
@@ -70,10 +85,13 @@ def test_plan_counts_the_ledger_in_use_now(tmp_path):
             "tok",
             "--state-dir",
             str(paths.root),
+            "--json",
         ],
     )
-    assert "15 run-query jobs at 15/1m+500/1h: 1 m 0 s" in result.stdout
-    assert "in use now: 15 of 15/1m, 15 of 500/1h" in result.stdout
+    (key,) = json.loads(result.stdout)["keys"]
+    # A minute from the sends, less the moments the test took since.
+    assert 55.0 < key["eta_seconds"] <= 60.0
+    assert key["in_use"] == {"15/1m": 15, "500/1h": 15}
 
 
 def test_plan_skips_jobs_already_done(tmp_path):
@@ -120,11 +138,24 @@ def test_status_reports_states_failures_and_eta(tmp_path):
     assert by_key["invite"]["jobs_left"] == 1
 
 
-def test_status_of_a_file_never_run(tmp_path):
-    """A file with no run says so."""
-    result = runner.invoke(app, ["status", str(jobs_file(tmp_path, 1))])
-    assert result.exit_code == 0
-    assert "no run yet" in result.stdout
+@pytest.mark.parametrize("as_json", [[], ["--json"]])
+def test_status_of_a_file_never_run_exits_2(tmp_path, as_json):
+    """A file with no run: exit 2, a message naming the file and how to start one,
+    nothing on stdout for a script to misread."""
+    path = jobs_file(tmp_path, 1)
+    result = runner.invoke(app, ["status", str(path), *as_json])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert f"{path}: no run yet" in result.stderr
+    assert f"`batchrun submit {path}` starts one" in result.stderr
+
+
+def test_status_of_a_missing_file_exits_2(tmp_path):
+    """A file that does not exist (and never ran): exit 2, "no such file"."""
+    missing = tmp_path / "nope.csv"
+    result = runner.invoke(app, ["status", str(missing)])
+    assert result.exit_code == 2
+    assert f"{missing}: no such file" in result.stderr
 
 
 def test_status_text_lists_states_and_failures(tmp_path):
@@ -149,14 +180,18 @@ LEARNED = {
     "windows": [[5, 60.0], [500, 3600.0]],
     "spread": False,
     "why": "2 request(s) refused after 5 accepted within 1m",
-    "at": 0,
+    "given": [[15, 60.0], [500, 3600.0]],
+    "at": time.time(),
 }
 
 
 def learned_ledger(paths, token="tok", text=None):
     """A ledger where an earlier run of the client learned run-query is 5/1m."""
     ledger = SqliteLedger(
-        paths.ledger, client=client_fingerprint(URL, token), hold=30, now=time.time
+        paths.ledger,
+        client=client_fingerprint(URL, token),
+        hold=30,
+        now=MachineClock().now,
     )
     ledger.remember("run-query", text or json.dumps(LEARNED))
     ledger.close()
@@ -183,18 +218,18 @@ def test_plan_with_a_limit_given_ignores_what_was_learned(tmp_path):
     assert result.stdout.startswith("15 run-query jobs at 15/1m: 0 ms"), result.stdout
 
 
-def test_status_shows_the_learned_rule_unless_the_run_was_given_one(tmp_path):
+def test_status_shows_the_learned_rule_of_the_rule_the_run_was_given(tmp_path):
     path = jobs_file(tmp_path, 15)
     paths = StatePaths.resolve(tmp_path / "state")
     learned_ledger(paths)
     with RunStore(paths.run_store(path, client_fingerprint(URL, "tok"))) as store:
         store.sync(scan(path), path=str(path), restart=False)
-        store.set_meta("rules", '{"run-query": [[15, 60.0]]}')
+        store.set_meta("rules", '{"run-query": [[15, 60.0], [500, 3600.0]]}')
     (key,) = json.loads(cli(tmp_path, "status", str(path), "--json").stdout)["keys"]
     assert key["rule"] == "5/1m+500/1h"
     assert key["learned"].endswith(LEARNED["why"])
     with RunStore(paths.run_store(path, client_fingerprint(URL, "tok"))) as store:
-        store.set_meta("told", "run-query")
+        store.set_meta("rules", '{"run-query": [[15, 60.0]]}')
     (key,) = json.loads(cli(tmp_path, "status", str(path), "--json").stdout)["keys"]
     assert (key["rule"], key["learned"]) == ("15/1m", None)
 
@@ -245,10 +280,84 @@ def test_auto_plans_by_b_until_the_server_settled_it(tmp_path):
     assert before.stdout.startswith("30 run-query jobs at 15/1m+500/1h: 1 m 0 s")
     shown = cli(tmp_path, "limits", "--profile", "auto")
     assert "until the server shows 30/1m holds (--profile auto)" in shown.stdout
-    a_holds = {**LEARNED, "windows": [[30, 60.0]], "why": "16 accepted within 1m"}
+    a_holds = {
+        **LEARNED,
+        "windows": [[30, 60.0]],
+        "given": [[30, 60.0]],
+        "why": "16 accepted within 1m",
+    }
     learned_ledger(StatePaths.resolve(tmp_path / "state"), text=json.dumps(a_holds))
     after = cli(tmp_path, "plan", path, "--profile", "auto")
     assert after.stdout.startswith("30 run-query jobs at 30/1m (learned): 0 ms")
+
+
+def ran(tmp_path):
+    """A run of 2 queries, stored as `submit` leaves it: q0 failed, q1 pending; the
+    results file holds q0 twice, the later line the one that counts."""
+    path = jobs_file(tmp_path, 2)
+    paths = StatePaths.resolve(tmp_path / "state")
+    with RunStore(paths.run_store(path, client_fingerprint(URL, None))) as store:
+        store.sync(scan(path), path=str(path), restart=False)
+        store.finished(
+            JobResult("q0", "run-query", Status.FAILED, 3, 503, error="HTTP 503")
+        )
+    lines = [
+        {"id": "q0", "status": "failed", "response": "old", "finished_at": 1.0},
+        {"id": "q1", "status": "done", "response": {"other": 1}},
+        {"id": "q0", "status": "failed", "response": {"e": "busy"}, "finished_at": 2},
+    ]
+    text = "\n".join(json.dumps(line) for line in lines) + "\n{torn"
+    path.with_name("jobs.results.jsonl").write_text(text)
+    return path
+
+
+def test_show_json_gives_the_store_and_the_last_results_line(tmp_path):
+    """show --json: the job's state, attempts and error from the run store, and its
+    last line in the results file (a torn last line skipped)."""
+    path = ran(tmp_path)
+    result = runner.invoke(app, ["show", str(path), "q0", "--json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert {k: report[k] for k in ("id", "line", "state", "attempts", "error")} == {
+        "id": "q0",
+        "line": 2,
+        "state": "failed",
+        "attempts": 3,
+        "error": "HTTP 503",
+    }
+    assert report["result"]["response"] == {"e": "busy"}
+
+
+def test_show_text_of_a_job_with_no_result_yet(tmp_path):
+    """show: a field a line; a job with no results line says so."""
+    path = ran(tmp_path)
+    path.with_name("jobs.results.jsonl").unlink()
+    result = runner.invoke(app, ["show", str(path), "q1"])
+    assert result.exit_code == 0, result.stderr
+    assert "state: pending" in result.stdout.splitlines()
+    assert "response: (no line in the results file)" in result.stdout
+
+
+def test_show_text_gives_the_response_and_when(tmp_path):
+    """show: the response as JSON and when the job ended."""
+    result = runner.invoke(app, ["show", str(ran(tmp_path)), "q0"])
+    assert 'response: {"e": "busy"}' in result.stdout
+    assert "finished: 19" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("job_id", "message"),
+    [
+        pytest.param("q9", "its run has no job 'q9'", id="no-such-job"),
+        pytest.param(None, "no run yet", id="never-run"),
+    ],
+)
+def test_show_of_a_job_not_there_exits_2(tmp_path, job_id, message):
+    """show of an id the run does not hold, or of a file never run: exit 2."""
+    path = ran(tmp_path) if job_id else jobs_file(tmp_path, 1)
+    result = runner.invoke(app, ["show", str(path), job_id or "q0"])
+    assert result.exit_code == 2
+    assert message in result.stderr
 
 
 def test_status_tells_unknown_from_failed_with_the_way_out(tmp_path):

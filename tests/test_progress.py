@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import os
 import re
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +22,7 @@ from batchrun.events import (
     Status,
 )
 from batchrun.limits import LimitKey, parse_rule
-from batchrun.progress import open_progress
+from batchrun.progress import QUIET, log_tag, open_progress, stamped
 from batchrun.slots import Pace, eta
 
 RQ, INVITE = LimitKey.RUN_QUERY, LimitKey.INVITE
@@ -67,8 +69,8 @@ def plain(stream, clock):
 
 @pytest.fixture
 def live(stream, clock, monkeypatch):
-    """A live view on `stream`, wide enough that no cell wraps; closed at teardown."""
-    monkeypatch.setenv("COLUMNS", "140")
+    """A live view on `stream`, 80 columns wide; closed at teardown."""
+    monkeypatch.setenv("COLUMNS", "80")
     sink = open_progress(stream, live=True, clock=clock)
     yield sink
     sink.close()
@@ -132,6 +134,56 @@ def test_plain_lines_start_with_a_local_timestamp(plain, stream):
     plain.close()
     assert len(lines(stream)) > 5
     assert all(line.startswith(f"{STAMP} ") for line in lines(stream))
+
+
+def test_plain_lines_name_the_process_and_file(stream, clock):
+    """With a tag, every plain line (summary too) names the process and jobs file
+    after its timestamp, so two runs appending to one log can be told apart."""
+    tag = log_tag(Path("/data/nightly.csv"))
+    assert tag == f"batchrun[{os.getpid()}] nightly.csv: "
+    wall = lambda: datetime(2024, 5, 1, 12)  # noqa: E731
+    sink = open_progress(stream, live=False, clock=clock, wall=wall, tag=tag)
+    sink.emit(start({RQ: 2}))
+    send_and_finish(sink, 2)
+    sink.close()
+    assert len(lines(stream)) > 5
+    assert all(line.startswith(f"{STAMP} {tag}") for line in lines(stream))
+
+
+def test_stamped_prefixes_every_line():
+    """A message of several lines gets the stamp and tag on each."""
+    text = stamped("one\ntwo", tag="t: ", wall=lambda: datetime(2024, 5, 1, 12))
+    assert text == f"{STAMP} t: one\n{STAMP} t: two"
+
+
+def test_a_quiet_plain_log_says_what_it_waits_for(plain, stream, clock):
+    """After QUIET seconds without a line, a tick writes what the run waits for:
+    each key's next slot (in how long, and the wall time) and the ETA."""
+    plain.emit(start({RQ: 10}))
+    plain.emit(SlotWait(0.0, RQ, 250.0))
+    clock.time = QUIET - 1
+    plain.tick()
+    assert len(lines(stream)) == 1
+    clock.time = QUIET
+    plain.tick()
+    assert texts(stream)[-1].startswith(
+        "waiting: run-query next slot in 3 m 20 s (at 12:03:20) — 0/10 done"
+    )
+    plain.tick()
+    assert len(lines(stream)) == 2
+
+
+def test_a_tick_before_the_start_or_after_close_writes_nothing(stream, clock):
+    """No run, or a closed one: nothing to wait for, so nothing is written."""
+    sink = open_progress(stream, live=False, clock=clock)
+    clock.time = 10 * QUIET
+    sink.tick()
+    sink.emit(start({RQ: 1}))
+    sink.close()
+    written = len(lines(stream))
+    clock.time = 20 * QUIET
+    sink.tick()
+    assert len(lines(stream)) == written
 
 
 def test_start_line_names_jobs_rules_pace_and_eta(plain, stream):
@@ -290,15 +342,15 @@ def test_elapsed_without_run_finished_reads_the_clock(plain, stream, clock):
     assert texts(stream)[-1] == "0 done, 0 failed, 1 left in 3 m 20 s."
 
 
-def test_stopped_run_says_how_to_resume(plain, stream):
-    """A run that stopped early ends with a line saying how to resume it."""
+def test_stopped_run_leaves_the_resume_hint_to_the_exit_message(plain, stream):
+    """A stopped run's log ends with its counts; "Stopped early" is said once,
+    with the exit code, not here as well."""
     plain.emit(start({RQ: 10}))
     send_and_finish(plain, 2)
     plain.emit(RunFinished(3.0, 2, 0, 8, 0, 0, stopped=True))
     plain.close()
-    assert texts(stream)[-1] == (
-        "Stopped early with 8 jobs left: run the same command again to resume."
-    )
+    assert texts(stream)[-1] == "2 done, 0 failed, 8 left in 3.0 s."
+    assert "Stopped early" not in stream.getvalue()
 
 
 @pytest.mark.parametrize("mode", ["plain", "live"])
@@ -390,8 +442,8 @@ def test_live_eta_is_computed_from_the_rule(live, stream):
 @pytest.mark.parametrize(
     ("until", "expected"),
     [
-        pytest.param(13.2, "in 3.2 s", id="slot-later"),
-        pytest.param(None, "after an answer", id="answer"),
+        pytest.param(13.2, "3.2 s", id="slot-later"),
+        pytest.param(None, "on answer", id="answer"),
         pytest.param(9.0, "now", id="slot-passed"),
     ],
 )
@@ -422,8 +474,8 @@ def test_live_shows_the_last_three_failures(live, stream):
     assert [line.split()[1] for line in shown] == ["j2", "j3", "j4"]
 
 
-def test_live_summary_and_stopped_line(live, stream):
-    """The live view ends with the summary table and the resume hint."""
+def test_live_summary_and_closing_line(live, stream):
+    """The live view ends with the summary table and the counts line."""
     live.emit(start({RQ: 10}))
     send_and_finish(live, 4)
     live.emit(RunFinished(5.0, 4, 0, 6, 0, 0, stopped=True))
@@ -431,9 +483,93 @@ def test_live_summary_and_stopped_line(live, stream):
     text = ANSI.sub("", stream.getvalue())
     summary = text[text.rindex("Summary") :].splitlines()
     assert any(line.split() == ["total", "4", "0", "6", "0", "0"] for line in summary)
-    assert summary[-1] == (
-        "Stopped early with 6 jobs left: run the same command again to resume."
-    )
+    assert summary[-1] == "4 done, 0 failed, 6 left in 5.0 s."
+
+
+def test_live_rows_fit_80_columns(live, stream):
+    """At 80 columns no cell is cut: the longest key, a two-window rule, 4-digit
+    counts, a long next slot and ETA all show whole."""
+    live.emit(start({RQ: 2000, INVITE: 200}, {RQ: "15/1m+500/1h", INVITE: "15/5m"}))
+    live.emit(SlotWait(0.0, RQ, 733.0))
+    live.close()
+    cells = row(last_frame(stream), RQ).split()
+    assert "…" not in last_frame(stream)
+    assert cells[:3] == ["run-query", "15/1m+500/1h", "0/2000"]
+    assert " ".join(cells[-8:]) == "12 m 13 s 3 h 33 m"
+    assert max(map(len, ANSI.sub("", stream.getvalue()).splitlines())) <= 80
+
+
+def test_a_note_prints_above_the_live_view(live, stream):
+    """A note during the live view goes through its console, above the view,
+    so the next redraw does not erase it."""
+    live.emit(start({RQ: 10}))
+    live.note("Ctrl-C: starting no new requests")
+    live.close()
+    text = ANSI.sub("", stream.getvalue())
+    assert "Ctrl-C: starting no new requests" in text
+    assert text.index("Ctrl-C: starting") < text.rindex("Summary")
+
+
+def test_a_note_outside_the_live_view_goes_to_notes(stream, clock):
+    """Before the view starts, a note goes to the `notes` callback (stderr)."""
+    said: list[str] = []
+    sink = open_progress(stream, live=True, clock=clock, notes=said.append)
+    sink.note("Resuming")
+    sink.close()
+    assert said == ["Resuming"]
+    assert stream.getvalue() == ""
+
+
+def test_plain_notes_go_to_notes(stream, clock):
+    """The plain log hands notes to the `notes` callback, not to its own lines."""
+    said: list[str] = []
+    sink = open_progress(stream, live=False, clock=clock, notes=said.append)
+    sink.note("Deadline reached")
+    assert said == ["Deadline reached"]
+    assert stream.getvalue() == ""
+
+
+def test_dumb_terminal_gets_plain_lines(clock, monkeypatch):
+    """TERM=dumb: a terminal that cannot move the cursor gets plain lines."""
+    monkeypatch.setenv("TERM", "dumb")
+    stream = TTY()
+    sink = open_progress(stream, clock=clock)
+    sink.emit(start({RQ: 1}))
+    sink.close()
+    assert "\x1b" not in stream.getvalue()
+    assert "starting: 1 jobs" in stream.getvalue()
+
+
+def _has_colour(stream):
+    """Whether any SGR code sets a foreground or background colour."""
+    codes = re.findall(r"\x1b\[([0-9;]*)m", stream.getvalue())
+    params = {int(p) for code in codes for p in code.split(";") if p}
+    return any(30 <= p <= 48 or 90 <= p <= 107 for p in params)
+
+
+def test_live_view_has_colour_by_default(clock, monkeypatch):
+    """Without NO_COLOR the live view colours its failures (the control case)."""
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    stream = TTY()
+    sink = open_progress(stream, live=True, clock=clock)
+    sink.emit(start({RQ: 2}))
+    send_and_finish(sink, 1, ok=False)
+    sink.close()
+    assert _has_colour(stream)
+
+
+@pytest.mark.parametrize("how", ["NO_COLOR", "color=False"])
+def test_no_color_is_honoured(clock, monkeypatch, how):
+    """NO_COLOR (set, not empty) or color=False (--no-color): no colour codes."""
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    if how == "NO_COLOR":
+        monkeypatch.setenv("NO_COLOR", "1")
+    stream = TTY()
+    sink = open_progress(stream, live=True, clock=clock, color=how == "NO_COLOR")
+    sink.emit(start({RQ: 2}))
+    send_and_finish(sink, 1, ok=False)
+    sink.close()
+    assert not _has_colour(stream)
 
 
 @pytest.mark.parametrize(
@@ -500,4 +636,7 @@ def test_live_row_marks_a_learned_rule(live, stream):
     live.emit(start())
     live.emit(RuleLearned(1.0, RQ, parse_rule("10/2s"), True, "why"))
     live.close()
-    assert "10/2s (learned, spread)" in stream.getvalue()
+    # At 80 columns the rule cell wraps rather than cutting the mark short.
+    frame = last_frame(stream)
+    assert row(frame, RQ).split()[1:3] == ["10/2s", "(learned,"]
+    assert "spread)" in frame

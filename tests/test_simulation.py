@@ -85,3 +85,35 @@ def test_any_stricter_server_is_learned_with_few_429s(
     assert run.finished
     assert set(run.accepted.values()) == {1}
     assert max(run.rate_limited.values(), default=0) <= 3
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_shorter_server_window_is_tried_and_kept_without_retry_after(seed):
+    """A burst fits any window longer than it lasted: 5/1s and 5/2s explain the
+    first refusal alike. The faster reading (5/1s) is tried, with 5/2s to fall
+    back to; against a 5/1s server it holds, at its ideal speed."""
+    server = Server(LimiterKind.SLIDING, parse_rule("5/1s"), retry_after=False)
+    run = simulate(client="30/2s", server=server, count=40, seed=seed)
+    assert run.finished
+    assert max(run.rate_limited.values()) <= 2
+    assert run.ratio <= 1.25
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_safer_reading_is_taken_when_the_faster_one_is_refused(seed):
+    """Against a 5/2s server the 5/1s reading costs one more 429, then 5/2s."""
+    server = Server(LimiterKind.SLIDING, parse_rule("5/2s"), retry_after=False)
+    run = simulate(client="30/2s", server=server, count=40, seed=seed)
+    assert run.finished
+    assert max(run.rate_limited.values()) <= 2
+    assert run.ratio <= 1.25
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_weighted_counter_refusing_a_spread_reading_takes_the_safer_one(seed):
+    """A weighted 3/2s counter still refuses 3/1s spaced evenly: the 3/2s
+    reading is taken, and the 429s stop."""
+    server = Server(LimiterKind.WEIGHTED, parse_rule("3/2s"), retry_after=True)
+    run = simulate(client="30/2s", server=server, count=40, seed=seed)
+    assert run.finished
+    assert max(run.rate_limited.values()) <= 3

@@ -105,8 +105,8 @@ def test_sigkill_mid_run_then_resume_loses_nothing(tmp_path):
     assert final == dict.fromkeys(key, "done")
 
 
-def test_sigterm_stops_with_75_and_a_rerun_finishes(tmp_path):
-    """SIGTERM: in-flight jobs finish, exit 75; the next run sends the rest, once."""
+def test_sigterm_stops_with_143_and_a_rerun_finishes(tmp_path):
+    """SIGTERM: in-flight jobs finish, exit 143; the next run sends the rest, once."""
     server = sandbox(limits=["run-query=10/1s", "invite=10/1s"])
     path = jobs_file(tmp_path, queries=30, invites=0)
     limits = ["run-query=10/1s", "invite=10/1s"]
@@ -121,7 +121,7 @@ def test_sigterm_stops_with_75_and_a_rerun_finishes(tmp_path):
             timeout=60,
             check=False,
         )
-    assert first.returncode == 75, err
+    assert first.returncode == 143, err
     assert b"SIGTERM" in err
     assert second.returncode == 0
     sent = Counter(a.idempotency_key for a in server.state.sandbox.arrivals)
@@ -145,6 +145,19 @@ def test_deadline_stops_with_75(tmp_path):
     assert done.returncode == 75
     assert b"Deadline reached" in done.stderr
     assert 5 <= len(server.state.sandbox.arrivals) < 20
+
+
+def test_sigint_stops_with_130(tmp_path):
+    """Ctrl-C (SIGINT) mid-run: in-flight jobs finish, exit 130, so a loop stops."""
+    limits = ["run-query=10/1s"]
+    path = jobs_file(tmp_path, queries=30, invites=0)
+    with running(sandbox(limits=limits)) as url:
+        first = start(command(path, url, tmp_path, limits=limits))
+        wait_for_results(path, 10)
+        first.send_signal(signal.SIGINT)
+        _, err = first.communicate(timeout=20)
+    assert first.returncode == 130, err
+    assert err.count(b"Stopped early") == 1
 
 
 def test_two_processes_of_one_client_share_one_budget(tmp_path):

@@ -1,0 +1,116 @@
+"""One submit against a loopback server: a lost run store or ledger is noticed.
+
+A run store that was deleted or emptied (its marker beside it remains), or missing
+while a results file lists jobs of the file, is never taken for a fresh start: the
+run refuses with exit 2 and sends nothing, unless `--restart`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from batchrun.cli import app
+from batchrun.limits import limit_table
+from batchrun.sandbox import Sandbox, create_app
+from batchrun.serving import running
+from tests.test_cli import FAST, jobs_file
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def api() -> Iterator[tuple[str, Sandbox]]:
+    """The sandbox served on loopback: its URL and what it saw."""
+    server = create_app(rules=limit_table())
+    with running(server) as url:
+        yield url, server.state.sandbox
+
+
+def submit(path: Path, url: str, *more: str):
+    return runner.invoke(app, ["submit", str(path), "--base-url", url, *more])
+
+
+def the_store(tmp_path: Path) -> Path:
+    [store] = (tmp_path / "state" / "runs").glob("*/*.db")
+    return store
+
+
+@pytest.mark.parametrize("loss", ["deleted", "emptied"])
+def test_a_lost_run_store_is_refused_not_sent_again(tmp_path, api, loss):
+    """All three jobs (an invite among them) done, then the store lost: the rerun
+    sends nothing and exits 2 saying so; --restart sends them all again."""
+    url, sandbox = api
+    path = jobs_file(tmp_path)
+    assert submit(path, url).exit_code == 0
+    store = the_store(tmp_path)
+    if loss == "deleted":
+        store.unlink()
+    else:
+        store.write_bytes(b"")
+    refused = submit(path, url)
+    assert refused.exit_code == 2
+    assert "was deleted or emptied after an earlier run" in refused.stderr
+    assert "--restart" in refused.stderr
+    assert len(sandbox.arrivals) == 3
+    assert submit(path, url, "--restart").exit_code == 0
+    assert len(sandbox.arrivals) == 6
+    # The restarted store is marked again: a normal rerun resumes, sending nothing.
+    again = submit(path, url)
+    assert again.exit_code == 0, again.stderr
+    assert len(sandbox.arrivals) == 6
+
+
+def test_results_without_a_run_in_the_state_folder_are_refused(tmp_path, api):
+    """Another state folder (moved, or wiped whole) has no run of the file, but its
+    results file lists three: exit 2, pointing at --state-dir and --restart."""
+    url, sandbox = api
+    path = jobs_file(tmp_path)
+    assert submit(path, url).exit_code == 0
+    refused = submit(path, url, "--state-dir", str(tmp_path / "elsewhere"))
+    assert refused.exit_code == 2
+    assert "holds 3 result(s) of earlier runs" in refused.stderr
+    assert "--state-dir" in refused.stderr
+    assert len(sandbox.arrivals) == 3
+
+
+def test_a_sandbox_run_then_a_real_one_asks_for_restart(tmp_path, api):
+    """Sandbox runs keep no store, so their results are all a real run finds: it
+    asks for --restart; sandbox runs themselves never refuse."""
+    url, sandbox = api
+    path = jobs_file(tmp_path)
+    for _ in range(2):
+        assert runner.invoke(app, ["submit", str(path), *FAST]).exit_code == 0
+    refused = submit(path, url)
+    assert refused.exit_code == 2
+    assert "--sandbox" in refused.stderr
+    assert submit(path, url, "--restart").exit_code == 0
+    assert len(sandbox.arrivals) == 3
+
+
+def test_a_first_run_and_a_rerun_go_as_before(tmp_path, api):
+    """No results file and no store: a fresh start; a rerun resumes quietly."""
+    url, sandbox = api
+    path = jobs_file(tmp_path)
+    assert submit(path, url).exit_code == 0
+    rerun = submit(path, url)
+    assert rerun.exit_code == 0
+    assert "Nothing to send" in rerun.stderr
+    assert len(sandbox.arrivals) == 3
+
+
+def test_an_emptied_ledger_is_reported(tmp_path, api):
+    """The send ledger emptied between runs: the next run says its windows are
+    paced as full (the ledger's own tests check the pacing)."""
+    url, _ = api
+    path = jobs_file(tmp_path)
+    assert submit(path, url).exit_code == 0
+    (tmp_path / "state" / "ledger.db").write_bytes(b"")
+    for suffix in ("-wal", "-shm"):
+        (tmp_path / "state" / f"ledger.db{suffix}").unlink(missing_ok=True)
+    rerun = submit(path, url)
+    assert rerun.exit_code == 0
+    assert "was emptied, deleted or replaced" in rerun.stderr
