@@ -224,19 +224,15 @@ def test_a_ledger_whose_wal_was_deleted_in_use_exits_74(tmp_path, server, jobs):
     _, url = server
     assert submit(jobs, url).exit_code == 0
     ledger = tmp_path / "state" / "ledger.db"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_OPEN, str(ledger)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None
-        assert holder.stdout.readline().strip() == "holding"
-        ledger.with_name("ledger.db-wal").unlink()
-        result = submit(jobs, url, "--restart")
-    finally:
-        holder.kill()
-        holder.wait()
+    command = [sys.executable, "-c", HOLD_OPEN, str(ledger)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as holder:
+        try:
+            assert holder.stdout is not None
+            assert holder.stdout.readline().strip() == "holding"
+            ledger.with_name("ledger.db-wal").unlink()
+            result = submit(jobs, url, "--restart")
+        finally:
+            holder.kill()
     assert result.exit_code == 74, result.output
     assert f"{ledger} cannot be read or written" in result.stderr
     assert "Wait until no batchrun uses it" in result.stderr
