@@ -30,7 +30,7 @@ from batchrun.slots import Pace, eta
 
 _FAILURES_RECENT = 3
 NONE = "—"
-SUMMARY_COLUMNS = ("endpoint", "done", "failed", "left", "429s", "retries")
+_COLUMNS = ("endpoint", "done", "failed", "left", "429s", "retries")
 
 
 @dataclass(slots=True, kw_only=True)
@@ -78,7 +78,7 @@ class Board:
         state = self.keys.get(event.key)
         if state is not None:
             _count(state, event)
-            if isinstance(event, JobFinished) and event.status is Status.FAILED:
+            if isinstance(event, JobFinished) and event.status is not Status.DONE:
                 self.failures += 1
                 self.recent.append(failure_text(event))
         return state
@@ -124,6 +124,7 @@ def _count(
             state.in_flight = max(0, state.in_flight - 1)
             state.done += event.status is Status.DONE
             state.failed += event.status is Status.FAILED
+            state.unknown += event.status is Status.UNKNOWN
         case SlotWait():
             state.slot = event.until
         case RuleLearned():
@@ -163,6 +164,12 @@ def failure_text(event: JobFinished) -> str:
     status = f"HTTP {event.http_status}" if event.http_status else "unknown error"
     reason = event.error or status
     attempts = "attempt" if event.attempts == 1 else "attempts"
+    if event.status is Status.UNKNOWN:
+        return (
+            f"job {event.job_id} ({event.key}) unknown after {event.attempts} "
+            f"{attempts}: {reason}; it may have been processed, so it is not "
+            "resent (check, then --retry-unknown)"
+        )
     return (
         f"job {event.job_id} ({event.key}) failed after {event.attempts} "
         f"{attempts}: {reason}"
@@ -179,6 +186,12 @@ def next_slot(state: KeyCounts, now: float) -> str:
     return durations.spoken(state.slot - now)
 
 
+def ended_text(state: KeyCounts) -> str:
+    """How a key's ended jobs came out: done, failed, and unknown if any."""
+    unknown = f", {state.unknown} unknown" if state.unknown else ""
+    return f"{state.done} done, {state.failed} failed{unknown}"
+
+
 def tally(counts: Tally) -> str:
     return (
         f"{counts.done}/{counts.total} done, {counts.failed} failed, "
@@ -187,11 +200,15 @@ def tally(counts: Tally) -> str:
 
 
 def summary_rows(board: Board) -> list[tuple[str, ...]]:
+    """The summary table, header first; an `unknown` column only when a job is."""
     named = [*board.keys.items(), ("total", overall(board.keys.values()))]
-    return [
-        (str(name), *map(str, (c.done, c.failed, c.left, c.rate_limited, c.retried)))
-        for name, c in named
-    ]
+    unknown = named[-1][1].unknown > 0
+    header = _COLUMNS[:3] + ("unknown",) * unknown + _COLUMNS[3:]
+    rows = [header]
+    for name, c in named:
+        counts = (c.done, c.failed, *(c.unknown,) * unknown, c.left)
+        rows.append((str(name), *map(str, (*counts, c.rate_limited, c.retried))))
+    return rows
 
 
 def closing_lines(board: Board, now: float) -> list[str]:
@@ -199,4 +216,5 @@ def closing_lines(board: Board, now: float) -> list[str]:
     elapsed = durations.spoken(board.elapsed(now))
     # Whether it stopped early, and how to resume, is said once, with the exit code
     # (submission.py): not here as well.
-    return [f"{c.done} done, {c.failed} failed, {c.left} left in {elapsed}."]
+    unknown = f"{c.unknown} unknown, " if c.unknown else ""
+    return [f"{c.done} done, {c.failed} failed, {unknown}{c.left} left in {elapsed}."]

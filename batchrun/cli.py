@@ -17,14 +17,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 from urllib.parse import urlsplit
 
 import typer
 
 from batchrun import __version__, durations, reports
-from batchrun.errors import EXIT_INTERRUPTED, BatchrunError, JobsFileError, UsageError
-from batchrun.jobs import summarize, valid_jobs
+from batchrun.errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    BatchrunError,
+    JobsFileError,
+    StateError,
+    UsageError,
+)
 from batchrun.limiters import LimiterKind
 from batchrun.limits import (
     LimitKey,
@@ -254,7 +260,8 @@ _RetryUnknownFlag = Annotated[
     bool,
     typer.Option(
         "--retry-unknown",
-        help="Resend invites left unknown by a run that died mid-request.",
+        help="Resend invites left unknown (a timeout, a 5xx, or a run that died "
+        "mid-request: the server may have processed them).",
         rich_help_panel="Run control",
         metavar="",
     ),
@@ -320,6 +327,7 @@ def submit(
 
     say = _log_for(jobs_file)
     with _reported(say):
+        _check_time_scale(time_scale, sandbox=sandbox, base_url=base_url)
         rules = _rules(profile, limit, time_scale)
         server_rules = _server_rules(profile, limit, server_limit, time_scale)
         server = _Server(
@@ -347,9 +355,11 @@ def submit(
 @app.command()
 def validate(jobs_file: _JobsArg, as_json: _JsonFlag = False) -> None:
     """Check JOBS_FILE without sending anything: every bad row, or a summary."""
+    from batchrun.state import check_jobs_file
+
     with _reported():
         try:
-            summary = summarize(valid_jobs(jobs_file))
+            summary = check_jobs_file(jobs_file)
         except JobsFileError as exc:
             if not as_json:
                 raise
@@ -376,7 +386,7 @@ def status(
     from batchrun.overview import status as read_status
 
     with _reported():
-        paths = StatePaths.resolve(state_dir)
+        paths = StatePaths.resolve(state_dir, create=False)
         client = _client(base_url, token)
         found = read_status(jobs_file, paths, client, ledger_url=ledger)
     if as_json:
@@ -403,7 +413,7 @@ def plan(
     with _reported():
         rules = _rules(profile, limit, 1.0)
         client = _client(base_url, token) or client_fingerprint("", None)
-        paths = StatePaths.resolve(state_dir)
+        paths = StatePaths.resolve(state_dir, create=False)
         plans = make_plan(
             jobs_file,
             rules,
@@ -451,8 +461,8 @@ def limits_command(
             raise UsageError(msg)
         rules = _rules(profile, limit, 1.0)
         client = client_fingerprint(base_url, token)
-        paths = StatePaths.resolve(state_dir)
         asked = _forgotten(forget)
+        paths = StatePaths.resolve(state_dir, create=bool(asked))
         forgotten = (
             overview.forget(asked, paths, client, ledger_url=ledger) if asked else []
         )
@@ -483,7 +493,7 @@ def show(
     from batchrun.overview import show as find
 
     with _reported():
-        paths = StatePaths.resolve(state_dir)
+        paths = StatePaths.resolve(state_dir, create=False)
         client = _client(base_url, token)
         where = results or default_results_path(jobs_file)
         shown = find(jobs_file, job_id, paths, client, where)
@@ -527,7 +537,7 @@ def cron_line(
             schedule=schedule,
             python=Path(sys.executable).absolute(),
             jobs_file=_existing(jobs_file),
-            state_dir=StatePaths.resolve(state_dir).root.absolute(),
+            state_dir=StatePaths.resolve(state_dir, create=False).root.absolute(),
             log=(log or _default_log(jobs_file)).absolute(),
             env_file=None if env_file is None else _existing(env_file),
             base_url=base_url,
@@ -595,17 +605,40 @@ def main() -> None:
     try:
         app()
     except KeyboardInterrupt:
-        typer.echo("Interrupted.", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        _interrupted()
+    except BaseExceptionGroup as group:
+        # Out of a run's task group: a Ctrl-C alone is a stop, anything else a bug.
+        if group.split(KeyboardInterrupt)[1] is None:
+            _interrupted()
+        _internal(group)
     except Exception as exc:
-        if os.environ.get("BATCHRUN_DEBUG"):
-            raise
-        # No traceback: its frames could hold the token. BATCHRUN_DEBUG=1 shows it.
-        typer.echo(f"batchrun: internal error: {type(exc).__name__}: {exc}", err=True)
-        typer.echo(
-            "Please report this (rerun with BATCHRUN_DEBUG=1 for details).", err=True
-        )
-        sys.exit(1)
+        _internal(exc)
+
+
+def _interrupted() -> NoReturn:
+    typer.echo("Interrupted.", err=True)
+    sys.exit(EXIT_INTERRUPTED)
+
+
+def _internal(exc: BaseException) -> NoReturn:
+    """Report a bug in one line per exception and exit 70 (never 1, which means
+    "some jobs failed")."""
+    if os.environ.get("BATCHRUN_DEBUG"):
+        raise exc
+    # No traceback: its frames could hold the token. BATCHRUN_DEBUG=1 shows it.
+    for leaf in _leaves(exc):
+        typer.echo(f"batchrun: internal error: {type(leaf).__name__}: {leaf}", err=True)
+    typer.echo(
+        "Please report this (rerun with BATCHRUN_DEBUG=1 for details).", err=True
+    )
+    sys.exit(EXIT_INTERNAL)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions an ExceptionGroup holds, however nested; else `exc` alone."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
 
 
 def _version(value: bool) -> None:
@@ -773,6 +806,21 @@ def _target(
     return Target(base_url=base_url, token=token, timeout=timeout, ca_bundle=ca_bundle)
 
 
+def _check_time_scale(
+    time_scale: float, *, sandbox: bool, base_url: str | None
+) -> None:
+    """Scaling a real API's windows would multiply its limits: only the sandbox,
+    in process or on loopback (`batchrun sandbox --time-scale N`), is scaled."""
+    host = urlsplit(base_url or "").hostname or ""
+    if time_scale != 1 and not sandbox and not _is_loopback(host):
+        msg = (
+            f"--time-scale {time_scale:g} only works with --sandbox or a sandbox on "
+            f"loopback: against a real API it would send {time_scale:g} times "
+            "faster than its limits allow."
+        )
+        raise UsageError(msg)
+
+
 def _check_ca_bundle(ca_bundle: Path | None) -> None:
     """A bad bundle exits 2 before anything starts."""
     from batchrun.client import tls_context
@@ -825,9 +873,14 @@ def _log_for(jobs_file: Path) -> Callable[[str], None]:
 
 @contextmanager
 def _reported(say: Callable[[str], None] = _to_stderr) -> Iterator[None]:
-    """Print a BatchrunError's message on stderr and exit with its code."""
+    """Print a BatchrunError's message on stderr and exit with its code, also one
+    raised in a run's task group (inside an ExceptionGroup). A group that holds
+    another exception too goes on to `main`, which reports a bug (exit 70)."""
     try:
         yield
-    except BatchrunError as exc:
+    except* BatchrunError as group:
+        errors = [leaf for leaf in _leaves(group) if isinstance(leaf, BatchrunError)]
+        # A state problem says most about what to do; else the first one raised.
+        exc = min(errors, key=lambda e: not isinstance(e, StateError))
         say(f"{exc.label}{exc.message}")
         raise typer.Exit(exc.exit_code) from None

@@ -140,7 +140,10 @@ class Client:
             error = f"timeout (no complete answer within {self._timeout:g} s)"
             return Outcome(Kind.TRANSIENT, error=error)
         except httpx.TimeoutException as exc:
-            return Outcome(Kind.TRANSIENT, error=f"timeout ({type(exc).__name__})")
+            error = f"timeout ({type(exc).__name__})"
+            return Outcome(
+                Kind.TRANSIENT, error=error, maybe_processed=not _unsent(exc)
+            )
         except httpx.TransportError as exc:
             return _transport_failure(exc, self._secret)
         return _classify(response, raw, cut=cut, secret=self._secret)
@@ -192,10 +195,22 @@ def _classify(
             "HTTP 429",
             note,
             hints=hints,
+            maybe_processed=False,
         )
     error = f"HTTP {status} {response.reason_phrase}".strip()
     kind = Kind.TRANSIENT if status >= 500 or status == 408 else Kind.FAILED
-    return Outcome(kind, status, body, error=error, note=note, hints=hints)
+    # A 503 that says when to come back is the server turning the request away
+    # unprocessed (RFC 9110 section 15.6.4); any other 5xx may have done the work.
+    declined = status == 503 and hints.retry_after is not None
+    return Outcome(
+        kind,
+        status,
+        body,
+        error=error,
+        note=note,
+        hints=hints,
+        maybe_processed=not declined,
+    )
 
 
 def _delay(hints: Hints) -> float | None:
@@ -259,7 +274,16 @@ def _transport_failure(exc: httpx.TransportError, secret: str | None) -> Outcome
             "pass it with --ca-bundle."
         )
         return Outcome(Kind.FAILED, error=error)
-    return Outcome(Kind.TRANSIENT, error=_describe(exc, secret))
+    error = _describe(exc, secret)
+    return Outcome(Kind.TRANSIENT, error=error, maybe_processed=not _unsent(exc))
+
+
+def _unsent(exc: httpx.TransportError) -> bool:
+    """True when the request provably never left: no connection was made, or no
+    pooled connection came free, so not a byte of it reached the server."""
+    return isinstance(
+        exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout
+    )
 
 
 def _certificate_error(exc: BaseException) -> ssl.SSLCertVerificationError | None:

@@ -5,11 +5,14 @@
     ├── JobsFileError        exit 2  (a jobs file with bad rows; nothing was sent)
     ├── RunLocked            exit 3  (another run holds this jobs file)
     ├── StateError           exit 74 (the state folder or the ledger cannot be used)
+    │   ├── DiskFull         exit 74 (no space left: mid-run, the run stops, 75)
     │   └── LedgerLost       exit 74 (the ledger went away mid-run: the run stops, 75)
     └── StoppedEarly         exit 75 (deadline, ledger lost), 130 (Ctrl-C) or
                              143 (SIGTERM), jobs left to resume
 
-`cli.py` converts these to a message on stderr and the exit code, once, at the edge.
+`cli.py` converts these to a message on stderr and the exit code, once, at the edge,
+also when one comes out of a run's task group inside an ExceptionGroup. Any other
+exception is a bug: exit 70.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Sequence
 
 EXIT_OK = 0
 EXIT_SOME_FAILED = 1
+EXIT_INTERNAL = 70  # EX_SOFTWARE from sysexits.h: a bug, never "jobs failed".
 EXIT_STOPPED = 75  # EX_TEMPFAIL from sysexits.h: "try again later".
 # 128 + the signal's number, as a shell reports a process the signal killed, so
 # that a shell loop around batchrun stops on Ctrl-C as it would around `sleep`.
@@ -82,6 +86,15 @@ class StateError(BatchrunError):
     """Raised when the state folder or the ledger cannot be read or written."""
 
     exit_code = 74  # EX_IOERR from sysexits.h.
+
+
+class DiskFull(StateError):
+    """Raised when a state file cannot be written because the disk is full.
+
+    Mid-run, the runner turns it into a stop, like a deadline: no new requests,
+    those in flight finished and recorded where possible, exit 75, so that a
+    rerun after space is freed resumes.
+    """
 
 
 class LedgerLost(StateError):

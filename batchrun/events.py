@@ -20,6 +20,8 @@ class Status(StrEnum):
 
     DONE = "done"
     FAILED = "failed"
+    # The request may or may not have been processed; resent only when asked.
+    UNKNOWN = "unknown"
 
 
 @dataclass(slots=True)
@@ -31,10 +33,11 @@ class Tally:
     failed: int = 0
     rate_limited: int = 0
     retried: int = 0
+    unknown: int = 0
 
     @property
     def ended(self) -> int:
-        return self.done + self.failed
+        return self.done + self.failed + self.unknown
 
     @property
     def left(self) -> int:
@@ -47,6 +50,7 @@ class Tally:
         self.failed += other.failed
         self.rate_limited += other.rate_limited
         self.retried += other.retried
+        self.unknown += other.unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +87,7 @@ class JobRequeued:
 
 @dataclass(frozen=True, slots=True)
 class JobFinished:
-    """A job reached its end: done, or failed with `error`."""
+    """A job reached its end: done, or failed or unknown with `error`."""
 
     at: float
     key: LimitKey
@@ -128,6 +132,7 @@ class RunFinished:
     rate_limited: int
     retried: int
     stopped: bool
+    unknown: int = 0
 
 
 Event = (

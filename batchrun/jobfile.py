@@ -41,10 +41,12 @@ _CSV_ERRORS = {
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """One bad row: its physical line (0 for the whole file) and why it is bad."""
+    """One bad row: its physical line (0 for the whole file), why it is bad, and
+    its id when that much was read (a bad row still claims its id)."""
 
     line: int
     reason: str
+    id: str | None = None
 
 
 # A row as read: its line and fields, or why it could not be read at all.

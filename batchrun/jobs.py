@@ -133,6 +133,7 @@ def _job(
     *,
     text_payload: bool,
 ) -> Job | Problem:
+    job_id = None
     try:
         # The id first, so a later duplicate is named even if this row is bad.
         job_id = _unique(_id(fields.get("id")), line, seen)
@@ -140,7 +141,7 @@ def _job(
         payload = _payload(fields.get("payload"), text=text_payload)
         team = _team(fields.get("team_id")) if ENDPOINTS[kind].needs_team else None
     except _BadRow as exc:
-        return Problem(line, str(exc))
+        return Problem(line, str(exc), job_id)
     return Job(job_id, kind, team, payload, line)
 
 

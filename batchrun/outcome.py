@@ -23,7 +23,12 @@ class Kind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """The meaning of one attempt: its kind, HTTP status, body and any server delay."""
+    """The meaning of one attempt: its kind, HTTP status, body and any server delay.
+
+    `maybe_processed` is False only when the request provably never reached the
+    server's handler (no connection, a 429, a 503 asking to come back later): only
+    then may a job that is not safe to repeat (an invite) be sent again unasked.
+    """
 
     kind: Kind
     status: int | None = None
@@ -33,3 +38,4 @@ class Outcome:
     note: str | None = None
     # What the answer's headers said about the server's limits.
     hints: Hints | None = None
+    maybe_processed: bool = True

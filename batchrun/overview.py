@@ -68,7 +68,7 @@ def status(
     found = _store_path(paths, jobs_file, client)
     if found is None:
         raise UsageError(_no_run(jobs_file, paths, client))
-    with RunStore(found) as store:
+    with RunStore(found, read_only=True) as store:
         states: dict[LimitKey, dict[JobState, int]] = {}
         for (key, state), n in sorted(store.counts().items()):
             states.setdefault(key, {})[state] = n
@@ -105,7 +105,7 @@ def show(
     found = _store_path(paths, jobs_file, client)
     if found is None:
         raise UsageError(_no_run(jobs_file, paths, client))
-    with RunStore(found) as store:
+    with RunStore(found, read_only=True) as store:
         job = store.job(job_id)
     if job is None:
         msg = f"{jobs_file}: its run has no job {job_id!r}. Check the id's spelling."
@@ -139,7 +139,7 @@ def plan(
     settled: set[str] = set()
     found = _store_path(paths, jobs_file, client)
     if found is not None:
-        with RunStore(found) as store:
+        with RunStore(found, read_only=True) as store:
             settled = store.ids_in(_SETTLED)
     left = Counter(job.key for job in jobs if job.id not in settled)
     budget = _Budget(paths, client, ledger_url, fallback or {})
@@ -174,7 +174,9 @@ def _plans(
 
 
 @contextmanager
-def _ledger(budget: _Budget, now: float | None = None) -> Iterator[Ledger]:
+def _ledger(
+    budget: _Budget, now: float | None = None, *, read_only: bool = True
+) -> Iterator[Ledger]:
     """The client's ledger, read at `now` (default: the time it is opened)."""
     at = MachineClock().now() if now is None else now
     ledger = open_shared_ledger(
@@ -183,6 +185,7 @@ def _ledger(budget: _Budget, now: float | None = None) -> Iterator[Ledger]:
         client=budget.client,
         hold=0.0,
         now=lambda: at,
+        read_only=read_only,
     )
     try:
         yield ledger
@@ -267,7 +270,7 @@ def forget(
     """Forget what was learned of `keys`' limits for `client`, so that the next
     run starts from the rule given again; return the keys that had a lesson."""
     forgotten = []
-    with _ledger(_Budget(paths, client, ledger_url)) as ledger:
+    with _ledger(_Budget(paths, client, ledger_url), read_only=False) as ledger:
         for key in keys:
             if ledger.recall(key.value) not in (None, "{}"):
                 ledger.remember(key.value, "{}")

@@ -1,8 +1,10 @@
 """Where the state folder keeps things, and the fingerprint that names a client.
 
-Pure path arithmetic, plus making private folders: folders are 0700, so a run's
-jobs, payloads and send times are the user's alone. No token is ever part of a
-path or stored: a client is named by a hash of base URL and token.
+Pure path arithmetic, plus making private folders: folders batchrun makes are 0700,
+so a run's jobs, payloads and send times are the user's alone; a folder that exists
+is left as its owner set it (a read-only one is reported, never chmodded). Only
+`submit` makes folders: `status`, `plan` and `validate` write nothing. No token is
+ever part of a path or stored: a client is named by a hash of base URL and token.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import platformdirs
 
-from batchrun.errors import UsageError
+from batchrun.errors import StateError
 
 
 def client_fingerprint(base_url: str, token: str | None) -> str:
@@ -23,13 +25,18 @@ def client_fingerprint(base_url: str, token: str | None) -> str:
 
 
 def _private_dir(path: Path) -> Path:
-    """Create `path` (and parents) readable by the user only."""
+    """Create `path` (and parents) readable by the user only, unless it exists."""
+    if path.is_dir():
+        return path
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path.chmod(0o700)
+        path.chmod(0o700)  # mkdir's mode is masked by the umask
     except OSError as exc:
-        msg = f"cannot use state folder {path}: {exc.strerror or exc}. See --state-dir."
-        raise UsageError(msg) from None
+        msg = (
+            f"cannot make the state folder {path}: {exc.strerror or exc}. "
+            "Make its parent writable by you, or use another --state-dir."
+        )
+        raise StateError(msg) from None
     return path
 
 
@@ -40,10 +47,11 @@ class StatePaths:
     root: Path
 
     @classmethod
-    def resolve(cls, explicit: Path | None) -> StatePaths:
-        """--state-dir (or BATCHRUN_STATE_DIR), else the user's state folder."""
-        root = explicit or Path(platformdirs.user_state_dir("batchrun"))
-        return cls(_private_dir(root.expanduser()))
+    def resolve(cls, explicit: Path | None, *, create: bool = True) -> StatePaths:
+        """--state-dir (or BATCHRUN_STATE_DIR), else the user's state folder; made
+        if missing, unless not `create` (for commands that only read)."""
+        root = (explicit or Path(platformdirs.user_state_dir("batchrun"))).expanduser()
+        return cls(_private_dir(root) if create else root)
 
     @property
     def ledger(self) -> Path:
@@ -51,7 +59,13 @@ class StatePaths:
 
     def run_folder(self, jobs_file: Path) -> Path:
         digest = hashlib.sha256(str(jobs_file.resolve()).encode()).hexdigest()[:16]
-        return _private_dir(_private_dir(self.root / "runs") / digest)
+        return self.root / "runs" / digest
+
+    def make_run_folder(self, jobs_file: Path) -> Path:
+        """The run folder of `jobs_file`, made if missing."""
+        _private_dir(self.root / "runs")
+        return _private_dir(self.run_folder(jobs_file))
 
     def run_store(self, jobs_file: Path, client: str) -> Path:
-        return self.run_folder(jobs_file) / f"{client}.db"
+        """Where `submit` keeps the jobs of `jobs_file` for `client` (folder made)."""
+        return self.make_run_folder(jobs_file) / f"{client}.db"

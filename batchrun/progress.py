@@ -25,10 +25,10 @@ from rich.text import Text
 from batchrun import durations
 from batchrun.board import (
     NONE,
-    SUMMARY_COLUMNS,
     Board,
     KeyCounts,
     closing_lines,
+    ended_text,
     failure_text,
     learned_text,
     next_slot,
@@ -203,12 +203,11 @@ class _PlainLog:
         return f"starting: {total} jobs — {keys}; pace {board.pace}; ETA {eta_text}"
 
     def _finished(self, event: JobFinished, state: KeyCounts) -> None:
-        if event.status is Status.FAILED:
+        if event.status is not Status.DONE:
             self._failure(event)
         if state.left == 0:
             self._line(
-                f"{event.key}: all {state.total} jobs ended "
-                f"({state.done} done, {state.failed} failed)"
+                f"{event.key}: all {state.total} jobs ended ({ended_text(state)})"
             )
 
     def _requeued(self, event: JobRequeued) -> None:
@@ -245,7 +244,7 @@ class _PlainLog:
         self._line(f"progress: {counts} — {keys}; ETA {eta_text}")
 
     def _summary(self) -> None:
-        rows = [SUMMARY_COLUMNS, *summary_rows(self._board)]
+        rows = summary_rows(self._board)
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         self._line("summary:")
         for row in rows:
@@ -360,9 +359,10 @@ class _LiveView:
 
     def _summary(self) -> None:
         table = Table(title="Summary", box=None, header_style="bold")
-        for name in SUMMARY_COLUMNS:
+        header, *rows = summary_rows(self._board)
+        for name in header:
             table.add_column(name, justify="left" if name == "endpoint" else "right")
-        for row in summary_rows(self._board):
+        for row in rows:
             table.add_row(*row)
         self._console.print(table)
         for line in closing_lines(self._board, self._clock.now()):

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from batchrun.state import Failure
 
 _TEAMS_SHOWN = 10
+_UNKNOWN_HINT = (
+    "the server may or may not have processed these; check, then resend "
+    "them with --retry-unknown (--retry-failed does not)"
+)
 
 
 def summary_lines(jobs_file: Path, summary: Summary) -> list[str]:
@@ -78,7 +82,11 @@ def status_lines(jobs_file: Path, found: Status) -> list[str]:
         counts = ", ".join(f"{n} {state.value}" for state, n in states.items())
         lines.append(f"{key.value}: {counts}")
     for failure in found.failures:
-        lines.append(f"  failed: {failure.id} ({failure.type}): {failure.error}")
+        lines.append(
+            f"  {failure.state}: {failure.id} ({failure.type}): {failure.error}"
+        )
+    if any(failure.state == "unknown" for failure in found.failures):
+        lines.append(f"  unknown: {_UNKNOWN_HINT}")
     return lines + plan_lines(found.keys)
 
 
@@ -122,7 +130,12 @@ def _plan_json(plan: KeyPlan) -> dict[str, object]:
 
 
 def _failure_json(failure: Failure) -> dict[str, str]:
-    return {"id": failure.id, "type": failure.type, "error": failure.error}
+    return {
+        "id": failure.id,
+        "type": failure.type,
+        "state": failure.state,
+        "error": failure.error,
+    }
 
 
 def limits_lines(

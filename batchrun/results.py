@@ -13,10 +13,16 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import IO, Any, Self
 
+from batchrun.database import explain
 from batchrun.errors import UsageError
 from batchrun.events import Status
 from batchrun.jobs import Job
 from batchrun.outcome import Kind, Outcome
+
+_UNKNOWN_NOTE = (
+    "the server may have processed this request: check, then resend it with "
+    "--retry-unknown"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,20 +40,35 @@ class JobResult:
     finished_at: float = 0.0
 
     @classmethod
-    def of(cls, job: Job, attempts: int, outcome: Outcome, at: float) -> JobResult:
-        """The end of `job` after `attempts`, as its last `outcome` left it."""
+    def of(
+        cls,
+        job: Job,
+        attempts: int,
+        outcome: Outcome,
+        at: float,
+        *,
+        status: Status | None = None,
+    ) -> JobResult:
+        """The end of `job` after `attempts`, as its last `outcome` left it:
+        done or failed, unless `status` says otherwise (unknown)."""
         done = outcome.kind is Kind.DONE
         return cls(
             id=job.id,
             type=job.type.value,
-            status=Status.DONE if done else Status.FAILED,
+            status=status or (Status.DONE if done else Status.FAILED),
             attempts=attempts,
             http_status=outcome.status,
             response=outcome.body,
             error=outcome.error,
-            note=outcome.note,
+            note=_noted(outcome.note, status),
             finished_at=at,
         )
+
+
+def _noted(note: str | None, status: Status | None) -> str | None:
+    if status is not Status.UNKNOWN:
+        return note
+    return f"{note}; {_UNKNOWN_NOTE}" if note else _UNKNOWN_NOTE
 
 
 _FIELDS = tuple(f.name for f in fields(JobResult))
@@ -89,12 +110,21 @@ class ResultsFile:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._file.close()
+        # Each line was flushed as written, and a failed write already raised.
+        with contextlib.suppress(OSError):
+            self._file.close()
 
     def write(self, result: JobResult) -> None:
-        """Append one result and flush it to the operating system."""
+        """Append one result and flush it to the operating system.
+
+        Raises:
+            StateError: the line cannot be written (`DiskFull` when no space is left).
+        """
         # Not dataclasses.asdict: that deep-copies the response body first.
         fields = {name: getattr(result, name) for name in _FIELDS}
         line = json.dumps(fields, ensure_ascii=False, default=str)
-        self._file.write(line + "\n")
-        self._file.flush()
+        try:
+            self._file.write(line + "\n")
+            self._file.flush()
+        except OSError as exc:
+            raise explain(exc, self.path) from None

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import IO, Self
 
+from batchrun.database import explain
 from batchrun.errors import RunLocked
 
 
@@ -23,7 +24,10 @@ class RunLock:
         self._file: IO[str] | None = None
 
     def __enter__(self) -> Self:
-        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise explain(exc, self._path) from None
         file = os.fdopen(fd, "r+")
         try:
             fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -35,9 +39,13 @@ class RunLock:
                 f"{self._jobs_file}; wait for it to finish, or stop it."
             )
             raise RunLocked(msg) from None
-        file.truncate(0)
-        file.write(f"pid {os.getpid()}")
-        file.flush()
+        try:
+            file.truncate(0)
+            file.write(f"pid {os.getpid()}")
+            file.flush()
+        except OSError as exc:
+            file.close()
+            raise explain(exc, self._path) from None
         self._file = file
         return self
 

@@ -5,7 +5,10 @@ waits for the key's pacer slot, and sends. Outcomes
 (CONTRACT.md section 4) are settled as they come: done and failed jobs are recorded,
 429s requeue the job and cool the key down, transient errors retry with backoff.
 Every job sent is released back to the pacer, whatever happens to its request.
-A ledger lost mid-run (`LedgerLost` from a slot) stops the run as `stop` does.
+A ledger lost mid-run (`LedgerLost` from a slot), or a state file that cannot be
+written (`StateError`, e.g. a full disk, from a slot or the recorder) stops the run
+as `stop` does: no new requests, those in flight answered and recorded where
+possible; `halted` says why.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Protocol
 import anyio
 
 from batchrun.clock import Clock, wall_time
-from batchrun.errors import LedgerLost
+from batchrun.errors import StateError
 from batchrun.events import (
     Event,
     EventSink,
@@ -171,7 +174,8 @@ class Runner:
         self._changed = anyio.Event()
         self._waits: set[anyio.CancelScope] = set()
         self._stop_requested = False
-        self.ledger_lost: LedgerLost | None = None
+        # Why the run stopped on its own: the ledger lost, a state file unwritable.
+        self.halted: StateError | None = None
 
     async def run(
         self, jobs: Mapping[LimitKey, Iterable[Job]], totals: Mapping[LimitKey, int]
@@ -234,10 +238,9 @@ class Runner:
             with self._stoppable():
                 try:
                     ticket = await self._pacer.acquire(key)
-                except LedgerLost as lost:
+                except StateError as lost:
                     # No budget to draw on: send nothing more; answers still come.
-                    self.ledger_lost = lost
-                    self.stop()
+                    self._halt(lost)
                     return None
                 attempt = queue.pop(self._clock.now())
                 self._in_flight += 1
@@ -247,6 +250,11 @@ class Runner:
             queue.claimed = False
             if self._idle:
                 self._notify()  # the key is free for another worker
+
+    def _halt(self, why: StateError) -> None:
+        if self.halted is None:
+            self.halted = why
+        self.stop()
 
     def _claimed(self) -> bool:
         return any(queue.claimed for _, queue in self._queues)
@@ -278,8 +286,15 @@ class Runner:
     ) -> None:
         attempt.attempts += 1
         attempt.sent_at = self._clock.now()
+        try:
+            self._recorder.started(attempt.job, attempt.attempts)
+        except StateError as exc:
+            # Not recorded as in flight, so not sent: the store still has it to send.
+            self._pacer.release(key, ticket)
+            self._in_flight -= 1
+            self._halt(exc)
+            return
         sent = self._learner.sent(key, attempt.sent_at)
-        self._recorder.started(attempt.job, attempt.attempts)
         self._emit(JobSent(self._clock.now(), key, attempt.job.id, attempt.attempts))
         try:
             outcome = await self._sender.send(attempt.job)
@@ -291,7 +306,12 @@ class Runner:
         self._learner.answered(
             key, sent, self._clock.now(), refused=refused, wait=outcome.retry_after
         )
-        self._settle(key, queue, attempt, outcome)
+        try:
+            self._settle(key, queue, attempt, outcome)
+        except StateError as exc:
+            # The answer could not be recorded: the store still says in flight,
+            # so the next run resends the job if safe, else leaves it unknown.
+            self._halt(exc)
         self._heed(key, outcome.hints)
         self._review(key)
         if refused is False and key in self._fallback:
@@ -385,6 +405,11 @@ class Runner:
     def _transient(
         self, key: LimitKey, queue: _Queue, attempt: _Try, outcome: Outcome
     ) -> None:
+        if outcome.maybe_processed and not attempt.job.endpoint.safe_to_repeat:
+            # Sending it again could do it twice (two invites): only the user,
+            # who can check, may ask for that (--retry-unknown).
+            self._finish(key, attempt, outcome, status=Status.UNKNOWN)
+            return
         attempt.failures += 1
         if attempt.failures >= self._settings.max_attempts:
             self._finish(key, attempt, outcome)
@@ -404,19 +429,30 @@ class Runner:
         rate_limited: bool,
     ) -> None:
         now = self._clock.now()
-        # A 429 was not processed; after a 5xx or a timeout the server may have.
-        self._recorder.requeued(attempt.job, maybe_processed=not rate_limited)
+        maybe = outcome.maybe_processed
+        self._recorder.requeued(attempt.job, maybe_processed=maybe)
         entry = (now + delay, next(self._order), attempt)
         heapq.heappush(queue.retries, entry)
         reason = "; ".join(filter(None, [outcome.error, outcome.note])) or "retry"
         self._emit(JobRequeued(now, key, attempt.job.id, delay, rate_limited, reason))
 
-    def _finish(self, key: LimitKey, attempt: _Try, outcome: Outcome) -> None:
+    def _finish(
+        self,
+        key: LimitKey,
+        attempt: _Try,
+        outcome: Outcome,
+        *,
+        status: Status | None = None,
+    ) -> None:
         now = self._clock.now()
         # The results file is for people: its date is the wall clock's.
-        result = JobResult.of(attempt.job, attempt.attempts, outcome, wall_time())
+        result = JobResult.of(
+            attempt.job, attempt.attempts, outcome, wall_time(), status=status
+        )
         if result.status is Status.DONE:
             self._tally.done += 1
+        elif result.status is Status.UNKNOWN:
+            self._tally.unknown += 1
         else:
             self._tally.failed += 1
         self._recorder.finished(result)
@@ -452,6 +488,7 @@ class Runner:
             t.rate_limited,
             t.retried,
             stopped=t.left > 0,
+            unknown=t.unknown,
         )
 
     def _emit(self, event: Event) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from batchrun.ledger import Ledger
+from batchrun.ledger import Ledger, MemoryLedger
 from batchrun.paths import StatePaths
 from batchrun.sqlite_ledger import SqliteLedger
 
@@ -22,15 +22,23 @@ def open_shared_ledger(
     client: str,
     hold: float,
     now: Callable[[], float],
+    read_only: bool = False,
 ) -> Ledger:
     """The client's ledger: Redis at `url` if given, else SQLite in `state`.
+
+    `read_only` (status, plan) writes nothing: a SQLite ledger not yet made reads
+    as an empty one, instead of being created.
 
     Raises:
         StateError: the ledger cannot be reached or used (exit 74).
         UsageError: `url` is not a redis:// or rediss:// URL.
     """
     if url is None:
-        return SqliteLedger(state.ledger, client=client, hold=hold, now=now)
+        if read_only and not state.ledger.exists():
+            return MemoryLedger()
+        return SqliteLedger(
+            state.ledger, client=client, hold=hold, now=now, read_only=read_only
+        )
     # Imported here: only runs that share their budget through Redis load redis-py.
     from batchrun.redis_ledger import RedisLedger
 

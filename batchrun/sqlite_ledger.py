@@ -27,6 +27,7 @@ from pathlib import Path
 
 from batchrun.clock import boot_id
 from batchrun.database import open_database, write_transaction
+from batchrun.errors import StateError
 from batchrun.generation import marker_of, new_generation, read_marker, write_marker
 from batchrun.limits import Rule
 from batchrun.slots import Grant, Pace, Usage, Wait, earliest_slot
@@ -133,14 +134,18 @@ class SqliteLedger:
         hold: float,
         now: Callable[[], float],
         boot: str | None = None,
+        read_only: bool = False,
     ) -> None:
         """`now` is the machine clock (`clock.MachineClock().now`) and `boot` the
         id of the boot it counts from (`clock.boot_id()` unless given).
+        `read_only` (status, plan) writes nothing, not even to settle a lost
+        history: the next run that writes notices that.
 
         Raises:
             StateError: the file or its generation marker cannot be used.
         """
-        self._db = open_database(path, _MIGRATIONS, timeout=60)
+        self._db = open_database(path, _MIGRATIONS, timeout=60, read_only=read_only)
+        self._read_only = read_only
         self._client = client
         self._hold = hold
         self._now = now
@@ -152,18 +157,29 @@ class SqliteLedger:
         self._keys: dict[int, tuple[str, float]] = {}
         self.lost_history = False
         try:
-            with write_transaction(self._db):
-                self._horizon = self._settle(marker_of(path), now())
+            if read_only:
+                self._horizon = self._read_horizon(now())
+            else:
+                with write_transaction(self._db):
+                    self._horizon = self._settle(marker_of(path), now())
         except BaseException:
             self._db.close()
             raise
 
     def close(self) -> None:
-        """Write the answers not yet written, and close the file."""
-        if self._answers:
-            with write_transaction(self._db):
-                self._write_answers()
-        self._db.close()
+        """Write the answers not yet written, and close the file.
+
+        An answer that cannot be written (a full disk) only leaves its request
+        counted as in flight until its expiry, which is never less safe.
+        """
+        try:
+            if self._answers and not self._read_only:
+                with write_transaction(self._db):
+                    self._write_answers()
+        except StateError:
+            pass
+        finally:
+            self._db.close()
 
     def reserve(self, key: str, rule: Rule, pace: Pace, now: float) -> Grant | Wait:
         with write_transaction(self._db):
@@ -185,14 +201,13 @@ class SqliteLedger:
         if slot > now:
             return Wait(slot)
         expires = now + self._hold
-        cursor = self._db.execute(
+        ticket = self._db.insert(
             "INSERT INTO send_log (client, key, at, expires, keep_until, boot) "
             "VALUES (?, ?, ?, ?, ?, ?)",
             (self._client, key, now, expires, expires + keep, self._boot),
         )
-        assert cursor.lastrowid is not None
-        self._keys[cursor.lastrowid] = (key, keep)
-        return Grant(cursor.lastrowid)
+        self._keys[ticket] = (key, keep)
+        return Grant(ticket)
 
     def release(self, ticket: int, now: float) -> None:
         key, keep = self._keys.pop(ticket)
@@ -200,17 +215,20 @@ class SqliteLedger:
 
     def usage(self, key: str, rule: Rule) -> Usage:
         now = self._now()
-        with write_transaction(self._db):
-            self._write_answers()
+        if self._read_only:
             self._catch_up(now)
+        else:
+            with write_transaction(self._db):
+                self._write_answers()
+                self._catch_up(now)
         return self._logs[key].usage(rule, now, self._horizon)
 
     def recall(self, key: str) -> str | None:
         """The text last remembered for `key` by any process of this client."""
-        row = self._db.execute(
+        rows = self._db.execute(
             "SELECT text FROM learned WHERE client = ? AND key = ?", (self._client, key)
-        ).fetchone()
-        return None if row is None else str(row[0])
+        )
+        return str(rows[0][0]) if rows else None
 
     def remember(self, key: str, text: str) -> None:
         """Keep `text` for `key`; kept until replaced (the file has no expiry)."""
@@ -234,7 +252,7 @@ class SqliteLedger:
             "SELECT seq, key, ticket, at, expires, boot FROM send_log "
             "WHERE seq > ? AND client = ? ORDER BY seq",
             (self._seen, self._client),
-        ).fetchall()
+        )
         for seq, key, ticket, at, expires, boot in rows:
             at = self._stamp(at, boot, now)
             if ticket is None:
@@ -261,11 +279,11 @@ class SqliteLedger:
             "INSERT OR IGNORE INTO ledger_meta VALUES ('generation', ?)",
             (new_generation(),),
         )
-        (generation,) = self._db.execute(
+        [(generation,)] = self._db.execute(
             "SELECT value FROM ledger_meta WHERE name = 'generation'"
-        ).fetchone()
+        )
         kept = read_marker(marker)
-        legacy = self._db.execute("DELETE FROM send_log WHERE boot IS NULL").rowcount
+        legacy = self._db.changes("DELETE FROM send_log WHERE boot IS NULL")
         if legacy or kept not in (None, generation):
             self.lost_history = True
             horizon = json.dumps({"boot": self._boot, "at": now})
@@ -274,12 +292,14 @@ class SqliteLedger:
             )
         if kept != generation:
             write_marker(marker, generation)
-        row = self._db.execute(
-            "SELECT value FROM ledger_meta WHERE name = 'horizon'"
-        ).fetchone()
-        if row is None:
+        return self._read_horizon(now)
+
+    def _read_horizon(self, now: float) -> float | None:
+        """The moment a lost history was noticed, on this boot's clock, if ever."""
+        rows = self._db.execute("SELECT value FROM ledger_meta WHERE name = 'horizon'")
+        if not rows:
             return None
-        kept_horizon = json.loads(row[0])
+        kept_horizon = json.loads(rows[0][0])
         return self._stamp(float(kept_horizon["at"]), kept_horizon["boot"], now)
 
     def _prune(self, now: float) -> None:

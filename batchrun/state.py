@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -25,7 +25,7 @@ from batchrun.database import open_database, write_transaction
 from batchrun.endpoints import ENDPOINTS, JobType
 from batchrun.errors import JobsFileError
 from batchrun.jobfile import Problem
-from batchrun.jobs import Job
+from batchrun.jobs import Job, Summary, scan
 from batchrun.limits import LimitKey
 from batchrun.results import JobResult
 
@@ -59,11 +59,12 @@ class JobState(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """A failed job and why."""
+    """A failed or unknown job and why."""
 
     id: str
     type: str
     error: str
+    state: str = "failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +83,8 @@ class JobRecord:
 class RunStore:
     """The jobs of one file for one client, and where each stands."""
 
-    def __init__(self, path: Path | str) -> None:
-        self._db = open_database(path, _MIGRATIONS)
+    def __init__(self, path: Path | str, *, read_only: bool = False) -> None:
+        self._db = open_database(path, _MIGRATIONS, read_only=read_only)
 
     def close(self) -> None:
         self._db.close()
@@ -102,22 +103,57 @@ class RunStore:
         with write_transaction(self._db):
             if restart:
                 self._db.execute("DELETE FROM jobs")
-            self._db.execute(
-                "CREATE TEMP TABLE IF NOT EXISTS incoming (id TEXT, line INT, "
-                "type TEXT, key TEXT, team_id TEXT, payload TEXT, digest TEXT)"
-            )
-            self._db.execute("CREATE INDEX IF NOT EXISTS incoming_id ON incoming (id)")
-            self._db.execute("DELETE FROM incoming")
-            problems, total = self._stage(rows)
-            problems, total = self._duplicates(problems, total)
+            problems, total = self._take_in(rows)
             if not total:
                 problems, total = self._conflicts()
             if total:
                 raise JobsFileError(path, problems, total)
             self._merge()
 
+    def check(self, rows: Iterable[Job | Problem], *, path: str) -> Summary:
+        """`validate`: find every bad row as `sync` does (duplicate ids by SQLite,
+        so memory does not grow with the file), keep nothing, and count the jobs.
+
+        Raises:
+            JobsFileError: naming the first bad rows and counting all of them.
+        """
+        with write_transaction(self._db):
+            problems, total = self._take_in(rows, staged=_identity)
+            if total:
+                raise JobsFileError(path, problems, total)
+            per_type = self._db.execute(
+                "SELECT type, count(*) FROM incoming WHERE type IS NOT NULL "
+                "GROUP BY type ORDER BY min(line)"
+            )
+            per_team = self._db.execute(
+                "SELECT team_id, count(*) FROM incoming WHERE team_id IS NOT NULL "
+                "GROUP BY team_id"
+            )
+            self._db.execute("DELETE FROM incoming")
+        types = {JobType(kind): n for kind, n in per_type}
+        return Summary(sum(types.values()), types, dict(per_team))
+
+    def _take_in(
+        self,
+        rows: Iterable[Job | Problem],
+        *,
+        staged: Callable[[Job], tuple[object, ...]] | None = None,
+    ) -> tuple[list[tuple[int, str]], int]:
+        """Stage `rows` in the temporary table `incoming`; return the bad rows
+        (the first of them, and how many), duplicate ids included."""
+        self._db.execute(
+            "CREATE TEMP TABLE IF NOT EXISTS incoming (id TEXT, line INT, "
+            "type TEXT, key TEXT, team_id TEXT, payload TEXT, digest TEXT)"
+        )
+        self._db.execute("CREATE INDEX IF NOT EXISTS incoming_id ON incoming (id)")
+        self._db.execute("DELETE FROM incoming")
+        problems, total = self._stage(rows, staged or _staged)
+        return self._duplicates(problems, total)
+
     def _stage(
-        self, rows: Iterable[Job | Problem]
+        self,
+        rows: Iterable[Job | Problem],
+        staged: Callable[[Job], tuple[object, ...]],
     ) -> tuple[list[tuple[int, str]], int]:
         problems: list[tuple[int, str]] = []
         total = 0
@@ -127,8 +163,13 @@ class RunStore:
                 total += 1
                 if len(problems) < _SHOWN:
                     problems.append((row.line, row.reason))
+                if row.id is not None:
+                    # A bad row still claims its id: a later row with it is named.
+                    batch.append((row.id, row.line, *(None,) * 5))
+                    if len(batch) >= _BATCH:
+                        self._insert_staged(batch)
                 continue
-            batch.append(_staged(row))
+            batch.append(staged(row))
             if len(batch) >= _BATCH:
                 self._insert_staged(batch)
         self._insert_staged(batch)
@@ -144,7 +185,8 @@ class RunStore:
         """Add the rows whose id an earlier row already has, in line order."""
         query = (
             "FROM incoming i JOIN (SELECT id, min(line) AS first FROM incoming "
-            "GROUP BY id HAVING count(*) > 1) d ON i.id = d.id WHERE i.line > d.first"
+            "GROUP BY id HAVING count(*) > 1) d ON i.id = d.id "
+            "WHERE i.line > d.first AND i.type IS NOT NULL"
         )
         more, rows = self._counted("i.line, i.id, d.first", query)
         found = [
@@ -155,10 +197,10 @@ class RunStore:
 
     def _counted(self, columns: str, query: str) -> tuple[int, list[Any]]:
         """How many rows `query` finds, and the first of them by line."""
-        (count,) = self._db.execute(f"SELECT count(*) {query}").fetchone()
+        [(count,)] = self._db.execute(f"SELECT count(*) {query}")
         rows = self._db.execute(
             f"SELECT {columns} {query} ORDER BY i.line LIMIT {_SHOWN}"
-        ).fetchall()
+        )
         return count, rows
 
     def _conflicts(self) -> tuple[list[tuple[int, str]], int]:
@@ -223,7 +265,7 @@ class RunStore:
                 "SELECT id, type, team_id, payload, line FROM jobs WHERE key = ? "
                 "AND state = 'pending' AND line > ? ORDER BY line LIMIT ?",
                 (key.value, after, _PAGE),
-            ).fetchall()
+            )
             for job_id, kind, team, payload, line in page:
                 yield Job(job_id, JobType(kind), team, json.loads(payload), line)
             if len(page) < _PAGE:
@@ -236,10 +278,10 @@ class RunStore:
         return {(LimitKey(k), JobState(s)): n for k, s, n in rows}
 
     def failures(self, limit: int = 20) -> list[Failure]:
-        """The first failed jobs, in file order, with their errors."""
+        """The first failed and unknown jobs, in file order, with their errors."""
         rows = self._db.execute(
-            "SELECT id, type, coalesce(error, '') FROM jobs WHERE state = 'failed' "
-            "ORDER BY line LIMIT ?",
+            "SELECT id, type, coalesce(error, ''), state FROM jobs "
+            "WHERE state IN ('failed', 'unknown') ORDER BY line LIMIT ?",
             (limit,),
         )
         return [Failure(*row) for row in rows]
@@ -250,10 +292,10 @@ class RunStore:
             "SELECT id, line, type, state, attempts, http_status, error FROM jobs "
             "WHERE id = ?",
             (job_id,),
-        ).fetchone()
-        if found is None:
+        )
+        if not found:
             return None
-        job, line, kind, state, attempts, http_status, error = found
+        job, line, kind, state, attempts, http_status, error = found[0]
         return JobRecord(job, line, kind, JobState(state), attempts, http_status, error)
 
     def ids_in(self, states: Iterable[JobState]) -> set[str]:
@@ -264,9 +306,8 @@ class RunStore:
         return {row[0] for row in rows}
 
     def get_meta(self, name: str) -> str | None:
-        row = self._db.execute("SELECT value FROM meta WHERE name = ?", (name,))
-        found = row.fetchone()
-        return None if found is None else str(found[0])
+        rows = self._db.execute("SELECT value FROM meta WHERE name = ?", (name,))
+        return str(rows[0][0]) if rows else None
 
     def set_meta(self, name: str, value: str) -> None:
         self._db.execute(
@@ -304,6 +345,11 @@ class RunStore:
         )
 
 
+def _identity(job: Job) -> tuple[object, ...]:
+    """What `validate` stages of a job: all a check needs, no payload or digest."""
+    return (job.id, job.line, job.type.value, job.key.value, job.team_id, None, None)
+
+
 def _staged(job: Job) -> tuple[object, ...]:
     payload = json.dumps(job.payload, sort_keys=True, separators=(",", ":"))
     content = json.dumps([job.type.value, job.team_id, payload])
@@ -317,3 +363,11 @@ def _staged(job: Job) -> tuple[object, ...]:
         payload,
         digest,
     )
+
+
+def check_jobs_file(path: Path) -> Summary:
+    """`validate`: the jobs of `path` counted, or JobsFileError naming every bad
+    row. Duplicate ids are found in a private temporary SQLite database (it spills
+    to a temporary file when large, and is gone when closed), not in memory."""
+    with RunStore("") as store:
+        return store.check(scan(path, check_duplicates=False), path=str(path))

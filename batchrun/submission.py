@@ -35,6 +35,7 @@ from batchrun.errors import (
     EXIT_SOME_FAILED,
     EXIT_STOPPED,
     EXIT_TERMINATED,
+    LedgerLost,
     StoppedEarly,
     UsageError,
 )
@@ -100,7 +101,7 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
         StoppedEarly: when jobs are left after a deadline, a lost ledger or a
             signal, and none failed (exit 75), or after a signal (130, 143).
     """
-    lock = RunLock(job.state.run_folder(job.jobs_file), job.jobs_file)
+    lock = RunLock(job.state.make_run_folder(job.jobs_file), job.jobs_file)
     # A ledger that cannot be used stops the run before the jobs file is read;
     # closing it writes the last answers for the other processes.
     with lock, _store(job) as store, contextlib.closing(_ledger(job)) as ledger:
@@ -123,7 +124,8 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
             say(f"Results: {job.results}")
         else:
             stop = None
-        return _exit_code(store, stop=stop, say=say)
+        kept = not job.target.is_sandbox
+        return _exit_code(store, stop=stop, kept=kept, say=say)
 
 
 async def _run(
@@ -229,10 +231,17 @@ async def _supervised(
             tasks.start_soon(_after, deadline, stop)
         await runner.run(sources, pending)
         tasks.cancel_scope.cancel()
-    if runner.ledger_lost is not None:
-        lost = runner.ledger_lost.message
+    halted = runner.halted
+    if isinstance(halted, LedgerLost):
+        lost = halted.message
         say(f"Ledger lost: {lost}\nStarted no new requests; those in flight ended.")
         return stopped or EXIT_STOPPED
+    if halted is not None:
+        msg = (
+            f"{halted.message}\nThe run stopped: it started no new requests, and "
+            "those in flight ended and were recorded where the state folder allowed."
+        )
+        raise type(halted)(msg)
     return stopped
 
 
@@ -371,21 +380,31 @@ def _announce(store: RunStore, say: Callable[[str], None]) -> None:
         say("Nothing to send.")
 
 
-def _exit_code(store: RunStore, *, stop: int | None, say: Callable[[str], None]) -> int:
+_RESUME = "run the same command to resume."
+# The in-process sandbox's runs live in a temporary folder (see `_store`).
+_NOT_KEPT = (
+    "sandbox runs are not kept (their state is temporary), so running the "
+    "command again starts over."
+)
+
+
+def _exit_code(
+    store: RunStore, *, stop: int | None, kept: bool, say: Callable[[str], None]
+) -> int:
     counts = store.counts()
     by_state = {s: sum(n for (_, st), n in counts.items() if st is s) for s in JobState}
     left = by_state[JobState.PENDING] + by_state[JobState.IN_FLIGHT]
     if by_state[JobState.UNKNOWN]:
         say(
             f"{by_state[JobState.UNKNOWN]} invite(s) may or may not have been sent "
-            "when an earlier run died: check them, then --retry-unknown to resend."
+            "(a timeout, a server error or a run that died mid-request): check "
+            "them, then --retry-unknown to resend."
         )
     failed = by_state[JobState.FAILED] + by_state[JobState.UNKNOWN]
     code = _code(stop, failed=failed, left=left)
     if left:
-        message = (
-            f"Stopped early with {left} job(s) left: run the same command to resume."
-        )
+        then = _RESUME if kept else _NOT_KEPT
+        message = f"Stopped early with {left} job(s) left: {then}"
         if code != EXIT_SOME_FAILED:
             raise StoppedEarly(message, exit_code=code)
         say(message)

@@ -36,12 +36,15 @@ class ListRecorder:
     def __init__(self) -> None:
         self.results: list[JobResult] = []
         self.log: list[tuple[str, str]] = []
+        # The `maybe_processed` of each requeue, in order.
+        self.maybe_processed: list[bool] = []
 
     def started(self, job, attempt: int) -> None:
         self.log.append(("started", job.id))
 
     def requeued(self, job, *, maybe_processed: bool) -> None:
         self.log.append(("requeued", job.id))
+        self.maybe_processed.append(maybe_processed)
 
     def finished(self, result: JobResult) -> None:
         self.log.append(("finished", result.id))

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from batchrun.cli import app
+from batchrun.errors import StateError
 
 runner = CliRunner()
 TOKEN = "tok-3f9a-SECRET"
@@ -194,6 +195,11 @@ def test_submit_refuses_a_bad_file_before_sending(tmp_path):
             ["--sandbox", "--server-counting", "leaky", "--limit", "avatar=1/1h"],
             "cannot count leaky",
             id="too-slow-for-leaky",
+        ),
+        pytest.param(
+            ["--base-url", "https://api.test", "--time-scale", "30"],
+            "--time-scale 30 only works with --sandbox",
+            id="time-scale-against-a-real-api",
         ),
     ],
 )
@@ -384,7 +390,7 @@ def test_sandbox_on_a_busy_port_exits_2():
 
 
 def test_internal_errors_print_a_message_not_a_traceback(monkeypatch, capsys):
-    """An unexpected exception becomes one line on stderr and exit 1."""
+    """An unexpected exception becomes one line on stderr and exit 70 (a bug)."""
     import batchrun.cli as cli
 
     def broken():
@@ -395,7 +401,7 @@ def test_internal_errors_print_a_message_not_a_traceback(monkeypatch, capsys):
     with pytest.raises(SystemExit) as info:
         cli.main()
     err = capsys.readouterr().err
-    assert info.value.code == 1
+    assert info.value.code == 70
     assert "internal error: RuntimeError: boom" in err
     assert "Traceback" not in err
 
@@ -564,3 +570,71 @@ def test_cron_line_keeps_the_token_out_and_says_where_it_goes(tmp_path, monkeypa
     assert TOKEN not in result.stdout + result.stderr
     assert "--env-file" in result.stderr
     assert result.stdout.startswith("0 1 * * * mkdir -p ")
+
+
+def test_a_state_error_inside_an_exception_group_exits_74(monkeypatch, tmp_path):
+    """An error raised in a run's task group is unwrapped at the edge: its message
+    and exit code, not "internal error" and 1."""
+    import batchrun.submission as submission
+
+    def grouped(job, *, say):
+        msg = "/x/ledger.db is damaged (file is not a database). Move it aside."
+        group = "unhandled errors in a TaskGroup"
+        raise ExceptionGroup(group, [StateError(msg)])
+
+    monkeypatch.setattr(submission, "submit", grouped)
+    jobs = tmp_path / "jobs.csv"
+    jobs.write_text("id,type,team_id,payload\nq,run-query,t,\n")
+    result = runner.invoke(app, ["submit", str(jobs), "--sandbox"])
+    assert result.exit_code == 74
+    # Off a terminal submit stamps its stderr lines; the message ends the line.
+    assert result.stderr.endswith(
+        "Error: /x/ledger.db is damaged (file is not a database). Move it aside.\n"
+    )
+    assert "internal error" not in result.stderr
+
+
+def test_an_internal_error_in_an_exception_group_exits_70(monkeypatch, capsys):
+    """A bug in a task group is reported leaf by leaf, exit 70, even beside a
+    BatchrunError."""
+    import batchrun.cli as cli
+
+    def broken():
+        boom, damaged, group = "boom", "x.db is damaged", "group"
+        inner = ExceptionGroup(group, [RuntimeError(boom)])
+        raise ExceptionGroup(group, [inner, StateError(damaged)])
+
+    monkeypatch.setattr(cli, "app", broken)
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    err = capsys.readouterr().err
+    assert info.value.code == 70
+    assert "internal error: RuntimeError: boom" in err
+    assert "Traceback" not in err
+
+
+def test_ctrl_c_inside_an_exception_group_exits_130(monkeypatch):
+    """A Ctrl-C that reaches the edge inside a task group's group is a Ctrl-C."""
+    import batchrun.cli as cli
+
+    def interrupted():
+        group = "group"
+        raise BaseExceptionGroup(group, [KeyboardInterrupt()])
+
+    monkeypatch.setattr(cli, "app", interrupted)
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code == 130
+
+
+def test_a_stopped_sandbox_run_does_not_claim_it_resumes(tmp_path):
+    """A sandbox run's state is temporary: stopped, it says running it again starts
+    over, and never that it resumes."""
+    jobs = tmp_path / "jobs.csv"
+    rows = [f"i{n},invite,t," for n in range(20)]
+    jobs.write_text("id,type,team_id,payload\n" + "\n".join(rows) + "\n")
+    # 15/5m: the last 5 invites wait minutes, so the deadline stops the run.
+    result = runner.invoke(app, ["submit", str(jobs), "--sandbox", "--deadline", "1s"])
+    assert result.exit_code == 75, result.output
+    assert "resume" not in result.stdout + result.stderr
+    assert "sandbox runs are not kept" in result.stderr

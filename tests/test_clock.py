@@ -169,7 +169,8 @@ async def test_two_processes_on_one_ledger_keep_the_rule_across_a_step(
             await send(target, ledger, "a", 30)
     assert max_in_window(sandbox, LimitKey.RUN_QUERY, 1.0) <= 10
     assert len(sandbox.arrivals) == 60
-    assert anyio.current_time() - start < 6.5
+    # About 6 s of work; a stall would be an hour (the step).
+    assert anyio.current_time() - start < 8.0
 
 
 async def test_the_memory_ledger_of_a_sandbox_run_ignores_a_step(clocks):

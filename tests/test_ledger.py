@@ -304,3 +304,59 @@ def test_wall_clock_rows_of_an_older_batchrun_are_read_as_a_lost_history(tmp_pat
     here = SqliteLedger(path, client="c", hold=1.0, now=lambda: 50.0, boot="b")
     assert here.lost_history
     assert here.reserve("k", rule, Pace.EXACT, 50.0) == Wait(60.0)
+
+
+def test_windows_longer_than_an_hour_are_not_pruned_early(tmp_path):
+    """A send is kept as long as the rule's longest window, past the 1 h default:
+    a 2/2h rule still counts two sends of 70 minutes ago in a new process."""
+    path = tmp_path / "l.db"
+    rule = parse_rule("2/2h")
+    first = SqliteLedger(path, client="c", hold=1.0, now=lambda: 0.0)
+    for at in (0.0, 1.0):
+        grant = first.reserve("k", rule, Pace.EXACT, at)
+        assert isinstance(grant, Grant)
+        first.release(grant.ticket, at + 0.5)
+    first.close()
+    later = SqliteLedger(path, client="c", hold=1.0, now=lambda: 4200.0)
+    # Its first reserve prunes before it reads: the two sends must survive it.
+    assert later.reserve("k", rule, Pace.EXACT, 4200.0) == Wait(7200.5)
+
+
+def _reserve_racing(path: str, start, grants) -> None:
+    """One process: wait for the start, then try to take a slot of 1/1h."""
+    import time
+
+    real = SqliteLedger._catch_up
+
+    def slow_catch_up(self, *args):
+        real(self, *args)
+        time.sleep(0.2)  # between reading the log and writing the send
+
+    SqliteLedger._catch_up = slow_catch_up  # type: ignore[method-assign]
+    ledger = SqliteLedger(Path(path), client="c", hold=30.0, now=lambda: 0.0)
+    start.wait()
+    verdict = ledger.reserve("k", parse_rule("1/1h"), Pace.EXACT, 0.0)
+    grants.put(isinstance(verdict, Grant))
+    ledger.close()
+
+
+def test_reserve_is_atomic_across_processes(tmp_path):
+    """Four processes race for the last slot, each slowed between reading the log
+    and writing its send: exactly one gets it (BEGIN IMMEDIATE serializes them)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    start, grants = context.Event(), context.Queue()
+    path = str(tmp_path / "l.db")
+    SqliteLedger(Path(path), client="c", hold=30.0, now=lambda: 0.0).close()
+    racers = [
+        context.Process(target=_reserve_racing, args=(path, start, grants))
+        for _ in range(4)
+    ]
+    for racer in racers:
+        racer.start()
+    start.set()
+    verdicts = [grants.get(timeout=20) for _ in racers]
+    for racer in racers:
+        racer.join(timeout=20)
+    assert sorted(verdicts) == [False, False, False, True]

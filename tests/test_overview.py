@@ -130,7 +130,9 @@ def test_status_reports_states_failures_and_eta(tmp_path):
         "invite": {"failed": 1, "pending": 1},
         "run-query": {"done": 3, "pending": 17},
     }
-    assert report["failures"] == [{"id": "i0", "type": "invite", "error": "HTTP 404"}]
+    assert report["failures"] == [
+        {"id": "i0", "type": "invite", "state": "failed", "error": "HTTP 404"}
+    ]
     by_key = {k["key"]: k for k in report["keys"]}
     # 17 left at 2/1m: pairs at 0, 1, ..., 8 minutes.
     assert by_key["run-query"]["eta_seconds"] == 480.0
@@ -357,3 +359,23 @@ def test_show_of_a_job_not_there_exits_2(tmp_path, job_id, message):
     result = runner.invoke(app, ["show", str(path), job_id or "q0"])
     assert result.exit_code == 2
     assert message in result.stderr
+
+
+def test_status_tells_unknown_from_failed_with_the_way_out(tmp_path):
+    """An unknown invite is listed as unknown, with its reason and --retry-unknown."""
+    path = jobs_file(tmp_path, 1, 2)
+    paths = StatePaths.resolve(tmp_path / "state")
+    with RunStore(paths.run_store(path, client_fingerprint(URL, None))) as store:
+        store.sync(scan(path), path=str(path), restart=False)
+        store.set_meta("rules", "run-query=2/1m,invite=15/5m")
+        store.finished(
+            JobResult("i0", "invite", Status.UNKNOWN, 1, None, error="timeout")
+        )
+        store.finished(JobResult("i1", "invite", Status.FAILED, 1, 404, error="nope"))
+    result = runner.invoke(app, ["status", str(path)])
+    assert "invite: 1 failed, 1 unknown" in result.stdout
+    assert "  unknown: i0 (invite): timeout" in result.stdout
+    assert "  failed: i1 (invite): nope" in result.stdout
+    assert "--retry-unknown" in result.stdout
+    report = json.loads(runner.invoke(app, ["status", str(path), "--json"]).stdout)
+    assert [f["state"] for f in report["failures"]] == ["unknown", "failed"]

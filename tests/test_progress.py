@@ -282,6 +282,28 @@ def test_failure_line_without_error_text_uses_the_status(plain, stream):
     assert texts(stream)[-1] == "job j1 (invite) failed after 1 attempt: HTTP 404"
 
 
+def test_an_unknown_invite_has_its_own_lines_and_summary_column(plain, stream):
+    """An unknown job is not called failed: its line, the key's end and the
+    summary (with an unknown column) say unknown and how to resend it."""
+    plain.emit(start({INVITE: 2}))
+    send_and_finish(plain, 1, key=INVITE)
+    plain.emit(JobSent(2.0, INVITE, "i9", 1))
+    plain.emit(JobFinished(2.5, INVITE, "i9", Status.UNKNOWN, 1, None, "timeout"))
+    assert texts(stream)[-2:] == [
+        "job i9 (invite) unknown after 1 attempt: timeout; it may have been "
+        "processed, so it is not resent (check, then --retry-unknown)",
+        "invite: all 2 jobs ended (1 done, 0 failed, 1 unknown)",
+    ]
+    plain.emit(RunFinished(3.0, 1, 0, 0, 0, 0, stopped=False, unknown=1))
+    plain.close()
+    assert texts(stream)[-4:] == [
+        "  endpoint  done  failed  unknown  left  429s  retries",
+        "  invite       1       0        1     0     0        0",
+        "  total        1       0        1     0     0        0",
+        "1 done, 0 failed, 1 unknown, 0 left in 3.0 s.",
+    ]
+
+
 def test_failures_are_listed_up_to_20_then_counted(plain, stream):
     """The first 20 failures get a line each; later ones are only counted."""
     plain.emit(start({RQ: 100}))

@@ -196,6 +196,73 @@ async def test_transient_errors_fail_after_max_attempts(error):
     assert recorder.results[0].attempts == 3
 
 
+INVITE = f"{BASE}/teams/t1/members/invite"
+
+
+async def run_invites(router, jobs, **settings):
+    """Run invite jobs through a Runner; return (tally, recorder)."""
+    sink, recorder = ListSink(), ListRecorder()
+    rules = {LimitKey.INVITE: parse_rule("100/1s")}
+    async with make_runner(router, rules, sink, recorder=recorder, **settings) as run:
+        tally = await run.run({LimitKey.INVITE: jobs}, {LimitKey.INVITE: len(jobs)})
+    return tally, recorder
+
+
+def invite(job_id: str) -> Job:
+    return Job(job_id, JobType.INVITE, "t1", {"email": f"{job_id}@x.test"})
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(httpx.ReadTimeout("slow"), id="read-timeout"),
+        pytest.param(httpx.RemoteProtocolError("cut"), id="dropped"),
+        pytest.param(httpx.Response(500), id="500"),
+        pytest.param(httpx.Response(503), id="503-without-retry-after"),
+    ],
+)
+async def test_an_invite_that_may_have_been_processed_is_unknown_at_once(answer):
+    """After a timeout, a dropped answer or a 5xx, an invite is not sent again."""
+    router = respx.Router()
+    route = router.post(INVITE)
+    route.side_effect = [answer, httpx.Response(200, json={})]
+    tally, recorder = await run_invites(router, [invite("i")], max_attempts=3)
+    assert route.call_count == 1
+    assert tally == Tally(unknown=1, total=1)
+    [result] = recorder.results
+    assert result.status is Status.UNKNOWN
+    assert "--retry-unknown" in (result.note or "")
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(httpx.ConnectError("refused"), id="connect-refused"),
+        pytest.param(httpx.ConnectTimeout("no syn-ack"), id="connect-timeout"),
+        pytest.param(
+            httpx.Response(503, headers={"Retry-After": "1"}), id="503-retry-after"
+        ),
+    ],
+)
+async def test_an_invite_that_never_reached_the_server_is_retried(answer):
+    """A connection never made, or a 503 with Retry-After, retries an invite."""
+    router = respx.Router()
+    route = router.post(INVITE)
+    route.side_effect = [answer, httpx.Response(200, json={})]
+    tally, recorder = await run_invites(router, [invite("i")], max_attempts=3)
+    assert route.call_count == 2
+    assert (tally.done, tally.unknown) == (1, 0)
+    assert recorder.maybe_processed == [False]
+
+
+async def test_the_store_is_told_a_requeued_request_may_have_been_processed():
+    """A run-query retried after a 5xx is requeued as maybe processed."""
+    router = respx.Router()
+    router.post(QUERY).side_effect = [httpx.Response(500), httpx.Response(200)]
+    _, recorder, _ = await run_jobs(router, [query("a")])
+    assert recorder.maybe_processed == [True]
+
+
 async def test_timeout_error_is_named_in_the_result():
     """A job that timed out says so in its error."""
     router = respx.Router()
@@ -295,13 +362,6 @@ async def test_state_is_recorded_before_the_send_and_after_the_answer():
         ("started", "a"),
         ("finished", "a"),
     ]
-
-
-INVITE = f"{BASE}/teams/t1/members/invite"
-
-
-def invite(job_id: str) -> Job:
-    return Job(job_id, JobType.INVITE, "t1", {"email": f"{job_id}@x.test"})
 
 
 async def test_a_key_waiting_for_its_slot_does_not_hold_up_another():
@@ -409,5 +469,57 @@ async def test_a_ledger_lost_mid_run_stops_starting_requests():
         tally = await runner.run({LimitKey.RUN_QUERY: jobs}, {LimitKey.RUN_QUERY: 6})
     assert tally == Tally(done=2, total=6)
     assert len(sink.of(JobSent)) == 2
-    assert runner.ledger_lost is not None
-    assert "redis://h:6379/0" in runner.ledger_lost.message
+    assert runner.halted is not None
+    assert "redis://h:6379/0" in runner.halted.message
+
+
+async def test_transient_backoff_is_capped():
+    """Server errors back off exponentially up to --backoff-cap, never beyond."""
+    router = respx.Router()
+    route = router.post(QUERY)
+    route.side_effect = [httpx.Response(500)] * 7 + [httpx.Response(200, json={})]
+    _, _, sink = await run_jobs(
+        router, [query("a")], backoff=1.0, backoff_cap=4.0, max_attempts=10
+    )
+    delays = [e.delay for e in sink.of(JobRequeued)]
+    assert len(delays) == 7
+    assert max(delays) <= 4.0
+    assert min(delays[3:]) >= 2.0  # steps 8, 16, ... capped to 4, halved by jitter
+
+
+async def test_backoff_is_jittered_between_half_and_all_of_the_step():
+    """Equal jitter: first retries of many jobs spread over [step/2, step], so
+    they do not come back all at once."""
+    router = respx.Router()
+    seen: set[str] = set()
+
+    def first_fails(request):
+        key = request.headers["Idempotency-Key"]
+        if key in seen:
+            return httpx.Response(200, json={})
+        seen.add(key)
+        return httpx.Response(500)
+
+    router.post(QUERY).side_effect = first_fails
+    jobs = [query(f"j{n}") for n in range(20)]
+    _, _, sink = await run_jobs(router, jobs, backoff=2.0, concurrency=20)
+    delays = [e.delay for e in sink.of(JobRequeued)]
+    assert len(delays) == 20
+    assert all(1.0 <= d <= 2.0 for d in delays)
+    assert max(delays) - min(delays) > 0.5  # spread, not one moment
+
+
+async def test_the_429_streak_resets_after_an_answer_that_is_not_429():
+    """After a 2xx, the next 429 starts the backoff from its first step again."""
+    router = respx.Router()
+    route = router.post(QUERY)
+    no = httpx.Response(429)
+    ok = httpx.Response(200, json={})
+    route.side_effect = [no, no, no, ok, no, ok]
+    _, _, sink = await run_jobs(
+        router, [query("a"), query("b")], rule="100/1m", backoff=1.0, concurrency=1
+    )
+    delays = [e.delay for e in sink.of(JobRequeued)]
+    assert len(delays) == 4
+    assert 2.0 <= delays[2] <= 4.0  # the third 429 in a row: step 4
+    assert 0.5 <= delays[3] <= 1.0  # after the 2xx: step 1 again

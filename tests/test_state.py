@@ -14,13 +14,14 @@ from batchrun.errors import JobsFileError, RunLocked, StateError
 from batchrun.events import Status
 from batchrun.jobfile import Problem
 from batchrun.jobs import Job, scan
+from batchrun.journal import Journal
 from batchrun.limits import LimitKey, parse_rule
 from batchrun.paths import StatePaths, client_fingerprint
-from batchrun.results import JobResult
+from batchrun.results import JobResult, ResultsFile
 from batchrun.runlock import RunLock
 from batchrun.slots import Grant, Pace, Wait
 from batchrun.sqlite_ledger import SqliteLedger
-from batchrun.state import RunStore
+from batchrun.state import RunStore, check_jobs_file
 
 RQ = LimitKey.RUN_QUERY
 
@@ -282,6 +283,45 @@ def test_taking_in_a_file_streams_with_flat_memory(tmp_path):
     assert large < small * 1.5 + 256 * 1024, (small, large)
 
 
+def _peak_while_validating(tmp_path, rows):
+    import tracemalloc
+
+    path = tmp_path / f"jobs{rows}.csv"
+    with path.open("w") as out:
+        out.write("id,type,team_id,payload\n")
+        for i in range(rows):
+            out.write(f"job-{i:07d},run-query,team{i % 50},\n")
+    tracemalloc.start()
+    summary = check_jobs_file(path)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert summary.total == rows
+    assert summary.per_team["team7"] == rows // 50
+    return peak
+
+
+def test_validate_finds_duplicates_with_flat_memory(tmp_path):
+    """validate checks ids in SQLite as submit does: five times the rows take no
+    more Python memory (a set of every id grew with the file)."""
+    small = _peak_while_validating(tmp_path, 5_000)
+    large = _peak_while_validating(tmp_path, 25_000)
+    assert large < small * 1.5 + 256 * 1024, (small, large)
+
+
+def test_validate_names_duplicates_and_keeps_nothing(tmp_path):
+    """validate names a duplicate id after a bad row that claimed it, and leaves
+    no file behind."""
+    path = tmp_path / "jobs.csv"
+    path.write_text("id,type,team_id,payload\na,fax,t,\nb,run-query,t,\na,invite,t,\n")
+    with pytest.raises(JobsFileError) as info:
+        check_jobs_file(path)
+    assert info.value.problems == [
+        (2, "unknown type 'fax' (expected run-query, invite or avatar)"),
+        (4, "duplicate id 'a' (first on line 2)"),
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["jobs.csv"]
+
+
 def test_store_from_a_newer_batchrun_is_refused_with_exit_74(tmp_path):
     """A run store whose schema version is newer than this build's is not touched."""
     path = tmp_path / "run.db"
@@ -300,3 +340,57 @@ def test_store_records_its_schema_version(tmp_path):
     with sqlite3.connect(path) as db:
         (version,) = db.execute("PRAGMA user_version").fetchone()
     assert version == 1
+
+
+def test_rows_removed_from_the_file_are_not_sent(store):
+    """A pending job whose row was deleted from the file leaves the queue."""
+    store.sync([q("a", 2), q("b", 3), q("c", 4)], path="f", restart=False)
+    store.sync([q("a", 2), q("c", 3)], path="f", restart=False)
+    assert [j.id for j in store.pending(RQ)] == ["a", "c"]
+
+
+@pytest.mark.parametrize("state", [Status.DONE, Status.FAILED, Status.UNKNOWN])
+def test_a_changed_team_of_an_ended_job_is_noticed(store, state):
+    """A done, failed or unknown job whose team_id changed is refused: it would
+    be a different request under the same id."""
+    store.sync([invite("i", 2)], path="f", restart=False)
+    store.finished(JobResult("i", "invite", state, 1, None))
+    moved = Job("i", JobType.INVITE, "other-team", {}, 2)
+    with pytest.raises(JobsFileError) as info:
+        store.sync([moved], path="f", restart=False)
+    [(line, reason)] = info.value.problems
+    assert line == 2
+    assert reason.startswith(f"job 'i' is {state.value} from an earlier run")
+
+
+def test_the_result_line_is_written_before_the_state(tmp_path, store):
+    """A crash between the two can only repeat a result line, never lose one: the
+    line is in the file before the store says the job ended."""
+    store.sync([q("a", 2)], path="f", restart=False)
+    results = ResultsFile(tmp_path / "r.jsonl")
+    journal = Journal(store, results)
+    seen_in_file = []
+    real = store.finished
+
+    def finished(result):
+        seen_in_file.append((tmp_path / "r.jsonl").read_text().count('"a"'))
+        real(result)
+
+    store.finished = finished
+    journal.finished(done(q("a", 2)))
+    results.__exit__(None, None, None)
+    assert seen_in_file == [1]
+    assert states(store) == {("run-query", "done"): 1}
+
+
+def test_the_journal_tells_the_store_a_requeue_may_have_been_processed(tmp_path, store):
+    """The journal passes "may have been processed" on: such an invite stays in
+    flight, so a crash before its retry leaves it unknown, not resent."""
+    store.sync([invite("i", 2), invite("j", 3)], path="f", restart=False)
+    with ResultsFile(tmp_path / "r.jsonl") as results:
+        journal = Journal(store, results)
+        for job, maybe in ((invite("i", 2), True), (invite("j", 3), False)):
+            journal.started(job, 1)
+            journal.requeued(job, maybe_processed=maybe)
+    store.recover(retry_failed=False, retry_unknown=False)
+    assert states(store) == {("invite", "unknown"): 1, ("invite", "pending"): 1}
