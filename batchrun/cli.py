@@ -32,7 +32,7 @@ from batchrun.limits import (
     limit_table,
     parse_override,
 )
-from batchrun.paths import StatePaths, client_fingerprint
+from batchrun.paths import StatePaths, api_fingerprint, client_fingerprint
 from batchrun.results import default_results_path
 from batchrun.slots import Pace
 
@@ -224,6 +224,16 @@ _RestartFlag = Annotated[
         metavar="",
     ),
 ]
+_RunIdOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--run-id",
+        metavar="ID",
+        help="Name this round; a new name sends every job again (a new night). "
+        "%-codes take today's date: --run-id %F is one round a day.",
+        rich_help_panel="Run control",
+    ),
+]
 _JsonFlag = Annotated[
     bool,
     typer.Option(
@@ -266,6 +276,7 @@ def submit(
     retry_failed: _RetryFailedFlag = False,
     retry_unknown: _RetryUnknownFlag = False,
     restart: _RestartFlag = False,
+    run_id: _RunIdOpt = None,
     no_color: _NoColorFlag = False,
 ) -> None:
     """Send every job of JOBS_FILE inside the rate limits; run it again to resume."""
@@ -289,6 +300,7 @@ def submit(
             restart=restart,
             ledger_url=ledger,
             color=not no_color,
+            run_id=_round(run_id),
         )
         raise typer.Exit(submit(job, say=say))
 
@@ -326,8 +338,9 @@ def status(
 
     with _reported():
         paths = StatePaths.resolve(state_dir)
-        client = _client(base_url, token)
-        found = read_status(jobs_file, paths, client, ledger_url=ledger)
+        found = read_status(
+            jobs_file, paths, _stores(base_url, token), ledger_url=ledger
+        )
     if as_json:
         _echo([json.dumps(reports.status_json(jobs_file, found), indent=2)])
     else:
@@ -361,6 +374,7 @@ def plan(
             client,
             ledger_url=ledger,
             fallback=_fallbacks(profile, limit),
+            names=_stores(base_url, token),
         )
     if as_json:
         _echo([json.dumps(reports.plan_json(jobs_file, plans), indent=2)])
@@ -432,9 +446,8 @@ def show(
 
     with _reported():
         paths = StatePaths.resolve(state_dir)
-        client = _client(base_url, token)
         where = results or default_results_path(jobs_file)
-        shown = find(jobs_file, job_id, paths, client, where)
+        shown = find(jobs_file, job_id, paths, _stores(base_url, token), where)
     if as_json:
         _echo([json.dumps(reports.show_json(shown), indent=2)])
     else:
@@ -577,6 +590,25 @@ def _echo(lines: list[str]) -> None:
         # Python's advice: point stdout at /dev/null, or the flush at exit fails
         # again, and Click would exit 1 for a command that did its work.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _round(run_id: str | None) -> str | None:
+    """--run-id with its %-codes filled from today's date (strftime)."""
+    if run_id is None:
+        return None
+    name = datetime.now().astimezone().strftime(run_id).strip()
+    if not name:
+        msg = "--run-id must name the round, e.g. --run-id %F (today's date)."
+        raise UsageError(msg)
+    return name
+
+
+def _stores(base_url: str | None, token: str | None) -> tuple[str, ...]:
+    """The names of the run store of an API: its own, then a legacy one (of an
+    earlier batchrun, named by base URL and token); none without a base URL."""
+    if base_url is None:
+        return ()
+    return (api_fingerprint(base_url), client_fingerprint(base_url, token))
 
 
 def _client(base_url: str | None, token: str | None) -> str | None:

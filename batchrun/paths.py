@@ -3,6 +3,10 @@
 Pure path arithmetic, plus making private folders: folders are 0700, so a run's
 jobs, payloads and send times are the user's alone. No token is ever part of a
 path or stored: a client is named by a hash of base URL and token.
+
+A run store is named by its API alone (a hash of the base URL): the budget is the
+client's (base URL and token), but a renewed token is the same client's run, so
+rotating it resumes the run instead of starting over.
 """
 
 from __future__ import annotations
@@ -20,6 +24,11 @@ def client_fingerprint(base_url: str, token: str | None) -> str:
     """Names a client (base URL + token) without revealing the token."""
     text = f"{base_url.rstrip('/')}\0{token or ''}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def api_fingerprint(base_url: str) -> str:
+    """Names an API (its base URL): the run store of a jobs file for it."""
+    return hashlib.sha256(base_url.rstrip("/").encode()).hexdigest()[:16]
 
 
 def _private_dir(path: Path) -> Path:
@@ -53,5 +62,10 @@ class StatePaths:
         digest = hashlib.sha256(str(jobs_file.resolve()).encode()).hexdigest()[:16]
         return _private_dir(_private_dir(self.root / "runs") / digest)
 
-    def run_store(self, jobs_file: Path, client: str) -> Path:
-        return self.run_folder(jobs_file) / f"{client}.db"
+    def run_store(self, jobs_file: Path, api: str) -> Path:
+        """The run store of `jobs_file` for the API named `api` (api_fingerprint)."""
+        return self.run_folder(jobs_file) / f"{api}.db"
+
+    def run_stores(self) -> list[Path]:
+        """Every run store in the state folder, of any jobs file and API."""
+        return sorted((self.root / "runs").glob("*/*.db"))

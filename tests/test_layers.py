@@ -26,7 +26,7 @@ LAYERS = [
     ["ledger"],
     ["sqlite_ledger", "redis_ledger", "pacer", "results"],
     ["state", "shared_ledger"],
-    ["journal", "client", "runner"],
+    ["journal", "client", "runner", "runs"],
     # what people see
     ["board"],
     ["progress", "overview"],
