@@ -54,8 +54,10 @@ app = typer.Typer(
 _EXIT_CODES = (
     "Exit codes: 0 all done; 1 some jobs failed or are unknown; 2 bad usage or jobs "
     "file, nothing sent; 3 another run holds this file; 74 state folder or ledger "
-    "unusable; 75 stopped early (deadline, ledger lost), resume by running again; "
-    "130 Ctrl-C; 143 SIGTERM. A signal's code wins, then 1, then 75."
+    "unusable; 69 stopped early, every request failing the same way (401/403, or the "
+    "server unreachable); 75 stopped early (deadline, ledger lost), resume by "
+    "running again; 130 Ctrl-C; 143 SIGTERM. A signal's code wins, then 69, then "
+    "1, then 75."
 )
 
 
@@ -694,6 +696,13 @@ def _target(
         raise UsageError(msg)
     _check_base_url(base_url)
     _check_ca_bundle(ca_bundle)
+    host = urlsplit(base_url).hostname or ""
+    if not token and not _is_loopback(host):
+        typer.echo(
+            f"WARNING: no token for {host} (BATCHRUN_TOKEN or --token): requests go "
+            "without Authorization.",
+            err=True,
+        )
     return Target(base_url=base_url, token=token, timeout=timeout, ca_bundle=ca_bundle)
 
 

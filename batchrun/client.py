@@ -136,6 +136,9 @@ class Client:
             # answer byte by byte must still end within the timeout, as a whole.
             with anyio.fail_after(self._timeout):
                 response, raw, cut = await self._exchange(request)
+        except httpx.ConnectTimeout:
+            error = "timeout (ConnectTimeout: no connection was made)"
+            return Outcome(Kind.TRANSIENT, error=error, reached=False)
         except TimeoutError:
             error = f"timeout (no complete answer within {self._timeout:g} s)"
             return Outcome(Kind.TRANSIENT, error=error)
@@ -259,7 +262,9 @@ def _transport_failure(exc: httpx.TransportError, secret: str | None) -> Outcome
             "pass it with --ca-bundle."
         )
         return Outcome(Kind.FAILED, error=error)
-    return Outcome(Kind.TRANSIENT, error=_describe(exc, secret))
+    # No connection was made: the server never saw the request.
+    reached = not isinstance(exc, httpx.ConnectError)
+    return Outcome(Kind.TRANSIENT, error=_describe(exc, secret), reached=reached)
 
 
 def _certificate_error(exc: BaseException) -> ssl.SSLCertVerificationError | None:

@@ -33,3 +33,5 @@ class Outcome:
     note: str | None = None
     # What the answer's headers said about the server's limits.
     hints: Hints | None = None
+    # False when the request never reached the server (no connection was made).
+    reached: bool = True

@@ -21,6 +21,7 @@ from typing import Protocol
 
 import anyio
 
+from batchrun.breaker import Breaker
 from batchrun.clock import Clock, wall_time
 from batchrun.errors import LedgerLost
 from batchrun.events import (
@@ -172,6 +173,7 @@ class Runner:
         self._waits: set[anyio.CancelScope] = set()
         self._stop_requested = False
         self.ledger_lost: LedgerLost | None = None
+        self.breaker = Breaker()
 
     async def run(
         self, jobs: Mapping[LimitKey, Iterable[Job]], totals: Mapping[LimitKey, int]
@@ -292,6 +294,8 @@ class Runner:
             key, sent, self._clock.now(), refused=refused, wait=outcome.retry_after
         )
         self._settle(key, queue, attempt, outcome)
+        if self.breaker.answered(outcome) is not None:
+            self.stop()
         self._heed(key, outcome.hints)
         self._review(key)
         if refused is False and key in self._fallback:
@@ -401,8 +405,10 @@ class Runner:
         rate_limited: bool,
     ) -> None:
         now = self._clock.now()
-        # A 429 was not processed; after a 5xx or a timeout the server may have.
-        self._recorder.requeued(attempt.job, maybe_processed=not rate_limited)
+        # A 429 was not processed, nor a request that never reached the server;
+        # after a 5xx or a timeout the server may have.
+        processed = not rate_limited and outcome.reached
+        self._recorder.requeued(attempt.job, maybe_processed=processed)
         entry = (now + delay, next(self._order), attempt)
         heapq.heappush(queue.retries, entry)
         reason = "; ".join(filter(None, [outcome.error, outcome.note])) or "retry"

@@ -9,8 +9,10 @@ SIGINT, SIGTERM and `--deadline` stop starting requests and wait for those in
 flight; a second SIGINT stops at once. Either way the store stays consistent.
 
 The exit code: a signal's (130 for SIGINT, 143 for SIGTERM) wins, so that a shell
-loop stops; then 1 if any job failed or is unknown, even with jobs left; then 75
-if jobs are left (deadline, ledger lost); else 0.
+loop stops; then 69 if the circuit breaker stopped the run (every request failed
+the same way: 401/403, or the server unreachable); then 1 if any job failed or is
+unknown, even with jobs left; then 75 if jobs are left (deadline, ledger lost);
+else 0.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from batchrun.errors import (
     EXIT_SOME_FAILED,
     EXIT_STOPPED,
     EXIT_TERMINATED,
+    EXIT_UNAVAILABLE,
     StoppedEarly,
 )
 from batchrun.events import EventSink
@@ -236,6 +239,9 @@ async def _supervised(
             tasks.start_soon(_after, deadline, stop)
         await runner.run(sources, pending)
         tasks.cancel_scope.cancel()
+    if runner.breaker.tripped is not None:
+        say(f"Circuit breaker: {runner.breaker.tripped}")
+        return stopped if stopped not in (None, EXIT_STOPPED) else EXIT_UNAVAILABLE
     if runner.ledger_lost is not None:
         lost = runner.ledger_lost.message
         say(f"Ledger lost: {lost}\nStarted no new requests; those in flight ended.")
@@ -371,7 +377,8 @@ def _exit_code(
 
 
 def _code(stop: int | None, *, failed: int, left: int) -> int:
-    """A signal's code first, then failures (never hidden by a stop), then a stop."""
+    """A signal's code first, then the breaker's, then failures (never hidden by a
+    stop), then a stop."""
     if stop is not None and stop != EXIT_STOPPED:
         return stop
     if failed:

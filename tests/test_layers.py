@@ -20,7 +20,7 @@ LAYERS = [
     ["limits"],
     ["hints"],
     ["endpoints", "slots", "outcome", "learning", "limiters"],
-    ["events", "jobfile"],
+    ["events", "jobfile", "breaker"],
     ["jobs", "paths", "runlock"],
     # state and sending
     ["ledger"],
