@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -287,6 +288,10 @@ def submit(
     say = _log_for(jobs_file)
     with _reported(say):
         rules = _rules(profile, limit, time_scale)
+        state = StatePaths.resolve(state_dir)
+        results = _results(jobs_file, results)
+        if str(jobs_file) == "-":
+            jobs_file = _from_stdin(results, state)
         job = Submission(
             jobs_file=jobs_file,
             target=_target(base_url, token, timeout, sandbox, rules, inject, ca_bundle),
@@ -294,8 +299,8 @@ def submit(
             settings=_settings(
                 concurrency, max_attempts, time_scale, pace, profile, limit
             ),
-            results=results or default_results_path(jobs_file),
-            state=StatePaths.resolve(state_dir),
+            results=results,
+            state=state,
             deadline=None if deadline is None else durations.parse(deadline),
             retry_failed=retry_failed,
             retry_unknown=retry_unknown,
@@ -592,6 +597,45 @@ def _echo(lines: list[str]) -> None:
         # Python's advice: point stdout at /dev/null, or the flush at exit fails
         # again, and Click would exit 1 for a command that did its work.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _results(jobs_file: Path, results: Path | None) -> Path:
+    """--results, else beside the jobs file; a file, never a device.
+
+    Raises:
+        UsageError: jobs from stdin and no --results, or results under /dev.
+    """
+    if results is None:
+        if str(jobs_file) == "-":
+            msg = "submit - reads the jobs from stdin: name the results with --results."
+            raise UsageError(msg)
+        results = default_results_path(jobs_file)
+    where = (results.absolute(), results.resolve())
+    if any(p.is_relative_to(d) for p in where for d in ("/dev", "/proc")):
+        msg = (
+            f"--results {results}: the results are read back to resume and by "
+            "`show`, so they go to a file, not a device."
+        )
+        raise UsageError(msg)
+    return results
+
+
+def _from_stdin(results: Path, state: StatePaths) -> Path:
+    """The jobs piped in, copied into the state folder under a name of their
+    results file's, so that the same pipe run again finds its run and resumes.
+    JSON Lines if the first character is `{`, else CSV."""
+    stream = typer.get_binary_stream("stdin")
+    head = stream.read(65536)
+    kind = ".jsonl" if head.lstrip().startswith(b"{") else ".csv"
+    copy = state.stdin_copy(results, kind)
+    try:
+        with copy.open("wb") as file:
+            file.write(head)
+            shutil.copyfileobj(stream, file)
+    except OSError as exc:
+        msg = f"cannot keep the jobs read from stdin in {copy}: {exc.strerror or exc}."
+        raise UsageError(msg) from None
+    return copy
 
 
 def _round(run_id: str | None) -> str | None:

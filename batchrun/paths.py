@@ -66,6 +66,12 @@ class StatePaths:
         """The run store of `jobs_file` for the API named `api` (api_fingerprint)."""
         return self.run_folder(jobs_file) / f"{api}.db"
 
+    def stdin_copy(self, results: Path, suffix: str) -> Path:
+        """Where `submit -` keeps the jobs it read from stdin: named by the results
+        file, the one name a pipe's run has."""
+        digest = hashlib.sha256(str(results.resolve()).encode()).hexdigest()[:16]
+        return _private_dir(self.root / "stdin") / f"{digest}{suffix}"
+
     def run_stores(self) -> list[Path]:
         """Every run store in the state folder, of any jobs file and API."""
         return sorted((self.root / "runs").glob("*/*.db"))

@@ -3,6 +3,7 @@ earlier batchrun's store all find the run; a new round is asked for by name."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 from collections.abc import Iterator
@@ -177,3 +178,37 @@ def test_a_sandbox_run_stopped_early_does_not_promise_a_resume(tmp_path):
     assert result.exit_code == 75
     assert "a --sandbox run keeps no state" in result.stderr
     assert "run the same command to resume" not in result.stderr
+
+
+CSV = "id,type,team_id,payload\na,run-query,t1,\nb,invite,t1,\n"
+
+
+def test_jobs_from_stdin_need_results_and_resume(tmp_path, api):
+    """`submit -` reads stdin; it needs --results (never a file named `-` or under
+    /dev); the same pipe run again resumes, sending nothing."""
+    url, sandbox = api
+    args = ["submit", "-", "--base-url", url, "--token", "token-one"]
+    alone = runner.invoke(app, args, input=CSV)
+    assert alone.exit_code == 2
+    assert "--results" in alone.stderr
+    device = runner.invoke(app, [*args, "--results", "/dev/stdout"], input=CSV)
+    assert device.exit_code == 2
+    assert "not a device" in device.stderr
+    results = tmp_path / "out.jsonl"
+    for _ in range(2):
+        ran = runner.invoke(app, [*args, "--results", str(results)], input=CSV)
+        assert ran.exit_code == 0, ran.stderr
+    assert len(sandbox.arrivals) == 2
+    assert len(results.read_text().splitlines()) == 2
+    assert not (tmp_path / "-.results.jsonl").exists()
+
+
+def test_json_lines_from_stdin(tmp_path):
+    """A pipe whose first character is `{` is JSON Lines."""
+    lines = '{"id": "a", "type": "avatar", "payload": {}}\n'
+    results = tmp_path / "out.jsonl"
+    args = ["submit", "-", "--sandbox", "--results", str(results)]
+    ran = runner.invoke(app, args, input=lines)
+    assert ran.exit_code == 0, ran.stderr
+    [line] = results.read_text().splitlines()
+    assert json.loads(line)["status"] == "done"
