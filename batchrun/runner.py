@@ -181,11 +181,10 @@ class Runner:
         """Send every job; return when all ended, or when `stop` was called."""
         self._tally.total = sum(totals.values())
         self._queues = [(key, _Queue(iter(key_jobs))) for key, key_jobs in jobs.items()]
-        self._emit(
-            RunStarted(
-                self._clock.now(), totals, dict(self._pacer.rules), self._settings.pace
-            )
-        )
+        rules = dict(self._pacer.rules)
+        used = {key: self._pacer.used(key) for key in totals if key in rules}
+        at = self._clock.now()
+        self._emit(RunStarted(at, totals, rules, self._settings.pace, used))
         for key, lesson in self._recalled:
             spread = self._pacer.pace(key) is Pace.SPREAD
             at = self._clock.now()
