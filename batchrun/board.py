@@ -87,7 +87,11 @@ class Board:
         self.started = event.at
         self.pace = event.pace
         self.keys = {
-            key: KeyCounts(total=total, rule=rule, sends=deque(maxlen=rule.deepest))
+            key: KeyCounts(
+                total=total,
+                rule=rule,
+                sends=deque(event.used.get(key, ()), maxlen=rule.deepest),
+            )
             for key, total in event.totals.items()
             if total > 0 and (rule := event.rules.get(key)) is not None
         }
@@ -118,6 +122,9 @@ def _count(
             state.slot = -math.inf
         case JobRequeued():
             state.in_flight = max(0, state.in_flight - 1)
+            if event.rate_limited:
+                # The key cools down for the delay: no slot opens before then.
+                state.slot = max(state.slot or -math.inf, event.at + event.delay)
             state.rate_limited += event.rate_limited
             state.retried += not event.rate_limited
         case JobFinished():
@@ -138,7 +145,10 @@ def _eta(state: KeyCounts, pace: Pace, now: float) -> float:
     if count == 0:
         return 0.0
     pace = Pace.SPREAD if state.spread else pace
-    moment = eta(count, state.rule, now=now, pace=pace, recent=state.sends)
+    # The next slot the pacer named (another process's use, a cool-down, a
+    # Retry-After) comes first: the ETA is never sooner than the "next slot".
+    start = now if state.slot is None else max(now, state.slot)
+    moment = eta(count, state.rule, now=start, pace=pace, recent=state.sends)
     return max(0.0, moment - now)
 
 

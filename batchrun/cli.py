@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -40,7 +41,7 @@ from batchrun.limits import (
     limit_table,
     parse_override,
 )
-from batchrun.paths import StatePaths, client_fingerprint
+from batchrun.paths import StatePaths, api_fingerprint, client_fingerprint
 from batchrun.policy_headers import HeaderStyle
 from batchrun.results import default_results_path
 from batchrun.slots import Pace
@@ -63,8 +64,10 @@ app = typer.Typer(
 _EXIT_CODES = (
     "Exit codes: 0 all done; 1 some jobs failed or are unknown; 2 bad usage or jobs "
     "file, nothing sent; 3 another run holds this file; 74 state folder or ledger "
-    "unusable; 75 stopped early (deadline, ledger lost), resume by running again; "
-    "130 Ctrl-C; 143 SIGTERM. A signal's code wins, then 1, then 75."
+    "unusable; 69 stopped early, every request failing the same way (401/403, or the "
+    "server unreachable); 75 stopped early (deadline, ledger lost), resume by "
+    "running again; 130 Ctrl-C; 143 SIGTERM. A signal's code wins, then 69, then "
+    "1, then 75."
 )
 
 
@@ -275,6 +278,16 @@ _RestartFlag = Annotated[
         metavar="",
     ),
 ]
+_RunIdOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--run-id",
+        metavar="ID",
+        help="Name this round; a new name sends every job again (a new night). "
+        "%-codes take today's date: --run-id %F is one round a day.",
+        rich_help_panel="Run control",
+    ),
+]
 _JsonFlag = Annotated[
     bool,
     typer.Option(
@@ -320,6 +333,7 @@ def submit(
     retry_failed: _RetryFailedFlag = False,
     retry_unknown: _RetryUnknownFlag = False,
     restart: _RestartFlag = False,
+    run_id: _RunIdOpt = None,
     no_color: _NoColorFlag = False,
 ) -> None:
     """Send every job of JOBS_FILE inside the rate limits; run it again to resume."""
@@ -333,6 +347,10 @@ def submit(
         server = _Server(
             sandbox, server_rules, inject, server_limit, server_counting, server_headers
         )
+        state = StatePaths.resolve(state_dir)
+        results = _results(jobs_file, results)
+        if str(jobs_file) == "-":
+            jobs_file = _from_stdin(results, state)
         job = Submission(
             jobs_file=jobs_file,
             target=_target(base_url, token, timeout, server, ca_bundle),
@@ -340,14 +358,15 @@ def submit(
             settings=_settings(
                 concurrency, max_attempts, time_scale, pace, profile, limit
             ),
-            results=results or default_results_path(jobs_file),
-            state=StatePaths.resolve(state_dir),
+            results=results,
+            state=state,
             deadline=None if deadline is None else durations.parse(deadline),
             retry_failed=retry_failed,
             retry_unknown=retry_unknown,
             restart=restart,
             ledger_url=ledger,
             color=not no_color,
+            run_id=_round(run_id),
         )
         raise typer.Exit(submit(job, say=say))
 
@@ -387,8 +406,9 @@ def status(
 
     with _reported():
         paths = StatePaths.resolve(state_dir, create=False)
-        client = _client(base_url, token)
-        found = read_status(jobs_file, paths, client, ledger_url=ledger)
+        found = read_status(
+            jobs_file, paths, _stores(base_url, token), ledger_url=ledger
+        )
     if as_json:
         _echo([json.dumps(reports.status_json(jobs_file, found), indent=2)])
     else:
@@ -422,6 +442,7 @@ def plan(
             client,
             ledger_url=ledger,
             fallback=_fallbacks(profile, limit),
+            names=_stores(base_url, token),
         )
     if as_json:
         _echo([json.dumps(reports.plan_json(jobs_file, plans), indent=2)])
@@ -494,9 +515,8 @@ def show(
 
     with _reported():
         paths = StatePaths.resolve(state_dir, create=False)
-        client = _client(base_url, token)
         where = results or default_results_path(jobs_file)
-        shown = find(jobs_file, job_id, paths, client, where)
+        shown = find(jobs_file, job_id, paths, _stores(base_url, token), where)
     if as_json:
         _echo([json.dumps(reports.show_json(shown), indent=2)])
     else:
@@ -670,6 +690,64 @@ def _echo(lines: list[str]) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def _results(jobs_file: Path, results: Path | None) -> Path:
+    """--results, else beside the jobs file; a file, never a device.
+
+    Raises:
+        UsageError: jobs from stdin and no --results, or results under /dev.
+    """
+    if results is None:
+        if str(jobs_file) == "-":
+            msg = "submit - reads the jobs from stdin: name the results with --results."
+            raise UsageError(msg)
+        results = default_results_path(jobs_file)
+    where = (results.absolute(), results.resolve())
+    if any(p.is_relative_to(d) for p in where for d in ("/dev", "/proc")):
+        msg = (
+            f"--results {results}: the results are read back to resume and by "
+            "`show`, so they go to a file, not a device."
+        )
+        raise UsageError(msg)
+    return results
+
+
+def _from_stdin(results: Path, state: StatePaths) -> Path:
+    """The jobs piped in, copied into the state folder under a name of their
+    results file's, so that the same pipe run again finds its run and resumes.
+    JSON Lines if the first character is `{`, else CSV."""
+    stream = typer.get_binary_stream("stdin")
+    head = stream.read(65536)
+    kind = ".jsonl" if head.lstrip().startswith(b"{") else ".csv"
+    copy = state.stdin_copy(results, kind)
+    try:
+        with copy.open("wb") as file:
+            file.write(head)
+            shutil.copyfileobj(stream, file)
+    except OSError as exc:
+        msg = f"cannot keep the jobs read from stdin in {copy}: {exc.strerror or exc}."
+        raise UsageError(msg) from None
+    return copy
+
+
+def _round(run_id: str | None) -> str | None:
+    """--run-id with its %-codes filled from today's date (strftime)."""
+    if run_id is None:
+        return None
+    name = datetime.now().astimezone().strftime(run_id).strip()
+    if not name:
+        msg = "--run-id must name the round, e.g. --run-id %F (today's date)."
+        raise UsageError(msg)
+    return name
+
+
+def _stores(base_url: str | None, token: str | None) -> tuple[str, ...]:
+    """The names of the run store of an API: its own, then a legacy one (of an
+    earlier batchrun, named by base URL and token); none without a base URL."""
+    if base_url is None:
+        return ()
+    return (api_fingerprint(base_url), client_fingerprint(base_url, token))
+
+
 def _client(base_url: str | None, token: str | None) -> str | None:
     return None if base_url is None else client_fingerprint(base_url, token)
 
@@ -803,6 +881,13 @@ def _target(
         raise UsageError(msg)
     _check_base_url(base_url)
     _check_ca_bundle(ca_bundle)
+    host = urlsplit(base_url).hostname or ""
+    if not token and not _is_loopback(host):
+        typer.echo(
+            f"WARNING: no token for {host} (BATCHRUN_TOKEN or --token): requests go "
+            "without Authorization.",
+            err=True,
+        )
     return Target(base_url=base_url, token=token, timeout=timeout, ca_bundle=ca_bundle)
 
 

@@ -136,6 +136,11 @@ class Client:
             # answer byte by byte must still end within the timeout, as a whole.
             with anyio.fail_after(self._timeout):
                 response, raw, cut = await self._exchange(request)
+        except httpx.ConnectTimeout:
+            error = "timeout (ConnectTimeout: no connection was made)"
+            return Outcome(
+                Kind.TRANSIENT, error=error, maybe_processed=False, reached=False
+            )
         except TimeoutError:
             error = f"timeout (no complete answer within {self._timeout:g} s)"
             return Outcome(Kind.TRANSIENT, error=error)
@@ -274,8 +279,14 @@ def _transport_failure(exc: httpx.TransportError, secret: str | None) -> Outcome
             "pass it with --ca-bundle."
         )
         return Outcome(Kind.FAILED, error=error)
+    unsent = _unsent(exc)
+    # No connection was made: the server never saw the request (the breaker
+    # counts these as an unreachable host; a pool timeout is ours, not its).
+    reached = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
     error = _describe(exc, secret)
-    return Outcome(Kind.TRANSIENT, error=error, maybe_processed=not _unsent(exc))
+    return Outcome(
+        Kind.TRANSIENT, error=error, maybe_processed=not unsent, reached=reached
+    )
 
 
 def _unsent(exc: httpx.TransportError) -> bool:

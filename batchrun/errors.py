@@ -22,6 +22,9 @@ from collections.abc import Sequence
 EXIT_OK = 0
 EXIT_SOME_FAILED = 1
 EXIT_INTERNAL = 70  # EX_SOFTWARE from sysexits.h: a bug, never "jobs failed".
+# EX_UNAVAILABLE from sysexits.h: every request failed the same way (401/403, or
+# the server unreachable), so the circuit breaker stopped the run.
+EXIT_UNAVAILABLE = 69
 EXIT_STOPPED = 75  # EX_TEMPFAIL from sysexits.h: "try again later".
 # 128 + the signal's number, as a shell reports a process the signal killed, so
 # that a shell loop around batchrun stops on Ctrl-C as it would around `sleep`.

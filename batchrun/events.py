@@ -6,8 +6,8 @@ carry no token and no payload, so no sink can leak either.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
@@ -55,12 +55,15 @@ class Tally:
 
 @dataclass(frozen=True, slots=True)
 class RunStarted:
-    """A run begins: how many jobs each key has to send, and under which rule."""
+    """A run begins: how many jobs each key has to send, under which rule, and the
+    moments of the requests that already fill its windows (other processes,
+    earlier runs: the client's ledger), so that an ETA counts the whole budget."""
 
     at: float
     totals: Mapping[LimitKey, int]
     rules: Mapping[LimitKey, Rule]
     pace: Pace
+    used: Mapping[LimitKey, Sequence[float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

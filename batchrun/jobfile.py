@@ -11,6 +11,7 @@ business.
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections import Counter
 from collections.abc import Iterator
@@ -64,6 +65,9 @@ def rows(path: Path) -> Iterator[Row]:
         yield opened
         return
     with opened:
+        if _is_json(path) and opened.peek(64).lstrip().startswith(b"["):
+            yield Problem(0, _JSON_ARRAY)
+            return
         lines = _Lines(opened)
         try:
             yield from _jsonl_rows(lines) if is_jsonl(path) else _csv_rows(lines)
@@ -74,8 +78,20 @@ def rows(path: Path) -> Iterator[Row]:
 
 
 def is_jsonl(path: Path) -> bool:
-    """Whether the file holds JSON Lines (its payloads are objects, not text)."""
-    return path.name.lower().endswith(".jsonl")
+    """Whether the file holds JSON Lines (its payloads are objects, not text):
+    its name ends `.jsonl` or `.ndjson`, or `.json` (unless it holds an array)."""
+    return path.name.lower().endswith((".jsonl", ".ndjson")) or _is_json(path)
+
+
+def _is_json(path: Path) -> bool:
+    return path.name.lower().endswith(".json")
+
+
+_JSON_ARRAY = (
+    "this .json file holds an array; jobs are read from CSV or JSON Lines (one "
+    "object per line, named .jsonl or .ndjson). Convert it: "
+    "jq -c '.[]' FILE.json > FILE.jsonl"
+)
 
 
 def json_kind(value: Any) -> str:
@@ -96,7 +112,7 @@ def shown(text: str) -> str:
     return quoted if len(quoted) <= 60 else f"{quoted[:56]}...{quoted[0]}"
 
 
-def _open(path: Path) -> BinaryIO | Problem:
+def _open(path: Path) -> io.BufferedReader | Problem:
     try:
         if path.is_dir():
             return Problem(0, "this is a folder, not a jobs file")

@@ -39,3 +39,5 @@ class Outcome:
     # What the answer's headers said about the server's limits.
     hints: Hints | None = None
     maybe_processed: bool = True
+    # False when the request never reached the server (no connection was made).
+    reached: bool = True

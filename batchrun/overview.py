@@ -8,7 +8,7 @@ the same rule the pacer grants by.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,20 +55,22 @@ class Status:
 def status(
     jobs_file: Path,
     paths: StatePaths,
-    client: str | None,
+    names: Sequence[str] = (),
     *,
     ledger_url: str | None = None,
 ) -> Status:
-    """The latest run of `jobs_file` (for `client`, if given); the budget in use is
-    read from the ledger at `ledger_url` (None: SQLite in `paths`).
+    """The latest run of `jobs_file` (in the store of one of `names`, if given: an
+    API's, then a legacy client's); the budget in use is read from the ledger of
+    the run's client at `ledger_url` (None: SQLite in `paths`).
 
     Raises:
         UsageError: when the file has no run (exit 2), saying why that may be.
     """
-    found = _store_path(paths, jobs_file, client)
+    found = _store_path(paths, jobs_file, names)
     if found is None:
-        raise UsageError(_no_run(jobs_file, paths, client))
+        raise UsageError(_no_run(jobs_file, paths, names))
     with RunStore(found, read_only=True) as store:
+        client = store.get_meta("client") or found.stem
         states: dict[LimitKey, dict[JobState, int]] = {}
         for (key, state), n in sorted(store.counts().items()):
             states.setdefault(key, {})[state] = n
@@ -80,7 +82,7 @@ def status(
         k: s.get(JobState.PENDING, 0) + s.get(JobState.IN_FLIGHT, 0)
         for k, s in states.items()
     }
-    budget = _Budget(paths, found.stem, ledger_url, fallback)
+    budget = _Budget(paths, client, ledger_url, fallback)
     keys = _plans(pending, rules, pace, budget)
     return Status(found, states, failures, keys)
 
@@ -95,16 +97,20 @@ class Shown:
 
 
 def show(
-    jobs_file: Path, job_id: str, paths: StatePaths, client: str | None, results: Path
+    jobs_file: Path,
+    job_id: str,
+    paths: StatePaths,
+    names: Sequence[str],
+    results: Path,
 ) -> Shown:
     """Job `job_id` of the latest run of `jobs_file`, and its line in `results`.
 
     Raises:
         UsageError: when the file has no run, or its run no such job (exit 2).
     """
-    found = _store_path(paths, jobs_file, client)
+    found = _store_path(paths, jobs_file, names)
     if found is None:
-        raise UsageError(_no_run(jobs_file, paths, client))
+        raise UsageError(_no_run(jobs_file, paths, names))
     with RunStore(found, read_only=True) as store:
         job = store.job(job_id)
     if job is None:
@@ -113,10 +119,10 @@ def show(
     return Shown(found, job, last_result(results, job_id))
 
 
-def _no_run(jobs_file: Path, paths: StatePaths, client: str | None) -> str:
+def _no_run(jobs_file: Path, paths: StatePaths, names: Sequence[str]) -> str:
     if not jobs_file.is_file():
         return f"{jobs_file}: no such file, and no run of it in {paths.root}."
-    whose = " for this --base-url and token" if client is not None else ""
+    whose = " for this --base-url" if names else ""
     return (
         f"{jobs_file}: no run yet{whose} in {paths.root} (runs with --sandbox are "
         f"not kept). `batchrun submit {jobs_file}` starts one."
@@ -132,12 +138,14 @@ def plan(
     *,
     ledger_url: str | None = None,
     fallback: dict[LimitKey, Rule] | None = None,
+    names: Sequence[str] = (),
 ) -> list[KeyPlan]:
-    """How long the jobs of `jobs_file` not yet settled take under `rules` now,
-    or under what was learned of a key's limit under these rules."""
+    """How long the jobs of `jobs_file` not yet settled (in the run of one of
+    `names`, else the latest) take under `rules` now, or under what was learned
+    of a key's limit under these rules."""
     jobs = read_jobs(jobs_file)
     settled: set[str] = set()
-    found = _store_path(paths, jobs_file, client)
+    found = _store_path(paths, jobs_file, names)
     if found is not None:
         with RunStore(found, read_only=True) as store:
             settled = store.ids_in(_SETTLED)
@@ -221,11 +229,13 @@ def _plan(
     return KeyPlan(key, jobs, rule, used, max(0.0, moment - now), learned)
 
 
-def _store_path(paths: StatePaths, jobs_file: Path, client: str | None) -> Path | None:
+def _store_path(
+    paths: StatePaths, jobs_file: Path, names: Sequence[str]
+) -> Path | None:
     folder = paths.run_folder(jobs_file)
-    if client is not None:
-        path = folder / f"{client}.db"
-        return path if path.exists() else None
+    if names:
+        found = [folder / f"{name}.db" for name in names]
+        return next((path for path in found if path.exists()), None)
     stores = sorted(folder.glob("*.db"), key=lambda p: p.stat().st_mtime)
     return stores[-1] if stores else None
 

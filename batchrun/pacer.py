@@ -154,6 +154,14 @@ class Pacer:
                 found.append((key, lesson))
         return found
 
+    def used(self, key: LimitKey) -> list[float]:
+        """The moments of the requests of `key` that fill its windows now, as the
+        ledger holds them (every process of the client); one in flight counts as
+        sent now."""
+        usage = self._ledger.usage(key.value, self._rules[key])
+        now = self._clock.now()
+        return sorted([*usage.finished, *[now] * usage.in_flight])
+
     def pace(self, key: LimitKey) -> Pace:
         """How `key` is paced now."""
         return self._paces[key]

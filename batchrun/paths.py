@@ -5,6 +5,10 @@ so a run's jobs, payloads and send times are the user's alone; a folder that exi
 is left as its owner set it (a read-only one is reported, never chmodded). Only
 `submit` makes folders: `status`, `plan` and `validate` write nothing. No token is
 ever part of a path or stored: a client is named by a hash of base URL and token.
+
+A run store is named by its API alone (a hash of the base URL): the budget is the
+client's (base URL and token), but a renewed token is the same client's run, so
+rotating it resumes the run instead of starting over.
 """
 
 from __future__ import annotations
@@ -22,6 +26,11 @@ def client_fingerprint(base_url: str, token: str | None) -> str:
     """Names a client (base URL + token) without revealing the token."""
     text = f"{base_url.rstrip('/')}\0{token or ''}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def api_fingerprint(base_url: str) -> str:
+    """Names an API (its base URL): the run store of a jobs file for it."""
+    return hashlib.sha256(base_url.rstrip("/").encode()).hexdigest()[:16]
 
 
 def _private_dir(path: Path) -> Path:
@@ -66,6 +75,17 @@ class StatePaths:
         _private_dir(self.root / "runs")
         return _private_dir(self.run_folder(jobs_file))
 
-    def run_store(self, jobs_file: Path, client: str) -> Path:
-        """Where `submit` keeps the jobs of `jobs_file` for `client` (folder made)."""
-        return self.make_run_folder(jobs_file) / f"{client}.db"
+    def run_store(self, jobs_file: Path, api: str) -> Path:
+        """Where `submit` keeps the jobs of `jobs_file` for the API named `api`
+        (api_fingerprint; folder made)."""
+        return self.make_run_folder(jobs_file) / f"{api}.db"
+
+    def stdin_copy(self, results: Path, suffix: str) -> Path:
+        """Where `submit -` keeps the jobs it read from stdin: named by the results
+        file, the one name a pipe's run has."""
+        digest = hashlib.sha256(str(results.resolve()).encode()).hexdigest()[:16]
+        return _private_dir(self.root / "stdin") / f"{digest}{suffix}"
+
+    def run_stores(self) -> list[Path]:
+        """Every run store in the state folder, of any jobs file and API."""
+        return sorted((self.root / "runs").glob("*/*.db"))

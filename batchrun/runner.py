@@ -24,6 +24,7 @@ from typing import Protocol
 
 import anyio
 
+from batchrun.breaker import Breaker
 from batchrun.clock import Clock, wall_time
 from batchrun.errors import StateError
 from batchrun.events import (
@@ -176,6 +177,7 @@ class Runner:
         self._stop_requested = False
         # Why the run stopped on its own: the ledger lost, a state file unwritable.
         self.halted: StateError | None = None
+        self.breaker = Breaker()
 
     async def run(
         self, jobs: Mapping[LimitKey, Iterable[Job]], totals: Mapping[LimitKey, int]
@@ -183,11 +185,10 @@ class Runner:
         """Send every job; return when all ended, or when `stop` was called."""
         self._tally.total = sum(totals.values())
         self._queues = [(key, _Queue(iter(key_jobs))) for key, key_jobs in jobs.items()]
-        self._emit(
-            RunStarted(
-                self._clock.now(), totals, dict(self._pacer.rules), self._settings.pace
-            )
-        )
+        rules = dict(self._pacer.rules)
+        used = {key: self._pacer.used(key) for key in totals if key in rules}
+        at = self._clock.now()
+        self._emit(RunStarted(at, totals, rules, self._settings.pace, used))
         for key, lesson in self._recalled:
             spread = self._pacer.pace(key) is Pace.SPREAD
             at = self._clock.now()
@@ -312,6 +313,8 @@ class Runner:
             # The answer could not be recorded: the store still says in flight,
             # so the next run resends the job if safe, else leaves it unknown.
             self._halt(exc)
+        if self.breaker.answered(outcome) is not None:
+            self.stop()
         self._heed(key, outcome.hints)
         self._review(key)
         if refused is False and key in self._fallback:
@@ -429,7 +432,9 @@ class Runner:
         rate_limited: bool,
     ) -> None:
         now = self._clock.now()
-        maybe = outcome.maybe_processed
+        # A 429 was not processed, nor a request that never reached the server;
+        # after a 5xx or a timeout the server may have.
+        maybe = outcome.maybe_processed and outcome.reached
         self._recorder.requeued(attempt.job, maybe_processed=maybe)
         entry = (now + delay, next(self._order), attempt)
         heapq.heappush(queue.retries, entry)

@@ -305,6 +305,18 @@ class RunStore:
         rows = self._db.execute(f"SELECT id FROM jobs WHERE state IN ({marks})", wanted)
         return {row[0] for row in rows}
 
+    def ended_among(self, jobs: Iterable[Job]) -> int:
+        """How many of `jobs` this store holds, unchanged, as sent before (done,
+        failed, unknown or in flight): whether it is the run of their file."""
+        found = 0
+        for job in jobs:
+            rows = self._db.execute(
+                "SELECT 1 FROM jobs WHERE id = ? AND digest = ? AND state != 'pending'",
+                (job.id, _staged(job)[6]),
+            )
+            found += bool(rows)
+        return found
+
     def get_meta(self, name: str) -> str | None:
         rows = self._db.execute("SELECT value FROM meta WHERE name = ?", (name,))
         return str(rows[0][0]) if rows else None

@@ -9,8 +9,10 @@ SIGINT, SIGTERM and `--deadline` stop starting requests and wait for those in
 flight; a second SIGINT stops at once. Either way the store stays consistent.
 
 The exit code: a signal's (130 for SIGINT, 143 for SIGTERM) wins, so that a shell
-loop stops; then 1 if any job failed or is unknown, even with jobs left; then 75
-if jobs are left (deadline, ledger lost); else 0.
+loop stops; then 69 if the circuit breaker stopped the run (every request failed
+the same way: 401/403, or the server unreachable); then 1 if any job failed or is
+unknown, even with jobs left; then 75 if jobs are left (deadline, ledger lost);
+else 0.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 import anyio
 
+from batchrun import runs
 from batchrun.client import Client
 from batchrun.clock import Clock, MachineClock
 from batchrun.errors import (
@@ -35,12 +38,12 @@ from batchrun.errors import (
     EXIT_SOME_FAILED,
     EXIT_STOPPED,
     EXIT_TERMINATED,
+    EXIT_UNAVAILABLE,
     LedgerLost,
     StoppedEarly,
-    UsageError,
 )
 from batchrun.events import EventSink
-from batchrun.generation import marker_of, new_generation, read_marker, write_marker
+from batchrun.generation import marker_of
 from batchrun.jobs import scan
 from batchrun.journal import Journal
 from batchrun.ledger import Ledger, MemoryLedger
@@ -92,6 +95,8 @@ class Submission:
     # --ledger: Redis URL, or None for SQLite; out of repr, as it may hold a password.
     ledger_url: str | None = field(default=None, repr=False)
     color: bool = True
+    # --run-id: a round's name; a new name sends every job again (a new night).
+    run_id: str | None = None
 
 
 def submit(job: Submission, *, say: Callable[[str], None]) -> int:
@@ -104,19 +109,24 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
     lock = RunLock(job.state.make_run_folder(job.jobs_file), job.jobs_file)
     # A ledger that cannot be used stops the run before the jobs file is read;
     # closing it writes the last answers for the other processes.
-    with lock, _store(job) as store, contextlib.closing(_ledger(job)) as ledger:
+    with lock, _store(job, say) as store, contextlib.closing(_ledger(job)) as ledger:
         if getattr(ledger, "lost_history", False):
             say(
                 f"The send ledger {job.state.ledger} was emptied, deleted or replaced "
                 "since it was last used: each window is paced as if it were full."
             )
+        restart = runs.starts_over(
+            store, restart=job.restart, run_id=job.run_id, say=say
+        )
         rows = scan(job.jobs_file, check_duplicates=False)
-        store.sync(rows, path=str(job.jobs_file), restart=job.restart)
+        store.sync(rows, path=str(job.jobs_file), restart=restart)
+        if job.run_id is not None:
+            store.set_meta("round", job.run_id)
         store.recover(retry_failed=job.retry_failed, retry_unknown=job.retry_unknown)
         store.set_meta("rules", table_text(job.rules))
         store.set_meta("pace", job.settings.pace)
         store.set_meta("fallback", table_text(job.settings.fallback))
-        _announce(store, say)
+        _announce(store, job, say)
         if _pending(store):
             with ResultsFile(job.results) as results:
                 journal = Journal(store, results)
@@ -152,7 +162,7 @@ async def _run(
             clock=clock,
             sink=sink,
             recorder=journal,
-            scope=str(job.jobs_file.resolve()),
+            scope=runs.scope(store, job.jobs_file),
         ) as runner:
             return await _supervised(runner, store, job.deadline, sink)
     finally:
@@ -231,6 +241,9 @@ async def _supervised(
             tasks.start_soon(_after, deadline, stop)
         await runner.run(sources, pending)
         tasks.cancel_scope.cancel()
+    if runner.breaker.tripped is not None:
+        say(f"Circuit breaker: {runner.breaker.tripped}")
+        return stopped if stopped not in (None, EXIT_STOPPED) else EXIT_UNAVAILABLE
     halted = runner.halted
     if isinstance(halted, LedgerLost):
         lost = halted.message
@@ -279,13 +292,22 @@ async def _after(seconds: float, stop: Callable[[str, int], None]) -> None:
 
 
 @contextlib.contextmanager
-def _store(job: Submission) -> Iterator[RunStore]:
+def _store(job: Submission, say: Callable[[str], None]) -> Iterator[RunStore]:
     if not job.target.is_sandbox:
-        path = job.state.run_store(job.jobs_file, job.target.client)
+        target = job.target
+        path = runs.locate(
+            job.state,
+            job.jobs_file,
+            base_url=target.base_url,
+            client=target.client,
+            say=say,
+        )
         if not job.restart:
-            _refuse_a_lost_store(job, path)
+            runs.refuse_a_lost_store(path, job.jobs_file, job.results, job.state.root)
         with RunStore(path) as store:
-            _mark(store, marker_of(path))
+            runs.mark(store, marker_of(path))
+            runs.record(store, job.jobs_file, base_url=target.base_url)
+            store.set_meta("client", target.client)
             yield store
         return
     # The in-process sandbox forgets its limits when it stops: so do its runs.
@@ -295,57 +317,6 @@ def _store(job: Submission) -> Iterator[RunStore]:
         RunStore(Path(folder) / "run.db") as store,
     ):
         yield store
-
-
-def _refuse_a_lost_store(job: Submission, path: Path) -> None:
-    """Refuse to take a run store that is missing or empty for a fresh start when
-    its marker, or a results file of the jobs file, says jobs were sent before.
-
-    Raises:
-        UsageError: the store was lost (exit 2); `--restart` sends every job.
-    """
-    if path.exists() and path.stat().st_size > 0:
-        return
-    if read_marker(marker_of(path)) is not None:
-        msg = (
-            f"the run store of {job.jobs_file} ({path}) was deleted or emptied after "
-            "an earlier run: which jobs ended is lost, and sending again could repeat "
-            "them (invites included). Restore it from a backup, or use --restart to "
-            f"send every job again (earlier results are in {job.results})."
-        )
-        raise UsageError(msg)
-    ended = _result_lines(job.results)
-    if ended:
-        msg = (
-            f"{job.results} holds {ended} result(s) of earlier runs of "
-            f"{job.jobs_file}, but the state folder {job.state.root} has no run of "
-            "it for this API: sending again could repeat them (invites included). "
-            "If the state folder moved, point --state-dir at it; if those results "
-            "came from --sandbox or another API, or every job should go again, use "
-            "--restart."
-        )
-        raise UsageError(msg)
-
-
-def _result_lines(path: Path) -> int:
-    try:
-        with path.open(encoding="utf-8", errors="replace") as file:
-            return sum(1 for line in file if line.strip())
-    except FileNotFoundError:
-        return 0
-    except OSError as exc:
-        msg = f"cannot read the results file {path}: {exc.strerror or exc}."
-        raise UsageError(msg) from None
-
-
-def _mark(store: RunStore, marker: Path) -> None:
-    """Keep the store's generation in the marker beside it (made on first use)."""
-    generation = store.get_meta("generation")
-    if generation is None:
-        generation = new_generation()
-        store.set_meta("generation", generation)
-    if read_marker(marker) != generation:
-        write_marker(marker, generation)
 
 
 def _ledger(job: Submission) -> Ledger:
@@ -366,18 +337,26 @@ def _pending(store: RunStore) -> dict[LimitKey, int]:
     return dict(sorted(pending.items()))
 
 
-def _announce(store: RunStore, say: Callable[[str], None]) -> None:
-    counts = store.counts()
-    total = {s: sum(n for (_, st), n in counts.items() if st is s) for s in JobState}
+def _announce(store: RunStore, job: Submission, say: Callable[[str], None]) -> None:
+    total = runs.totals(store)
     earlier = total[JobState.DONE] + total[JobState.FAILED] + total[JobState.UNKNOWN]
-    if earlier:
+    if earlier and total[JobState.PENDING]:
         say(
             f"Resuming: {total[JobState.DONE]} done earlier, {total[JobState.PENDING]}"
             f" to send, {total[JobState.FAILED]} failed (--retry-failed retries"
             f" them), {total[JobState.UNKNOWN]} unknown (--retry-unknown)."
         )
-    if not total[JobState.PENDING]:
-        say("Nothing to send.")
+    if total[JobState.PENDING]:
+        return
+    round_ = store.get_meta("round")
+    named = f" (round {round_})" if round_ else ""
+    say(
+        f"Nothing to send: every job of {job.jobs_file} ended in an earlier run"
+        f"{named}: {total[JobState.DONE]} done, {total[JobState.FAILED]} failed "
+        f"(--retry-failed), {total[JobState.UNKNOWN]} unknown (--retry-unknown). "
+        "To send every job again as a new round, give a new --run-id (--run-id %F: "
+        "one round a day); --restart forgets the run."
+    )
 
 
 _RESUME = "run the same command to resume."
@@ -412,7 +391,8 @@ def _exit_code(
 
 
 def _code(stop: int | None, *, failed: int, left: int) -> int:
-    """A signal's code first, then failures (never hidden by a stop), then a stop."""
+    """A signal's code first, then the breaker's, then failures (never hidden by a
+    stop), then a stop."""
     if stop is not None and stop != EXIT_STOPPED:
         return stop
     if failed:

@@ -67,7 +67,8 @@ def test_submit_help_groups_options_and_lists_exit_codes():
         assert f"─ {panel} ─" in text
     assert "--sandbox <bool>" not in text
     assert "--restart Forget" in text
-    assert "130 Ctrl-C; 143 SIGTERM. A signal's code wins, then 1, then 75." in text
+    assert "130 Ctrl-C; 143 SIGTERM. A signal's code wins, then 69, then 1" in text
+    assert "69 stopped early, every request failing the same way" in text
     assert "seed=7" in text
 
 

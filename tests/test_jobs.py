@@ -744,3 +744,24 @@ def test_any_bytes_give_jobs_or_a_jobs_file_error(tmp_path, data, jsonl):
     assert error is None or (error.total >= 1 and error.problems)
     assert all(isinstance(job, Job) for job in jobs)
     assert len({job.id for job in jobs}) == len(jobs)
+
+
+def test_ndjson_is_json_lines(tmp_path):
+    """`.ndjson` is read as JSON Lines, payloads as objects."""
+    path = tmp_path / "jobs.ndjson"
+    path.write_text('{"id": "a", "type": "avatar", "payload": {"x": 1}}\n')
+    [job] = read_jobs(path)
+    assert job.payload == {"x": 1}
+
+
+def test_a_json_array_gets_a_clear_message(tmp_path):
+    """A `.json` file holding an array is refused with how to convert it; one
+    holding an object per line is JSON Lines."""
+    path = tmp_path / "jobs.json"
+    path.write_text('[{"id": "a", "type": "avatar"}]\n')
+    with pytest.raises(JobsFileError) as caught:
+        read_jobs(path)
+    assert "holds an array" in str(caught.value.problems)
+    assert "jq -c" in str(caught.value.problems)
+    path.write_text('{"id": "a", "type": "avatar"}\n')
+    assert [job.id for job in read_jobs(path)] == ["a"]

@@ -20,13 +20,13 @@ LAYERS = [
     ["limits"],
     ["hints"],
     ["endpoints", "slots", "outcome", "learning", "limiters"],
-    ["events", "jobfile", "policy_headers"],
+    ["events", "jobfile", "policy_headers", "breaker"],
     ["jobs", "paths", "runlock"],
     # state and sending
     ["ledger"],
     ["sqlite_ledger", "redis_ledger", "pacer", "results"],
     ["state", "shared_ledger"],
-    ["journal", "client", "runner"],
+    ["journal", "client", "runner", "runs"],
     # what people see
     ["board"],
     ["progress", "overview"],

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from batchrun import durations
+from batchrun.board import Board, next_slot
 from batchrun.events import (
     JobFinished,
     JobRequeued,
@@ -495,7 +496,8 @@ def test_live_rows_fit_80_columns(live, stream):
     cells = row(last_frame(stream), RQ).split()
     assert "…" not in last_frame(stream)
     assert cells[:3] == ["run-query", "15/1m+500/1h", "0/2000"]
-    assert " ".join(cells[-8:]) == "12 m 13 s 3 h 33 m"
+    # The ETA starts from the next slot: 12 m 13 s, then 3 h 33 m of the rule.
+    assert " ".join(cells[-8:]) == "12 m 13 s 3 h 45 m"
     assert max(map(len, ANSI.sub("", stream.getvalue()).splitlines())) <= 80
 
 
@@ -640,3 +642,25 @@ def test_live_row_marks_a_learned_rule(live, stream):
     frame = last_frame(stream)
     assert row(frame, RQ).split()[1:3] == ["10/2s", "(learned,"]
     assert "spread)" in frame
+
+
+def test_the_eta_counts_what_other_processes_used(plain, stream):
+    """One invite left at 15/5m, but the ledger holds 15 sends of the last minute
+    (another process): the ETA is the 4 m until the window frees, not 0 ms."""
+    rules = {INVITE: parse_rule("15/5m")}
+    used = {INVITE: [60.0] * 15}
+    plain.emit(RunStarted(120.0, {INVITE: 1}, rules, Pace.EXACT, used))
+    assert texts(stream)[0].endswith("ETA 4 m 0 s")
+
+
+def test_the_eta_waits_for_the_next_slot_and_a_cool_down(plain, stream):
+    """A Retry-After of 100 s on the key's 429: the ETA is no sooner than the next
+    slot, which the live view shows too."""
+    board = Board()
+    board.apply(start({RQ: 2}, {RQ: "30/2s"}, at=0.0))
+    board.apply(JobSent(1.0, RQ, "j1", 1))
+    board.apply(JobRequeued(1.0, RQ, "j1", 100.0, True, "HTTP 429"))
+    assert board.eta(1.0) == pytest.approx(100.0)
+    assert next_slot(board.keys[RQ], 1.0) == durations.spoken(100.0)
+    board.apply(SlotWait(2.0, RQ, 150.0))
+    assert board.eta(2.0) == pytest.approx(148.0)
