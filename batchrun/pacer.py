@@ -25,7 +25,7 @@ from batchrun.events import EventSink, SlotWait
 from batchrun.learning import Learner, Lesson, recalled, stored
 from batchrun.ledger import Ledger
 from batchrun.limits import LimitKey, Rule
-from batchrun.slots import Grant, Pace, Wait
+from batchrun.slots import Grant, Pace, Wait, earliest_slot
 
 
 @dataclass(slots=True)
@@ -161,6 +161,13 @@ class Pacer:
         usage = self._ledger.usage(key.value, self._rules[key])
         now = self._clock.now()
         return sorted([*usage.finished, *[now] * usage.in_flight])
+
+    def full(self, key: LimitKey) -> bool:
+        """Whether the client's own record (the ledger) leaves `key` no slot now:
+        then its rule already waits, and a server's "none remaining" adds nothing."""
+        usage = self._ledger.usage(key.value, self._rules[key])
+        slot = earliest_slot(usage, self._rules[key], self._paces[key])
+        return slot is None or slot > self._clock.now()
 
     def pace(self, key: LimitKey) -> Pace:
         """How `key` is paced now."""

@@ -366,7 +366,11 @@ class Runner:
             lesson = adopt(self._pacer.rules[key], hints.policy, "rate-limit headers")
             if lesson is not None:
                 self._learned(key, lesson)
-        if hints.remaining == 0 and hints.reset:
+        # A spent budget that the ledger accounts for is waited out by the rule, to
+        # the moment (a reset is often rounded up to whole seconds); one that it
+        # does not (another client of the token, an earlier run) is held until
+        # the stated reset.
+        if hints.remaining == 0 and hints.reset and not self._pacer.full(key):
             self._pacer.hold(key, self._clock.now() + hints.reset)
 
     def _review(self, key: LimitKey) -> None:

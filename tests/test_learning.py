@@ -4,6 +4,7 @@ virtual clock against a sandbox stricter than the client's rule."""
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 
 import anyio
@@ -313,6 +314,61 @@ async def test_stated_limits_are_followed_without_a_429(style):
     assert server.statuses == {200: 40}
     if style == "policy":
         assert "states 10/2s" in sink.of(RuleLearned)[0].evidence
+
+
+class ExpressServer:
+    """express-rate-limit's way, on the test's clock: fixed 10/2s windows from 0,
+    `RateLimit-Policy` and a `RateLimit` field whose reset is rounded up to whole
+    seconds, as express sends it."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[int] = Counter()
+        self.statuses: Counter[int] = Counter()
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        await anyio.sleep(0.025)
+        now = anyio.current_time()
+        window = int(now // 2.0)
+        status = 429 if self.counts[window] >= 10 else 200
+        self.counts[window] += status == 200
+        self.statuses[status] += 1
+        await anyio.sleep(0.025)
+        reset = math.ceil((window + 1) * 2.0 - now)
+        remaining = max(0, 10 - self.counts[window])
+        headers = {
+            "RateLimit-Policy": "10;w=2",
+            "RateLimit": f"limit=10, remaining={remaining}, reset={reset}",
+        }
+        return httpx.Response(status, json={}, headers=headers)
+
+
+async def test_a_reset_rounded_up_does_not_slow_a_run_the_ledger_paces():
+    """When the budget the server says is spent is the client's own (the ledger
+    holds it), the rule waits to the moment; holding until a reset rounded up to
+    whole seconds would lose up to a second a window."""
+    server = ExpressServer()
+    target = Target(
+        base_url="http://api",
+        token=None,
+        timeout=30.0,
+        transport=httpx.MockTransport(server),
+    )
+    start = anyio.current_time()
+    async with open_run(
+        target,
+        rules={LimitKey.RUN_QUERY: parse_rule("30/2s")},
+        settings=Settings(),
+        ledger=MemoryLedger(),
+        clock=LoopClock(),
+        sink=ListSink(),
+        recorder=ListRecorder(),
+        scope="express",
+    ) as runner:
+        work = [Job(f"q{n}", JobType.RUN_QUERY, "t", {}) for n in range(60)]
+        await runner.run({LimitKey.RUN_QUERY: work}, {LimitKey.RUN_QUERY: 60})
+    assert server.statuses == {200: 60}
+    # Six windows of 10: the last opens at 10 s (the ideal), answered 50 ms on.
+    assert anyio.current_time() - start <= 1.15 * 10.0
 
 
 # What a ledger keeps of a lesson.
