@@ -129,17 +129,21 @@ logs = st.lists(
 ).map(lambda xs: [Sent(a, a + b, r) for a, b, r in sorted(xs)])
 
 
+def assert_holds_to(old: Rule, new: Rule) -> None:
+    """Holding to `new` holds to every window of `old` (fewer in as long or longer)."""
+    for window in old.windows:
+        assert any(
+            w.seconds >= window.seconds and w.count <= window.count for w in new.windows
+        ), (old, new)
+
+
 @given(rules, logs)
 def test_a_lesson_never_loosens_the_rule(rule, log):
     """Whatever the log, the learned rule holds to every window of the old one."""
     lesson = infer(log, rule, candidates(rule))
     if lesson is None:
         return
-    for old in rule.windows:
-        assert any(
-            new.seconds >= old.seconds and new.count <= old.count
-            for new in lesson.rule.windows
-        ), (rule, lesson.rule)
+    assert_holds_to(rule, lesson.rule)
 
 
 # Whole runs, on trio's virtual clock, against the sandbox in process.
@@ -462,11 +466,7 @@ def test_a_kept_lesson_never_loosens_the_rule(rule, kept, spread):
     back = recalled(rule, text, time_scale=1.0, now=0.0)
     if back is None:
         return
-    for old in rule.windows:
-        assert any(
-            new.seconds >= old.seconds and new.count <= old.count
-            for new in back.rule.windows
-        ), (rule, back.rule)
+    assert_holds_to(rule, back.rule)
 
 
 # --profile auto: statement A, falling back to B.
