@@ -328,6 +328,8 @@ class Learner:
         self._time_scale = time_scale
         self._logs: dict[str, KeyLog] = {}
         self._episodes: dict[str, float] = {}
+        # Keys whose pending episode is only a server's "none remaining".
+        self._stated: set[str] = set()
 
     def sent(self, key: str, at: float) -> Sent:
         """Log a request of `key` leaving at `at`."""
@@ -368,6 +370,17 @@ class Learner:
     def episode(self, key: str, began: float) -> None:
         """A 429 episode of `key` began at `began`: review it once it settles."""
         self._episodes[key] = began
+        self._stated.discard(key)
+
+    def spent(self, key: str, entry: Sent) -> None:
+        """The server accepted `entry` and said no budget remains: as good as a
+        refusal of a request sent right after it, at no cost. Reviewed like a 429
+        episode, but read plainly (the shorter reading is tried on 429s only)."""
+        log = self._log(key)
+        log.sent.append(Sent(entry.start, entry.end, True))
+        if key not in self._episodes:
+            self._episodes[key] = entry.start
+            self._stated.add(key)
 
     def review(
         self, key: str, rule: Rule, *, spread: bool, doubt: bool = False
@@ -393,6 +406,11 @@ class Learner:
         own = sorted({w.seconds for w in rule.windows})
         shorter = [w for w in windows if w < rule.longest and w not in own]
         lesson = infer(log.sent, rule, own + shorter)
+        if key in self._stated:
+            # "None remaining" teaches a count, no more: it cost nothing, and
+            # the server's own count is what the key is then paced by.
+            self._stated.discard(key)
+            return None if lesson is None else _stated_lesson(lesson, rule)
         if lesson is not None:
             lesson = _looser(log.sent, rule, lesson, shorter) or lesson
             log.rearm()
@@ -427,6 +445,14 @@ def _looser(
         return None
     why = f"{loose.evidence}; {learned} if refused again"
     return Lesson(loose.rule, why, fallback=safe)
+
+
+def _stated_lesson(lesson: Lesson, rule: Rule) -> Lesson:
+    """`lesson` learned from a server's "none remaining", said so."""
+    learned = next(w for w in lesson.rule.windows if w not in rule.windows)
+    seconds = durations.compact(learned.seconds)
+    why = f"the server said none remained after {learned.count} within {seconds}"
+    return Lesson(lesson.rule, why)
 
 
 def _refused_amid_acceptances(log: Sequence[Sent], rule: Rule) -> bool:

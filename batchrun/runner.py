@@ -307,6 +307,13 @@ class Runner:
         self._learner.answered(
             key, sent, self._clock.now(), refused=refused, wait=outcome.retry_after
         )
+        # "None remaining" while the rule has room: the server counts stricter,
+        # and says so before a 429 (with the ledger full, it is only our own
+        # count and teaches nothing).
+        hints = outcome.hints
+        spent = refused is False and hints is not None and hints.remaining == 0
+        if spent and not self._pacer.full(key):
+            self._learner.spent(key, sent)
         try:
             self._settle(key, queue, attempt, outcome)
         except StateError as exc:
