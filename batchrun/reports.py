@@ -1,4 +1,4 @@
-"""What `validate`, `status` and `plan` print: lines of text, or JSON for scripts.
+"""What `validate`, `status`, `plan` and `config` print: lines, or JSON for scripts.
 
 Pure rendering of values computed elsewhere (`jobs.Summary`, `overview.Status`,
 `overview.KeyPlan`); the CLI only echoes what these return.
@@ -16,6 +16,7 @@ from batchrun import durations
 if TYPE_CHECKING:
     # Types only: `status` and `plan` import overview when they run, so that
     # `--help` and `validate` do not load SQLite.
+    from batchrun.config import InForce
     from batchrun.errors import JobsFileError
     from batchrun.jobs import Summary
     from batchrun.limits import LimitKey
@@ -208,3 +209,40 @@ def show_lines(shown: Shown) -> list[str]:
     else:
         lines.append("response: (no line in the results file)")
     return lines
+
+
+def config_lines(
+    settings: list[InForce],
+    limits: list[InForce],
+    token: str | None,
+    files: tuple[Path, ...],
+) -> list[str]:
+    """`config`: each setting in force and where it came from; never the token."""
+    lines = [_config_row(row) for row in settings]
+    lines.append("limits:")
+    lines += [f"  {_config_row(row)}" for row in limits]
+    said = f"set in {token} (never shown)" if token else "not set (BATCHRUN_TOKEN)"
+    lines.append(f"{'token':<12} {said}")
+    read = ", ".join(f"{p}{'' if p.is_file() else ' (none)'}" for p in files)
+    lines.append(f"config files: {read}")
+    lines.append("A flag given to a command wins over all of these.")
+    return lines
+
+
+def _config_row(row: InForce) -> str:
+    return f"{row.key:<12} {row.value:<30} {row.source}"
+
+
+def config_json(
+    settings: list[InForce],
+    limits: list[InForce],
+    token: str | None,
+    files: tuple[Path, ...],
+) -> dict[str, object]:
+    """`config --json`: the same, for scripts (the token: where it is set, if so)."""
+    return {
+        "settings": {r.key: {"value": r.value, "source": r.source} for r in settings},
+        "limits": {r.key: {"value": r.value, "source": r.source} for r in limits},
+        "token": {"set": token is not None, "source": token},
+        "files": [{"path": str(p), "found": p.is_file()} for p in files],
+    }
