@@ -403,19 +403,42 @@ def status(
     as_json: Annotated[
         bool, typer.Option("--json", help="One JSON object, for scripts.")
     ] = False,
+    show: Annotated[
+        str,
+        typer.Option(
+            "--show",
+            metavar="N|all",
+            help="How many failed and unknown jobs to list (all: every one).",
+        ),
+    ] = "20",
 ) -> None:
     """Where the latest run of JOBS_FILE stands: counts, failures, budget, ETA."""
     from batchrun.overview import status as read_status
 
     with _reported():
+        shown = _shown(show)
         paths = StatePaths.resolve(state_dir, create=False)
         found = read_status(
-            jobs_file, paths, _stores(base_url, token), ledger_url=ledger
+            jobs_file,
+            paths,
+            _stores(base_url, token),
+            ledger_url=ledger,
+            shown=shown,
         )
     if as_json:
         _echo([json.dumps(reports.status_json(jobs_file, found), indent=2)])
     else:
         _echo(reports.status_lines(jobs_file, found))
+
+
+def _shown(text: str) -> int | None:
+    """--show N or all (None)."""
+    if text == "all":
+        return None
+    if not text.isdigit():
+        msg = f"--show takes a number or 'all', got {text!r}."
+        raise UsageError(msg)
+    return int(text)
 
 
 @app.command()
