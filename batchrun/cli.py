@@ -15,15 +15,15 @@ import shutil
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 from urllib.parse import urlsplit
 
 import typer
 
-from batchrun import __version__, durations, reports
+from batchrun import __version__, config, durations, reports
 from batchrun.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -71,6 +71,7 @@ _EXIT_CODES = (
 )
 
 
+_CONCURRENCY = 8
 _JobsArg = Annotated[
     Path, typer.Argument(help="The jobs file: CSV, or JSON Lines if it ends in .jsonl.")
 ]
@@ -310,13 +311,14 @@ _NoColorFlag = Annotated[
 
 @app.command(epilog=_EXIT_CODES)
 def submit(
+    ctx: typer.Context,
     jobs_file: _JobsArg,
     base_url: _BaseUrlOpt = None,
     token: _TokenOpt = None,
     profile: _ProfileOpt = Profile.B,
     limit: _LimitOpt = None,
     pace: _PaceOpt = Pace.EXACT,
-    concurrency: _ConcurrencyOpt = 8,
+    concurrency: _ConcurrencyOpt = _CONCURRENCY,
     max_attempts: _AttemptsOpt = 5,
     timeout: _TimeoutOpt = 30.0,
     results: _ResultsOpt = None,
@@ -340,6 +342,7 @@ def submit(
     from batchrun.submission import Submission, submit
 
     say = _log_for(jobs_file)
+    limit = _with_file_limits(ctx, limit)
     with _reported(say):
         _check_time_scale(time_scale, sandbox=sandbox, base_url=base_url)
         rules = _rules(profile, limit, time_scale)
@@ -400,14 +403,27 @@ def status(
     as_json: Annotated[
         bool, typer.Option("--json", help="One JSON object, for scripts.")
     ] = False,
+    show: Annotated[
+        str,
+        typer.Option(
+            "--show",
+            metavar="N|all",
+            help="How many failed and unknown jobs to list (all: every one).",
+        ),
+    ] = "20",
 ) -> None:
     """Where the latest run of JOBS_FILE stands: counts, failures, budget, ETA."""
     from batchrun.overview import status as read_status
 
     with _reported():
+        shown = _shown(show)
         paths = StatePaths.resolve(state_dir, create=False)
         found = read_status(
-            jobs_file, paths, _stores(base_url, token), ledger_url=ledger
+            jobs_file,
+            paths,
+            _stores(base_url, token),
+            ledger_url=ledger,
+            shown=shown,
         )
     if as_json:
         _echo([json.dumps(reports.status_json(jobs_file, found), indent=2)])
@@ -415,8 +431,19 @@ def status(
         _echo(reports.status_lines(jobs_file, found))
 
 
+def _shown(text: str) -> int | None:
+    """--show N or all (None)."""
+    if text == "all":
+        return None
+    if not text.isdigit():
+        msg = f"--show takes a number or 'all', got {text!r}."
+        raise UsageError(msg)
+    return int(text)
+
+
 @app.command()
 def plan(
+    ctx: typer.Context,
     jobs_file: _JobsArg,
     profile: _ProfileOpt = Profile.B,
     limit: _LimitOpt = None,
@@ -430,6 +457,7 @@ def plan(
     """How long the jobs of JOBS_FILE not yet done take (nothing is sent)."""
     from batchrun.overview import plan as make_plan
 
+    limit = _with_file_limits(ctx, limit)
     with _reported():
         rules = _rules(profile, limit, 1.0)
         client = _client(base_url, token) or client_fingerprint("", None)
@@ -452,6 +480,7 @@ def plan(
 
 @app.command("limits")
 def limits_command(
+    ctx: typer.Context,
     base_url: _BaseUrlOpt = None,
     token: _TokenOpt = None,
     profile: _ProfileOpt = Profile.B,
@@ -473,6 +502,7 @@ def limits_command(
     """The rule each key is paced by for a client, and what was learned of it."""
     from batchrun import overview
 
+    limit = _with_file_limits(ctx, limit)
     with _reported():
         if base_url is None:
             msg = (
@@ -563,6 +593,7 @@ def cron_line(
             base_url=base_url,
             deadline=deadline,
             extra=tuple(ctx.args),
+            folder=_project_folder(),
         )
     if env_file is None and os.environ.get("BATCHRUN_TOKEN"):
         _to_stderr(
@@ -572,11 +603,68 @@ def cron_line(
     _echo([crontab_line(job)])
 
 
+@app.command("config")
+def config_command(ctx: typer.Context, as_json: _JsonFlag = False) -> None:
+    """The settings in force with no flag (BATCHRUN_* variables, batchrun.toml,
+    the user's config.toml, defaults) and where each came from; never the token."""
+    from batchrun.redis_ledger import redacted
+
+    found = ctx.obj if isinstance(ctx.obj, config.Config) else config.Config(())
+    rows = [
+        replace(row, value=redacted(row.value))
+        if row.key in ("base-url", "ledger")
+        else row
+        for row in config.in_force(found, os.environ, _shown_defaults())
+    ]
+    profile = Profile(next(row.value for row in rows if row.key == "profile"))
+    limits = _limits_in_force(found, profile)
+    token = "BATCHRUN_TOKEN" if os.environ.get("BATCHRUN_TOKEN") else None
+    if as_json:
+        shown = reports.config_json(rows, limits, token, found.files)
+        _echo([json.dumps(shown, indent=2)])
+    else:
+        _echo(reports.config_lines(rows, limits, token, found.files))
+
+
+def _shown_defaults() -> dict[str, str]:
+    return {
+        "base-url": "(none)",
+        "profile": Profile.B.value,
+        "concurrency": str(_CONCURRENCY),
+        "ledger": "SQLite in the state folder",
+        "state-dir": str(StatePaths.resolve(None, create=False).root),
+    }
+
+
+def _limits_in_force(found: config.Config, profile: Profile) -> list[config.InForce]:
+    """Each key's rule with no --limit, and where it came from."""
+    table = limit_table(
+        profile=profile,
+        overrides=[parse_override(text) for text in found.limit_flags()],
+    )
+    return [
+        config.InForce(key.value, str(table[key]), _limit_source(found, key, profile))
+        for key in LimitKey
+    ]
+
+
+def _limit_source(found: config.Config, key: LimitKey, profile: Profile) -> str:
+    if key.value in found.limits:
+        return str(found.limits[key.value].source)
+    return f"profile {profile.value}" if key is LimitKey.RUN_QUERY else "default"
+
+
 def _existing(path: Path) -> Path:
     if not path.is_file():
         msg = f"{path}: no such file."
         raise UsageError(msg)
     return path.absolute()
+
+
+def _project_folder() -> Path | None:
+    """The current folder if it holds a batchrun.toml: cron starts elsewhere."""
+    folder = Path.cwd()
+    return folder if (folder / config.PROJECT_FILE).is_file() else None
 
 
 def _default_log(jobs_file: Path) -> Path:
@@ -669,6 +757,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _options(
+    ctx: typer.Context,
     version: Annotated[
         bool,
         typer.Option(
@@ -677,6 +766,33 @@ def _options(
     ] = False,
 ) -> None:
     """Spread a queue of API jobs over time so that they never trip the rate limits."""
+    with _reported():
+        found = config.load()
+    ctx.obj = found
+    ctx.default_map = _config_defaults(found, ctx.command)
+
+
+# Serves limits of its own: the client's config does not make the server.
+_UNCONFIGURED = frozenset({"sandbox"})
+
+
+def _config_defaults(found: config.Config, group: object) -> dict[str, Any]:
+    """Click's default_map: for each command, the options the config files set.
+    Click reads it after the command line and the envvar, so flags and
+    BATCHRUN_* win over the files."""
+    values = found.params()
+    commands: dict[str, Any] = getattr(group, "commands", {})
+    return {
+        name: {p.name: values[p.name] for p in command.params if p.name in values}
+        for name, command in commands.items()
+        if name not in _UNCONFIGURED
+    }
+
+
+def _with_file_limits(ctx: typer.Context, limit: list[str] | None) -> list[str]:
+    """The config files' [limits], then --limit, which wins key by key."""
+    found = ctx.obj if isinstance(ctx.obj, config.Config) else config.Config(())
+    return [*found.limit_flags(), *(limit or [])]
 
 
 def _echo(lines: list[str]) -> None:

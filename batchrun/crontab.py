@@ -34,6 +34,8 @@ class CronJob:
     base_url: str | None = None
     deadline: str | None = None
     extra: Sequence[str] = ()
+    # Run from here, so that submit reads the project's batchrun.toml.
+    folder: Path | None = None
 
     def __post_init__(self) -> None:
         fields = self.schedule.split()
@@ -60,7 +62,7 @@ def crontab_line(job: CronJob) -> str:
 
 def command(job: CronJob) -> str:
     """The shell command of the line, as `/bin/sh -c` runs it (cron's `%` unescaped)."""
-    steps = []
+    steps = [] if job.folder is None else [f"cd {_q(job.folder)}"]
     if job.env_file is not None:
         # set -a exports plain KEY=value lines too (the systemd/Docker env format).
         steps.append(f"set -a && . {_q(job.env_file)} && set +a")

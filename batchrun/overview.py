@@ -22,6 +22,7 @@ from batchrun.ledger import Ledger
 from batchrun.limits import LimitKey, Rule, read_table
 from batchrun.paths import StatePaths
 from batchrun.results import last_result
+from batchrun.runlock import is_held
 from batchrun.shared_ledger import open_shared_ledger
 from batchrun.slots import Pace, eta
 from batchrun.state import Failure, JobRecord, JobState, RunStore
@@ -50,6 +51,34 @@ class Status:
     states: dict[LimitKey, dict[JobState, int]] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
     keys: list[KeyPlan] = field(default_factory=list)
+    activity: Activity | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Activity:
+    """Whether a run is working on the file now, where its results go, and when
+    it started and last wrote its store (Unix times; None: not known)."""
+
+    active: bool
+    results: str | None
+    started_at: float | None
+    last_activity: float | None
+
+
+def _activity(store_path: Path, store: RunStore) -> Activity:
+    # With WAL, a run's writes land in the -wal file first.
+    written = [p.stat().st_mtime for p in _store_files(store_path) if p.exists()]
+    started = store.get_meta("started_at")
+    return Activity(
+        active=is_held(store_path.parent),
+        results=store.get_meta("results"),
+        started_at=None if started is None else float(started),
+        last_activity=max(written, default=None),
+    )
+
+
+def _store_files(store_path: Path) -> list[Path]:
+    return [store_path, store_path.with_name(f"{store_path.name}-wal")]
 
 
 def status(
@@ -58,10 +87,12 @@ def status(
     names: Sequence[str] = (),
     *,
     ledger_url: str | None = None,
+    shown: int | None = 20,
 ) -> Status:
     """The latest run of `jobs_file` (in the store of one of `names`, if given: an
-    API's, then a legacy client's); the budget in use is read from the ledger of
-    the run's client at `ledger_url` (None: SQLite in `paths`).
+    API's, then a legacy client's), with its first `shown` failures (None: all);
+    the budget in use is read from the ledger of the run's client at `ledger_url`
+    (None: SQLite in `paths`).
 
     Raises:
         UsageError: when the file has no run (exit 2), saying why that may be.
@@ -77,14 +108,15 @@ def status(
         rules = read_table(store.get_meta("rules") or "{}")
         pace = Pace(store.get_meta("pace") or Pace.EXACT)
         fallback = read_table(store.get_meta("fallback") or "{}")
-        failures = store.failures()
+        failures = store.failures(shown)
+        activity = _activity(found, store)
     pending = {
         k: s.get(JobState.PENDING, 0) + s.get(JobState.IN_FLIGHT, 0)
         for k, s in states.items()
     }
     budget = _Budget(paths, client, ledger_url, fallback)
     keys = _plans(pending, rules, pace, budget)
-    return Status(found, states, failures, keys)
+    return Status(found, states, failures, keys, activity)
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,12 @@ def api_fingerprint(base_url: str) -> str:
     return hashlib.sha256(base_url.rstrip("/").encode()).hexdigest()[:16]
 
 
+def user_config_file() -> Path:
+    """The user's config file: config.toml in their config folder
+    (`~/.config/batchrun` on Linux, or under `$XDG_CONFIG_HOME`)."""
+    return Path(platformdirs.user_config_dir("batchrun")) / "config.toml"
+
+
 def _private_dir(path: Path) -> Path:
     """Create `path` (and parents) readable by the user only, unless it exists."""
     if path.is_dir():

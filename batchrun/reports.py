@@ -1,4 +1,4 @@
-"""What `validate`, `status` and `plan` print: lines of text, or JSON for scripts.
+"""What `validate`, `status`, `plan` and `config` print: lines, or JSON for scripts.
 
 Pure rendering of values computed elsewhere (`jobs.Summary`, `overview.Status`,
 `overview.KeyPlan`); the CLI only echoes what these return.
@@ -16,6 +16,7 @@ from batchrun import durations
 if TYPE_CHECKING:
     # Types only: `status` and `plan` import overview when they run, so that
     # `--help` and `validate` do not load SQLite.
+    from batchrun.config import InForce
     from batchrun.errors import JobsFileError
     from batchrun.jobs import Summary
     from batchrun.limits import LimitKey
@@ -85,9 +86,36 @@ def status_lines(jobs_file: Path, found: Status) -> list[str]:
         lines.append(
             f"  {failure.state}: {failure.id} ({failure.type}): {failure.error}"
         )
+    more = _ended_badly(found) - len(found.failures)
+    if more > 0:
+        lines.append(f"  … and {more} more (--show all lists every one)")
     if any(failure.state == "unknown" for failure in found.failures):
         lines.append(f"  unknown: {_UNKNOWN_HINT}")
-    return lines + plan_lines(found.keys)
+    return lines + _activity_lines(found) + plan_lines(found.keys)
+
+
+def _ended_badly(found: Status) -> int:
+    """How many jobs of the run are failed or unknown."""
+    bad = ("failed", "unknown")
+    return sum(n for s in found.states.values() for st, n in s.items() if st in bad)
+
+
+def _activity_lines(found: Status) -> list[str]:
+    act = found.activity
+    if act is None:
+        return []
+    lines = ["a run is working on it now" if act.active else "no run is working on it"]
+    if act.started_at is not None:
+        lines.append(f"latest run started {_when(act.started_at)}")
+    if act.last_activity is not None:
+        lines.append(f"last activity {_when(act.last_activity)}")
+    if act.results is not None:
+        lines.append(f"results: {act.results}")
+    return lines
+
+
+def _when(stamp: float) -> str:
+    return datetime.fromtimestamp(stamp).astimezone().strftime("%Y-%m-%d %H:%M:%S %z")
 
 
 def plan_lines(plans: list[KeyPlan]) -> list[str]:
@@ -114,7 +142,19 @@ def status_json(jobs_file: Path, found: Status) -> dict[str, object]:
             k.value: {s.value: n for s, n in v.items()} for k, v in found.states.items()
         },
         "failures": [_failure_json(f) for f in found.failures],
+        "failures_total": _ended_badly(found),
+        **_activity_json(found),
         "keys": [_plan_json(p) for p in found.keys],
+    }
+
+
+def _activity_json(found: Status) -> dict[str, object]:
+    act = found.activity
+    return {
+        "active": act is not None and act.active,
+        "results": None if act is None else act.results,
+        "started_at": None if act is None else act.started_at,
+        "last_activity": None if act is None else act.last_activity,
     }
 
 
@@ -208,3 +248,40 @@ def show_lines(shown: Shown) -> list[str]:
     else:
         lines.append("response: (no line in the results file)")
     return lines
+
+
+def config_lines(
+    settings: list[InForce],
+    limits: list[InForce],
+    token: str | None,
+    files: tuple[Path, ...],
+) -> list[str]:
+    """`config`: each setting in force and where it came from; never the token."""
+    lines = [_config_row(row) for row in settings]
+    lines.append("limits:")
+    lines += [f"  {_config_row(row)}" for row in limits]
+    said = f"set in {token} (never shown)" if token else "not set (BATCHRUN_TOKEN)"
+    lines.append(f"{'token':<12} {said}")
+    read = ", ".join(f"{p}{'' if p.is_file() else ' (none)'}" for p in files)
+    lines.append(f"config files: {read}")
+    lines.append("A flag given to a command wins over all of these.")
+    return lines
+
+
+def _config_row(row: InForce) -> str:
+    return f"{row.key:<12} {row.value:<30} {row.source}"
+
+
+def config_json(
+    settings: list[InForce],
+    limits: list[InForce],
+    token: str | None,
+    files: tuple[Path, ...],
+) -> dict[str, object]:
+    """`config --json`: the same, for scripts (the token: where it is set, if so)."""
+    return {
+        "settings": {r.key: {"value": r.value, "source": r.source} for r in settings},
+        "limits": {r.key: {"value": r.value, "source": r.source} for r in limits},
+        "token": {"set": token is not None, "source": token},
+        "files": [{"path": str(p), "found": p.is_file()} for p in files],
+    }

@@ -52,3 +52,40 @@ class RunLock:
     def __exit__(self, *exc_info: object) -> None:
         if self._file is not None:
             self._file.close()  # closing releases the flock
+
+
+_PROC_LOCKS = Path("/proc/locks")
+
+
+def is_held(folder: Path) -> bool:
+    """Whether a run holds the lock in `folder` now, for `status` (which writes
+    nothing). Linux lists every flock in /proc/locks, so no lock is taken; taking
+    one, even shared for an instant, could make a starting run exit 3. Elsewhere
+    the lock is probed with a shared lock, released at once."""
+    path = folder / "lock"
+    try:
+        info = path.stat()
+    except OSError:
+        return False
+    name = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    try:
+        table = _PROC_LOCKS.read_text()
+    except OSError:
+        return _probe(path)
+    # "1: FLOCK  ADVISORY  WRITE 4321 08:01:1234567 0 EOF": MAJOR:MINOR:INODE.
+    return any(
+        fields[1] == "FLOCK" and fields[5] == name
+        for fields in (line.split() for line in table.splitlines())
+        if len(fields) > 5 and fields[1] != "->"
+    )
+
+
+def _probe(path: Path) -> bool:
+    try:
+        with path.open() as file:
+            fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False

@@ -277,12 +277,13 @@ class RunStore:
         rows = self._db.execute("SELECT key, state, count(*) FROM jobs GROUP BY 1, 2")
         return {(LimitKey(k), JobState(s)): n for k, s, n in rows}
 
-    def failures(self, limit: int = 20) -> list[Failure]:
-        """The first failed and unknown jobs, in file order, with their errors."""
+    def failures(self, limit: int | None = 20) -> list[Failure]:
+        """The first failed and unknown jobs, in file order, with their errors
+        (`limit` None: all of them)."""
         rows = self._db.execute(
             "SELECT id, type, coalesce(error, ''), state FROM jobs "
             "WHERE state IN ('failed', 'unknown') ORDER BY line LIMIT ?",
-            (limit,),
+            (-1 if limit is None else limit,),  # SQLite: a negative LIMIT is none
         )
         return [Failure(*row) for row in rows]
 

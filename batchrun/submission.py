@@ -31,7 +31,7 @@ import anyio
 
 from batchrun import runs
 from batchrun.client import Client
-from batchrun.clock import Clock, MachineClock
+from batchrun.clock import Clock, MachineClock, wall_time
 from batchrun.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -126,6 +126,9 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
         store.set_meta("rules", table_text(job.rules))
         store.set_meta("pace", job.settings.pace)
         store.set_meta("fallback", table_text(job.settings.fallback))
+        # For `status`: where this run writes, and when it started.
+        store.set_meta("results", str(job.results.absolute()))
+        store.set_meta("started_at", f"{wall_time():.3f}")
         _announce(store, job, say)
         if _pending(store):
             with ResultsFile(job.results) as results:

@@ -25,11 +25,13 @@ REDIS_PASSWORD = "s3cret-ledger-pw"
 
 @pytest.fixture(autouse=True)
 def clean_environ(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    """No BATCHRUN_* setting leaks into a test, and state stays in its tmp_path."""
+    """No BATCHRUN_* setting or user config file leaks into a test, and state stays
+    in its tmp_path."""
     for name in list(os.environ):
         if name.startswith("BATCHRUN_"):
             monkeypatch.delenv(name)
     monkeypatch.setenv("BATCHRUN_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "user-config"))
 
 
 @pytest.fixture

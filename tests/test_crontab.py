@@ -74,3 +74,10 @@ def test_a_bad_schedule_is_refused(schedule):
 def test_an_at_word_schedule_is_kept():
     """@daily and the like are a whole schedule."""
     assert crontab_line(job(schedule="@daily")).startswith("@daily mkdir -p ")
+
+
+def test_a_project_folder_is_entered_first():
+    """With a project folder (one holding batchrun.toml), the line cds there, so
+    submit under cron reads the project's config."""
+    text = command(job(folder=Path("/data/project")))
+    assert "{ cd /data/project && /opt/venv/bin/python -m batchrun submit" in text

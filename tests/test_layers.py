@@ -22,6 +22,7 @@ LAYERS = [
     ["endpoints", "slots", "outcome", "learning", "limiters"],
     ["events", "jobfile", "policy_headers", "breaker"],
     ["jobs", "paths", "runlock"],
+    ["config"],
     # state and sending
     ["ledger"],
     ["sqlite_ledger", "redis_ledger", "pacer", "results"],

@@ -379,3 +379,106 @@ def test_status_tells_unknown_from_failed_with_the_way_out(tmp_path):
     assert "--retry-unknown" in result.stdout
     report = json.loads(runner.invoke(app, ["status", str(path), "--json"]).stdout)
     assert [f["state"] for f in report["failures"]] == ["unknown", "failed"]
+
+
+def failed_run(tmp_path, failed):
+    """A run of `failed` + 1 queries, `failed` of them failed."""
+    path = jobs_file(tmp_path, failed + 1)
+    paths = StatePaths.resolve(tmp_path / "state")
+    store_path = paths.run_store(path, client_fingerprint(URL, None))
+    with RunStore(store_path) as store:
+        store.sync(scan(path), path=str(path), restart=False)
+        store.set_meta("rules", "run-query=2/1m")
+        for i in range(failed):
+            store.finished(
+                JobResult(f"q{i}", "run-query", Status.FAILED, 1, 404, error="gone")
+            )
+    return path, store_path
+
+
+def test_status_shows_20_failures_then_says_how_many_more(tmp_path):
+    """status lists the first 20 failures and counts the rest; --show N lists N,
+    --show all every one, in the text and in --json (with the total)."""
+    path, _ = failed_run(tmp_path, 25)
+    text = runner.invoke(app, ["status", str(path)]).stdout
+    assert "failed: q19 (run-query): gone" in text
+    assert "q20" not in text
+    assert "… and 5 more (--show all lists every one)" in text
+    text = runner.invoke(app, ["status", str(path), "--show", "all"]).stdout
+    assert "failed: q24 (run-query): gone" in text
+    assert "more" not in text
+    result = runner.invoke(app, ["status", str(path), "--json", "--show", "3"])
+    report = json.loads(result.stdout)
+    assert [f["id"] for f in report["failures"]] == ["q0", "q1", "q2"]
+    assert report["failures_total"] == 25
+
+
+def test_status_show_takes_a_number_or_all(tmp_path):
+    """--show anything else exits 2 with what it takes."""
+    path, _ = failed_run(tmp_path, 1)
+    result = runner.invoke(app, ["status", str(path), "--show", "some"])
+    assert result.exit_code == 2
+    assert "--show takes a number or 'all'" in result.stderr
+
+
+def test_status_json_says_whether_a_run_is_active(tmp_path):
+    """status --json: `active` while a run holds the file's lock, not after."""
+    from batchrun.runlock import RunLock
+
+    path, store_path = failed_run(tmp_path, 1)
+
+    def active():
+        report = json.loads(runner.invoke(app, ["status", str(path), "--json"]).stdout)
+        return report["active"]
+
+    assert active() is False
+    with RunLock(store_path.parent, path):
+        assert active() is True
+        text = runner.invoke(app, ["status", str(path)]).stdout
+        assert "a run is working on it now" in text
+    assert active() is False
+
+
+def test_the_lock_probe_off_linux(tmp_path, monkeypatch):
+    """Without /proc/locks, a shared lock probe tells a held lock from a free one."""
+    from batchrun import runlock
+
+    monkeypatch.setattr(runlock, "_PROC_LOCKS", tmp_path / "no-proc-locks")
+    assert runlock.is_held(tmp_path) is False
+    with runlock.RunLock(tmp_path, tmp_path / "jobs.csv"):
+        assert runlock.is_held(tmp_path) is True
+    assert runlock.is_held(tmp_path) is False
+
+
+def test_status_json_gives_results_and_times_of_a_run(tmp_path):
+    """After a submit, status --json names the results file, when the run started
+    and when it last wrote (Unix times), and the text says them too."""
+    path = jobs_file(tmp_path, 2)
+    before = time.time()
+    result = runner.invoke(
+        app,
+        [
+            "submit",
+            str(path),
+            "--base-url",
+            "http://127.0.0.1:9",
+            "--max-attempts",
+            "1",
+            "--timeout",
+            "0.5",
+        ],
+    )
+    assert result.exit_code in (1, 69), result.output
+    report = json.loads(
+        runner.invoke(
+            app, ["status", str(path), "--base-url", "http://127.0.0.1:9", "--json"]
+        ).stdout
+    )
+    assert report["results"] == str(tmp_path / "jobs.results.jsonl")
+    assert before - 1 <= report["started_at"] <= report["last_activity"] <= time.time()
+    assert report["active"] is False
+    text = runner.invoke(
+        app, ["status", str(path), "--base-url", "http://127.0.0.1:9"]
+    ).stdout
+    assert f"results: {tmp_path / 'jobs.results.jsonl'}" in text
+    assert "latest run started 20" in text
