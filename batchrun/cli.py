@@ -54,7 +54,7 @@ app = typer.Typer(
     name="batchrun",
     help="Spread a queue of API jobs over time, inside the API's rate limits.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     # A traceback with locals could show the token; errors are reported by _reported.
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},

@@ -639,3 +639,10 @@ def test_a_stopped_sandbox_run_does_not_claim_it_resumes(tmp_path):
     assert result.exit_code == 75, result.output
     assert "resume" not in result.stdout + result.stderr
     assert "sandbox runs are not kept" in result.stderr
+
+
+def test_shell_completion_is_offered():
+    """`batchrun --show-completion bash` prints the script the README points to."""
+    result = runner.invoke(app, ["--show-completion", "bash"])
+    assert result.exit_code == 0
+    assert "_BATCHRUN_COMPLETE" in result.stdout
