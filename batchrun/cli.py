@@ -298,6 +298,26 @@ _JsonFlag = Annotated[
         metavar="",
     ),
 ]
+_QuietFlag = Annotated[
+    bool,
+    typer.Option(
+        "--quiet",
+        "-q",
+        help="Only failures and the summary (plain lines, no live view).",
+        rich_help_panel="Output",
+        metavar="",
+    ),
+]
+_VerboseFlag = Annotated[
+    bool,
+    typer.Option(
+        "--verbose",
+        "-v",
+        help="Every requeue in the plain log, not only the first 20.",
+        rich_help_panel="Output",
+        metavar="",
+    ),
+]
 _NoColorFlag = Annotated[
     bool,
     typer.Option(
@@ -337,6 +357,8 @@ def submit(
     restart: _RestartFlag = False,
     run_id: _RunIdOpt = None,
     no_color: _NoColorFlag = False,
+    quiet: _QuietFlag = False,
+    verbose: _VerboseFlag = False,
 ) -> None:
     """Send every job of JOBS_FILE inside the rate limits; run it again to resume."""
     from batchrun.submission import Submission, submit
@@ -369,6 +391,7 @@ def submit(
             restart=restart,
             ledger_url=ledger,
             color=not no_color,
+            verbosity=_verbosity(quiet, verbose),
             run_id=_round(run_id),
         )
         raise typer.Exit(submit(job, say=say))
@@ -873,6 +896,13 @@ def _rules(
 ) -> dict[LimitKey, Rule]:
     overrides = [parse_override(text) for text in limits or []]
     return limit_table(profile=profile, overrides=overrides, time_scale=time_scale)
+
+
+def _verbosity(quiet: bool, verbose: bool) -> int:
+    if quiet and verbose:
+        msg = "--quiet and --verbose ask for opposite things: give one"
+        raise UsageError(msg)
+    return -1 if quiet else int(verbose)
 
 
 def _fallbacks(profile: Profile, limits: list[str] | None) -> dict[LimitKey, Rule]:

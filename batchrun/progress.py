@@ -99,6 +99,7 @@ def open_progress(
     notes: Callable[[str], None] | None = None,
     color: bool = True,
     tag: str = "",
+    verbosity: int = 0,
 ) -> ProgressSink:
     """A Rich live view if `stream` is a terminal, plain timestamped lines otherwise.
 
@@ -107,17 +108,27 @@ def open_progress(
     (MachineClock is); it has no colour with `color=False` or NO_COLOR set. Plain
     lines: at most one progress line per `every` seconds of event time, stamped with
     `wall()` and `tag` (`log_tag`). `note()` goes to `notes` (default: the stream)
-    unless a live view is drawing, which prints it above itself.
+    unless a live view is drawing, which prints it above itself. `verbosity` -1
+    (--quiet): plain lines, and only failures and the summary; 1 (--verbose): every
+    requeue, not only the first ones.
     """
     if every < 0:
         msg = f"every must be at least 0 s, got {every}"
         raise ValueError(msg)
     if live is None:
         live = stream.isatty() and os.environ.get("TERM") not in _DUMB_TERMINALS
-    if live:
+    if live and verbosity >= 0:
         console = Console(file=stream, force_terminal=True, no_color=_no_color(color))
         return _LiveView(console, clock=clock, notes=notes)
-    return _PlainLog(stream, clock=clock, every=every, wall=wall, notes=notes, tag=tag)
+    return _PlainLog(
+        stream,
+        clock=clock,
+        every=every,
+        wall=wall,
+        notes=notes,
+        tag=tag,
+        verbosity=verbosity,
+    )
 
 
 def _no_color(color: bool) -> bool:
@@ -137,8 +148,10 @@ class _PlainLog:
         wall: Callable[[], datetime],
         notes: Callable[[str], None] | None,
         tag: str,
+        verbosity: int = 0,
     ) -> None:
         self._stream = stream
+        self._verbosity = verbosity
         self._notes = notes or self._line
         self._tag = tag
         self._clock = clock
@@ -154,14 +167,14 @@ class _PlainLog:
         state = self._board.apply(event)
         if isinstance(event, RunStarted):
             self._last = event.at
-            self._line(self._start_text(event.at))
+            self._chatter(self._start_text(event.at))
         elif state is not None and not isinstance(event, RunFinished):
             if isinstance(event, JobFinished):
                 self._finished(event, state)
             elif isinstance(event, JobRequeued):
                 self._requeued(event)
             elif isinstance(event, RuleLearned):
-                self._line(learned_text(event))
+                self._chatter(learned_text(event))
             if event.at - self._last >= self._every:
                 self._progress(event.at)
 
@@ -187,7 +200,7 @@ class _PlainLog:
         )
         counts = tally(overall(board.keys.values()))
         eta_text = durations.spoken(board.eta(now))
-        self._line(f"waiting: {waits} — {counts}; ETA {eta_text}")
+        self._chatter(f"waiting: {waits} — {counts}; ETA {eta_text}")
 
     def _slot_text(self, state: KeyCounts, now: float) -> str:
         if state.slot is None or state.slot <= now:
@@ -206,24 +219,25 @@ class _PlainLog:
         if event.status is not Status.DONE:
             self._failure(event)
         if state.left == 0:
-            self._line(
+            self._chatter(
                 f"{event.key}: all {state.total} jobs ended ({ended_text(state)})"
             )
 
     def _requeued(self, event: JobRequeued) -> None:
         self._requeues += 1
-        if self._requeues > _FAILURES_LISTED:
+        listed = math.inf if self._verbosity > 0 else _FAILURES_LISTED
+        if self._requeues > listed:
             return
         why = event.reason
         if event.rate_limited:
             extra = why.removeprefix("HTTP 429").lstrip("; ")
             why = "429 (rate limited)" + (f"; {extra}" if extra else "")
-        self._line(
+        self._chatter(
             f"job {event.job_id} ({event.key}): {why}; requeued, next try in "
             f"{durations.spoken(event.delay)}"
         )
-        if self._requeues == _FAILURES_LISTED:
-            self._line("further requeues are only counted")
+        if self._requeues == listed:
+            self._chatter("further requeues are only counted (--verbose lists all)")
 
     def _failure(self, event: JobFinished) -> None:
         count = self._board.failures
@@ -241,7 +255,7 @@ class _PlainLog:
         keys = "; ".join(f"{k} {tally(s)}" for k, s in board.keys.items())
         eta_text = durations.spoken(board.eta(at))
         counts = tally(overall(board.keys.values()))
-        self._line(f"progress: {counts} — {keys}; ETA {eta_text}")
+        self._chatter(f"progress: {counts} — {keys}; ETA {eta_text}")
 
     def _summary(self) -> None:
         rows = summary_rows(self._board)
@@ -254,6 +268,11 @@ class _PlainLog:
             )
             self._line("  " + "  ".join(cells))
         for text in closing_lines(self._board, self._clock.now()):
+            self._line(text)
+
+    def _chatter(self, text: str) -> None:
+        """A line about how the run goes, which --quiet leaves out."""
+        if self._verbosity >= 0:
             self._line(text)
 
     def _line(self, text: str) -> None:

@@ -95,6 +95,8 @@ class Submission:
     # --ledger: Redis URL, or None for SQLite; out of repr, as it may hold a password.
     ledger_url: str | None = field(default=None, repr=False)
     color: bool = True
+    # -1 --quiet (failures and the summary), 0, 1 --verbose (every requeue).
+    verbosity: int = 0
     # --run-id: a round's name; a new name sends every job again (a new night).
     run_id: str | None = None
 
@@ -155,6 +157,7 @@ async def _run(
         notes=say,
         color=job.color,
         tag=log_tag(job.jobs_file),
+        verbosity=job.verbosity,
     )
     try:
         async with open_run(

@@ -646,3 +646,17 @@ def test_shell_completion_is_offered():
     result = runner.invoke(app, ["--show-completion", "bash"])
     assert result.exit_code == 0
     assert "_BATCHRUN_COMPLETE" in result.stdout
+
+
+def test_quiet_and_verbose_together_are_refused(tmp_path):
+    path = jobs_file(tmp_path)
+    result = runner.invoke(app, ["submit", str(path), "--sandbox", "-q", "-v"])
+    assert result.exit_code == 2
+    assert "--quiet and --verbose" in result.stderr
+
+
+def test_quiet_submit_prints_the_summary_only(tmp_path):
+    result = runner.invoke(app, ["submit", str(jobs_file(tmp_path)), "--sandbox", "-q"])
+    assert result.exit_code == 0, result.stderr
+    assert "summary:" in result.stdout
+    assert "starting:" not in result.stdout

@@ -606,7 +606,9 @@ def test_first_requeues_get_a_line_each(plain, stream):
         == "job j0 (run-query): 429 (rate limited); requeued, next try in 1.5 s"
     )
     assert lines[1] == "job j1 (run-query): HTTP 503; requeued, next try in 1.5 s"
-    assert texts(stream)[-1] == "further requeues are only counted"
+    assert (
+        texts(stream)[-1] == "further requeues are only counted (--verbose lists all)"
+    )
 
 
 def test_requeue_line_carries_the_retry_after_note(plain, stream):
@@ -664,3 +666,40 @@ def test_the_eta_waits_for_the_next_slot_and_a_cool_down(plain, stream):
     assert next_slot(board.keys[RQ], 1.0) == durations.spoken(100.0)
     board.apply(SlotWait(2.0, RQ, 150.0))
     assert board.eta(2.0) == pytest.approx(148.0)
+
+
+def sink_with(stream, clock, verbosity, *, live=False):
+    return open_progress(
+        stream,
+        live=live,
+        clock=clock,
+        wall=lambda: datetime(2024, 5, 1, 12),
+        verbosity=verbosity,
+    )
+
+
+def test_verbose_lists_every_requeue(stream, clock):
+    sink = sink_with(stream, clock, 1)
+    sink.emit(start({RQ: 30}))
+    for i in range(25):
+        sink.emit(JobSent(0.0, RQ, f"j{i}", 1))
+        sink.emit(JobRequeued(0.0, RQ, f"j{i}", 1.5, True, "HTTP 429"))
+    assert len([t for t in texts(stream) if "requeued" in t]) == 25
+
+
+def test_quiet_says_only_failures_and_the_summary(stream, clock):
+    """No start line, progress, requeues or lessons; the failures and the
+    summary still come, and a terminal gets plain lines, not a live view."""
+    sink = sink_with(stream, clock, -1, live=True)
+    sink.emit(start({RQ: 4}))
+    sink.emit(JobSent(0.0, RQ, "r", 1))
+    sink.emit(JobRequeued(0.0, RQ, "r", 1.5, True, "HTTP 429"))
+    send_and_finish(sink, 3, at=20.0)
+    sink.emit(JobSent(30.0, RQ, "bad", 1))
+    sink.emit(finished("bad", at=30.0, ok=False, error="HTTP 404"))
+    sink.close()
+    said = texts(stream)
+    assert not any(t.startswith(("starting:", "progress:", "job r ")) for t in said)
+    assert any("bad" in t and "HTTP 404" in t for t in said)
+    assert "summary:" in said
+    assert "\x1b[" not in stream.getvalue()
