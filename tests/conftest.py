@@ -18,6 +18,10 @@ import pytest
 import redis
 import trustme
 
+from batchrun.limits import limit_table
+from batchrun.sandbox import Sandbox, create_app
+from batchrun.serving import running
+
 # Read at import: `clean_environ` strips BATCHRUN_* from every test.
 REQUIRE_REDIS = os.environ.get("BATCHRUN_REQUIRE_REDIS") == "1"
 REDIS_PASSWORD = "s3cret-ledger-pw"
@@ -148,3 +152,11 @@ def redis_url(redis_server: RedisServer) -> str:
     """The session's Redis, emptied for this test."""
     redis_server.connect().flushall()
     return redis_server.url
+
+
+@pytest.fixture
+def api() -> Iterator[tuple[str, Sandbox]]:
+    """The sandbox served on loopback: its URL and what it saw."""
+    server = create_app(rules=limit_table())
+    with running(server) as url:
+        yield url, server.state.sandbox

@@ -295,6 +295,31 @@ class HeaderServer:
         }
 
 
+async def run_through(server, jobs: int, sink: ListSink | None = None) -> float:
+    """Run `jobs` run-query jobs at 30/2s through `server` (a MockTransport
+    handler) on the test's clock; return how long it took."""
+    target = Target(
+        base_url="http://api",
+        token=None,
+        timeout=30.0,
+        transport=httpx.MockTransport(server),
+    )
+    start = anyio.current_time()
+    async with open_run(
+        target,
+        rules={LimitKey.RUN_QUERY: parse_rule("30/2s")},
+        settings=Settings(),
+        ledger=MemoryLedger(),
+        clock=LoopClock(),
+        sink=sink or ListSink(),
+        recorder=ListRecorder(),
+        scope="headers",
+    ) as runner:
+        work = [Job(f"q{n}", JobType.RUN_QUERY, "t", {}) for n in range(jobs)]
+        await runner.run({LimitKey.RUN_QUERY: work}, {LimitKey.RUN_QUERY: jobs})
+    return anyio.current_time() - start
+
+
 @pytest.mark.parametrize("style", ["policy", "remaining", "slowapi"])
 async def test_stated_limits_are_followed_without_a_429(style):
     """A server that states its policy, or its remaining budget and reset, is
@@ -302,32 +327,14 @@ async def test_stated_limits_are_followed_without_a_429(style):
     remaining" teaches the window as a 429 would, so a reset rounded up to whole
     seconds is waited for once, not once a window."""
     server = HeaderServer(style)
-    start = anyio.current_time()
-    target = Target(
-        base_url="http://api",
-        token=None,
-        timeout=30.0,
-        transport=httpx.MockTransport(server),
-    )
     sink = ListSink()
-    async with open_run(
-        target,
-        rules={LimitKey.RUN_QUERY: parse_rule("30/2s")},
-        settings=Settings(),
-        ledger=MemoryLedger(),
-        clock=LoopClock(),
-        sink=sink,
-        recorder=ListRecorder(),
-        scope="headers",
-    ) as runner:
-        work = [Job(f"q{n}", JobType.RUN_QUERY, "t", {}) for n in range(40)]
-        await runner.run({LimitKey.RUN_QUERY: work}, {LimitKey.RUN_QUERY: 40})
+    seconds = await run_through(server, 40, sink)
     assert server.statuses == {200: 40}
     if style == "policy":
         assert "states 10/2s" in sink.of(RuleLearned)[0].evidence
     # Four windows of 10: the last opens at 6 s at the earliest; a late reset
     # is waited for once (then the window learned from it paces the key).
-    assert anyio.current_time() - start <= 6.0 + 2.0
+    assert seconds <= 6.0 + 2.0
     if style == "slowapi":
         said = "the server said none remained after 10 within 2s"
         assert said in sink.of(RuleLearned)[0].evidence
@@ -364,28 +371,10 @@ async def test_a_reset_rounded_up_does_not_slow_a_run_the_ledger_paces():
     holds it), the rule waits to the moment; holding until a reset rounded up to
     whole seconds would lose up to a second a window."""
     server = ExpressServer()
-    target = Target(
-        base_url="http://api",
-        token=None,
-        timeout=30.0,
-        transport=httpx.MockTransport(server),
-    )
-    start = anyio.current_time()
-    async with open_run(
-        target,
-        rules={LimitKey.RUN_QUERY: parse_rule("30/2s")},
-        settings=Settings(),
-        ledger=MemoryLedger(),
-        clock=LoopClock(),
-        sink=ListSink(),
-        recorder=ListRecorder(),
-        scope="express",
-    ) as runner:
-        work = [Job(f"q{n}", JobType.RUN_QUERY, "t", {}) for n in range(60)]
-        await runner.run({LimitKey.RUN_QUERY: work}, {LimitKey.RUN_QUERY: 60})
+    seconds = await run_through(server, 60)
     assert server.statuses == {200: 60}
     # Six windows of 10: the last opens at 10 s (the ideal), answered 50 ms on.
-    assert anyio.current_time() - start <= 1.15 * 10.0
+    assert seconds <= 1.15 * 10.0
 
 
 # What a ledger keeps of a lesson.

@@ -7,27 +7,15 @@ run refuses with exit 2 and sends nothing, unless `--restart`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from batchrun.cli import app
-from batchrun.limits import limit_table
-from batchrun.sandbox import Sandbox, create_app
-from batchrun.serving import running
 from tests.test_cli import FAST, jobs_file
 
 runner = CliRunner()
-
-
-@pytest.fixture
-def api() -> Iterator[tuple[str, Sandbox]]:
-    """The sandbox served on loopback: its URL and what it saw."""
-    server = create_app(rules=limit_table())
-    with running(server) as url:
-        yield url, server.state.sandbox
 
 
 def submit(path: Path, url: str, *more: str):
