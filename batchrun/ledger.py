@@ -25,8 +25,10 @@ class Ledger(Protocol):
         """Atomically grant and record a slot for `key` at `now`, or say when."""
         ...
 
-    def release(self, ticket: int, now: float) -> None:
-        """Record that the request of `ticket` got its answer (or failed) at `now`.
+    def release(self, ticket: int, now: float, *, sent: bool = True) -> None:
+        """Record that the request of `ticket` got its answer (or failed) at `now`;
+        `sent=False`: it never reached the server (no connection was made), so it
+        takes no room in any window, as if never granted.
 
         A shared ledger may write it with its next reserve, or at `close`.
         """
@@ -83,9 +85,11 @@ class MemoryLedger:
         self._tickets[ticket] = key
         return Grant(ticket)
 
-    def release(self, ticket: int, now: float) -> None:
+    def release(self, ticket: int, now: float, *, sent: bool = True) -> None:
         log = self._logs[self._tickets.pop(ticket)]
         log.in_flight -= 1
+        if not sent:
+            return
         # Completions arrive in time order, unless the clock stepped back.
         if log.finished and now < log.finished[-1]:
             bisect.insort(log.finished, now)

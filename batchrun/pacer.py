@@ -86,17 +86,19 @@ class Pacer:
                 self._emit(SlotWait(self._clock.now(), key, wait.until))
                 await self._sleep(key, wait.until)
 
-    def release(self, key: LimitKey, ticket: int) -> None:
-        """Record the answer of a granted request, waking a sender waiting on it.
+    def release(self, key: LimitKey, ticket: int, *, sent: bool = True) -> None:
+        """Record the answer of a granted request, waking a sender waiting on it;
+        `sent=False`: it never reached the server, and takes no room in the windows.
 
         The answer of a half-open key's probe closes the circuit: the key sends at
-        its rule again, unless the answer was a 429 and `cool_down` follows.
+        its rule again, unless the answer was a 429 and `cool_down` follows. A probe
+        that never reached the server proves nothing: another goes.
         """
-        self._ledger.release(ticket, self._clock.now())
+        self._ledger.release(ticket, self._clock.now(), sent=sent)
         cooling = self._cooling[key]
         if cooling.probe == ticket:
             cooling.probe = None
-            cooling.half_open = False
+            cooling.half_open = not sent
         answer = self._answers.pop(key, None)
         if answer is not None:
             answer.set()

@@ -44,8 +44,9 @@ _SCHEMES = ("redis", "rediss")
 # KEYS: for each answer, its key's open and done sets; then, to reserve, the key's
 # open set, done set and meta hash. ARGV: the caller's now; the server time ('' =
 # Redis's TIME; tests pass a virtual one); n answers as (member, answer time on the
-# caller's clock, TTL ms); then hold, keep, interval ('' = exact), member, and the
-# rule's windows as a count then (COUNT, SECONDS) pairs.
+# caller's clock, TTL ms; a TTL of 0: never sent, only its lease goes); then hold,
+# keep, interval ('' = exact), member, and the rule's windows as a count then
+# (COUNT, SECONDS) pairs.
 # Replies: {1} granted; {0, seconds} wait that long; {0} wait for an answer; {2} only
 # answers written. Times go out as %.17g strings: Redis truncates Lua numbers.
 _RESERVE = """
@@ -65,8 +66,10 @@ local n = tonumber(ARGV[3])
 for i = 1, n do
   local at = tonumber(ARGV[3 * i + 2]) + (t - now)
   redis.call('ZREM', KEYS[2 * i - 1], ARGV[3 * i + 1])
-  redis.call('ZADD', KEYS[2 * i], math.min(at, t), ARGV[3 * i + 1])
-  extend(KEYS[2 * i], tonumber(ARGV[3 * i + 3]))
+  if tonumber(ARGV[3 * i + 3]) > 0 then
+    redis.call('ZADD', KEYS[2 * i], math.min(at, t), ARGV[3 * i + 1])
+    extend(KEYS[2 * i], tonumber(ARGV[3 * i + 3]))
+  end
 end
 if #KEYS == 2 * n then return {2} end
 local open, done, meta = KEYS[2 * n + 1], KEYS[2 * n + 2], KEYS[2 * n + 3]
@@ -172,10 +175,11 @@ class RedisLedger:
         self._tickets[ticket] = (key, _ttl_ms(rule.longest + self._hold))
         return Grant(ticket)
 
-    def release(self, ticket: int, now: float) -> None:
-        """Keep the answer; it is written with the next reserve, or at `close`."""
+    def release(self, ticket: int, now: float, *, sent: bool = True) -> None:
+        """Keep the answer; it is written with the next reserve, or at `close`.
+        One that was never sent goes as a TTL of 0: its lease is only dropped."""
         key, ttl = self._tickets.pop(ticket)
-        self._answers.append((key, ticket, now, ttl))
+        self._answers.append((key, ticket, now, ttl if sent else 0))
 
     def usage(self, key: str, rule: Rule) -> Usage:
         """The key's history on the caller's clock, read in one transaction."""

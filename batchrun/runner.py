@@ -291,16 +291,19 @@ class Runner:
             self._recorder.started(attempt.job, attempt.attempts)
         except StateError as exc:
             # Not recorded as in flight, so not sent: the store still has it to send.
-            self._pacer.release(key, ticket)
+            self._pacer.release(key, ticket, sent=False)
             self._in_flight -= 1
             self._halt(exc)
             return
         sent = self._learner.sent(key, attempt.sent_at)
         self._emit(JobSent(self._clock.now(), key, attempt.job.id, attempt.attempts))
+        outcome: Outcome | None = None
         try:
             outcome = await self._sender.send(attempt.job)
         finally:
-            self._pacer.release(key, ticket)
+            # A request that never reached the server spends no budget.
+            reached = outcome is None or outcome.reached
+            self._pacer.release(key, ticket, sent=reached)
             self._in_flight -= 1
         # Only an answer says whether the server's limiter let the request through.
         refused = None if outcome.status is None else outcome.kind is Kind.RATE_LIMITED

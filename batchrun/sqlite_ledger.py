@@ -95,6 +95,11 @@ class _SharedLog:
                 del self.finished[at]
         bisect.insort(self.finished, end)
 
+    def withdrawn(self, ticket: int) -> None:
+        """The request of `ticket` never reached the server: it holds no room
+        (unless its lease already lapsed into the history: then it stays)."""
+        self.open.pop(ticket, None)
+
     def usage(self, rule: Rule, now: float, horizon: float | None) -> Usage:
         for ticket, expires in list(self.open.items()):
             if expires <= now:
@@ -152,7 +157,8 @@ class SqliteLedger:
         self._boot = boot_id() if boot is None else boot
         self._reserves = 0
         self._seen = 0
-        self._answers: list[tuple[str, int, float, float]] = []
+        # (key, ticket, answered at, never sent: the same moment, keep until)
+        self._answers: list[tuple[str, int, float, float | None, float]] = []
         self._logs: defaultdict[str, _SharedLog] = defaultdict(_SharedLog)
         self._keys: dict[int, tuple[str, float]] = {}
         self.lost_history = False
@@ -209,9 +215,10 @@ class SqliteLedger:
         self._keys[ticket] = (key, keep)
         return Grant(ticket)
 
-    def release(self, ticket: int, now: float) -> None:
+    def release(self, ticket: int, now: float, *, sent: bool = True) -> None:
         key, keep = self._keys.pop(ticket)
-        self._answers.append((key, ticket, now, now + keep))
+        # An answer row with `expires` set says the request never left.
+        self._answers.append((key, ticket, now, None if sent else now, now + keep))
 
     def usage(self, key: str, rule: Rule) -> Usage:
         now = self._now()
@@ -240,8 +247,8 @@ class SqliteLedger:
 
     def _write_answers(self) -> None:
         self._db.executemany(
-            "INSERT INTO send_log (client, key, ticket, at, keep_until, boot) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO send_log (client, key, ticket, at, expires, keep_until, boot) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
             [(self._client, *answer, self._boot) for answer in self._answers],
         )
         self._answers.clear()
@@ -258,6 +265,8 @@ class SqliteLedger:
             if ticket is None:
                 expires = self._stamp(expires, boot, now + self._hold)
                 self._logs[key].sent(seq, at, expires)
+            elif expires is not None:
+                self._logs[key].withdrawn(ticket)
             else:
                 self._logs[key].answered(ticket, at)
         if rows:

@@ -360,3 +360,29 @@ def test_reserve_is_atomic_across_processes(tmp_path):
     for racer in racers:
         racer.join(timeout=20)
     assert sorted(verdicts) == [False, False, False, True]
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_request_never_sent_gives_its_slot_back(tmp_path, kind):
+    """Released with sent=False (no connection was made), a grant takes no room
+    in any window: the next reserve is granted at once, in every process."""
+    rule = parse_rule("1/1m")
+
+    def make():
+        if kind == "memory":
+            return MemoryLedger()
+        return SqliteLedger(tmp_path / "l.db", client="c", hold=HOLD, now=lambda: 0.0)
+
+    one = make()
+    grant = one.reserve("a", rule, Pace.EXACT, 0.0)
+    assert isinstance(grant, Grant)
+    one.release(grant.ticket, 0.1, sent=False)
+    again = one.reserve("a", rule, Pace.EXACT, 0.2)
+    assert isinstance(again, Grant)
+    one.release(again.ticket, 0.3)
+    assert isinstance(one.reserve("a", rule, Pace.EXACT, 0.4), Wait)
+    if kind == "sqlite":
+        one.close()
+        other = make()
+        assert isinstance(other.reserve("a", rule, Pace.EXACT, 0.5), Wait)
+        assert len(other.usage("a", rule).finished) == 1

@@ -383,3 +383,19 @@ def test_rediss_speaks_tls_and_verifies_the_certificate(tmp_path):
         ledger.close()
         untrusted = server.url.partition("?")[0]
         assert_state_error(untrusted, "rediss://:***@127.0.0.1", "certificate")
+
+
+def test_a_request_never_sent_gives_its_slot_back(redis_url):
+    """Released with sent=False, a grant's lease is dropped and nothing is kept:
+    every host may take the slot again."""
+    rule = parse_rule("1/1m")
+    one = RedisLedger(redis_url, client="c", hold=30.0, now=time.time)
+    other = RedisLedger(redis_url, client="c", hold=30.0, now=time.time)
+    grant = one.reserve("a", rule, Pace.EXACT, time.time())
+    assert isinstance(grant, Grant)
+    assert isinstance(other.reserve("a", rule, Pace.EXACT, time.time()), Wait)
+    one.release(grant.ticket, time.time(), sent=False)
+    one.close()
+    again = other.reserve("a", rule, Pace.EXACT, time.time())
+    assert isinstance(again, Grant)
+    other.close()

@@ -523,3 +523,24 @@ async def test_the_429_streak_resets_after_an_answer_that_is_not_429():
     assert len(delays) == 4
     assert 2.0 <= delays[2] <= 4.0  # the third 429 in a row: step 4
     assert 0.5 <= delays[3] <= 1.0  # after the 2xx: step 1 again
+
+
+async def test_a_request_that_never_reached_the_server_spends_no_budget():
+    """At 2/1m, two refused connections and then two answers take no minute: the
+    refused ones never reached the server, so their slots are given back."""
+    router = respx.Router()
+    route = router.post(QUERY)
+    route.side_effect = [
+        httpx.ConnectError("refused"),
+        httpx.ConnectError("refused"),
+        httpx.Response(200, json={}),
+        httpx.Response(200, json={}),
+    ]
+    sink = ListSink()
+    rules = {LimitKey.RUN_QUERY: parse_rule("2/1m")}
+    jobs = [Job(f"q{i}", JobType.RUN_QUERY, "t1", {}) for i in range(2)]
+    start = anyio.current_time()
+    async with make_runner(router, rules, sink, backoff=0.01) as runner:
+        tally = await runner.run({LimitKey.RUN_QUERY: jobs}, {LimitKey.RUN_QUERY: 2})
+    assert tally.done == 2
+    assert anyio.current_time() - start < 30.0
