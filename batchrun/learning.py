@@ -119,13 +119,18 @@ class KeyLog:
         """Whether some window of `rule` already holds as many requests as the
         server has been seen to accept in it."""
         for window in rule.windows:
-            if window.seconds not in self.proven:
-                self.proven[window.seconds] = self._proven(window.seconds)
             used = self.unanswered + len(self.ends)
             used -= bisect.bisect_right(self.ends, now - window.seconds)
-            if used >= self.proven[window.seconds]:
+            if used >= self.most_within(window.seconds):
                 return True
         return False
+
+    def most_within(self, seconds: float) -> int:
+        """`proven[seconds]`, counted from the log the first time it is asked for,
+        and kept up to date by `answered` from then on."""
+        if seconds not in self.proven:
+            self.proven[seconds] = self._proven(seconds)
+        return self.proven[seconds]
 
     def rearm(self) -> None:
         """Forget what the server was seen to accept: after a lesson its state is
@@ -355,7 +360,7 @@ class Learner:
 
     def accepted_within(self, key: str, seconds: float) -> int:
         """The most accepted requests of `key` seen to arrive within `seconds`."""
-        return self._log(key)._proven(seconds)
+        return self._log(key).most_within(seconds)
 
     def in_flight(self, key: str) -> int:
         """This process's requests of `key` still waiting for their answer."""

@@ -41,7 +41,7 @@ from batchrun.events import (
 )
 from batchrun.hints import Hints
 from batchrun.jobs import Job
-from batchrun.learning import Fallback, Lesson, adopt
+from batchrun.learning import Fallback, Lesson, Sent, adopt
 from batchrun.limits import LimitKey, Rule
 from batchrun.outcome import Kind, Outcome
 from batchrun.pacer import Pacer
@@ -310,13 +310,6 @@ class Runner:
         self._learner.answered(
             key, sent, self._clock.now(), refused=refused, wait=outcome.retry_after
         )
-        # "None remaining" while the rule has room: the server counts stricter,
-        # and says so before a 429 (with the ledger full, it is only our own
-        # count and teaches nothing).
-        hints = outcome.hints
-        spent = refused is False and hints is not None and hints.remaining == 0
-        if spent and not self._pacer.full(key):
-            self._learner.spent(key, sent)
         try:
             self._settle(key, queue, attempt, outcome)
         except StateError as exc:
@@ -325,7 +318,7 @@ class Runner:
             self._halt(exc)
         if self.breaker.answered(outcome) is not None:
             self.stop()
-        self._heed(key, outcome.hints)
+        self._heed(key, outcome.hints, sent if refused is False else None)
         self._review(key)
         if refused is False and key in self._fallback:
             self._rule_out(key)
@@ -367,20 +360,27 @@ class Runner:
             self._learner.episode(key, self._pacer.cooling(key)[0])
         self._requeue(key, queue, attempt, delay, outcome, rate_limited=True)
 
-    def _heed(self, key: LimitKey, hints: Hints | None) -> None:
+    def _heed(self, key: LimitKey, hints: Hints | None, accepted: Sent | None) -> None:
         """Follow what an answer's headers say: a stated policy stricter than the
-        rule is adopted before it costs a 429; a spent budget waits for its reset."""
+        rule is adopted before it costs a 429; a spent budget waits for its reset.
+
+        A spent budget that the ledger accounts for is only our own count: the rule
+        waits it out to the moment (a reset is often rounded up to whole seconds).
+        One that it does not (the server counts stricter, another client of the
+        token, an earlier run) is held until the stated reset, and if the server
+        let this request (`accepted`) through, it teaches the count as a 429 would.
+        """
         if hints is None:
             return
         if hints.policy:
             lesson = adopt(self._pacer.rules[key], hints.policy, "rate-limit headers")
             if lesson is not None:
                 self._learned(key, lesson)
-        # A spent budget that the ledger accounts for is waited out by the rule, to
-        # the moment (a reset is often rounded up to whole seconds); one that it
-        # does not (another client of the token, an earlier run) is held until
-        # the stated reset.
-        if hints.remaining == 0 and hints.reset and not self._pacer.full(key):
+        if hints.remaining != 0 or self._pacer.full(key):
+            return
+        if accepted is not None:
+            self._learner.spent(key, accepted)
+        if hints.reset:
             self._pacer.hold(key, self._clock.now() + hints.reset)
 
     def _review(self, key: LimitKey) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,11 +27,12 @@ from typing import Literal
 import limits
 import limits.storage
 import limits.strategies
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from batchrun.serving import running
 
 Strategy = Literal["moving-window", "fixed-window", "sliding-window-counter"]
 TOO_MANY = {
@@ -53,7 +53,6 @@ _STRATEGIES: dict[str, type[limits.strategies.RateLimiter]] = {
     "fixed-window": limits.strategies.FixedWindowRateLimiter,
     "sliding-window-counter": limits.strategies.SlidingWindowCounterRateLimiter,
 }
-_START_SECONDS = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,39 +155,6 @@ def create_app(rule: str, *, strategy: Strategy, headers: bool, log: _Log) -> St
     return Starlette(routes=routes)
 
 
-def _bound() -> socket.socket:
-    # Naming IPPROTO_TCP lets asyncio set TCP_NODELAY on accepted connections
-    # (without it each kept-alive answer waits ~40 ms for a delayed ACK).
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    return sock
-
-
-@contextlib.contextmanager
-def serving(app: Starlette) -> Iterator[str]:
-    """Serve `app` with uvicorn in a thread on a free loopback port; yield its URL."""
-    with _bound() as sock:
-        config = uvicorn.Config(
-            app, log_level="error", access_log=False, lifespan="off"
-        )
-        server = uvicorn.Server(config)
-        thread = threading.Thread(
-            target=server.run, kwargs={"sockets": [sock]}, daemon=True
-        )
-        thread.start()
-        try:
-            deadline = time.monotonic() + _START_SECONDS
-            while not server.started:
-                if not thread.is_alive() or time.monotonic() > deadline:
-                    msg = "the limits server did not start"
-                    raise RuntimeError(msg)
-                time.sleep(0.005)
-            yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-        finally:
-            server.should_exit = True
-            thread.join(timeout=_START_SECONDS)
-
-
 @contextlib.contextmanager
 def limits_server(
     rule: str, *, strategy: Strategy = "moving-window", headers: bool = False
@@ -196,6 +162,6 @@ def limits_server(
     """A `limits` strategy enforcing `rule` (e.g. `10/2s`) on each endpoint."""
     log = _Log()
     app = create_app(rule, strategy=strategy, headers=headers, log=log)
-    with serving(app) as url:
+    with running(app) as url:
         what = f"limits {strategy} {rule}" + (" + slowapi headers" if headers else "")
         yield Server(url, log.read, what)
