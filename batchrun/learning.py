@@ -17,9 +17,13 @@ A burst fits any window longer than it lasted, so the log often cannot tell the
 rule's own window from a shorter one. The safe reading (the rule's own window, or
 the shortest that fits) is learned, and when a shorter window fits as well it is
 paced by first, with the safe one to fall back to (`Fallback`): one request past
-the safe count settles it, for at most one more 429. Invariant: a lesson only ever
-adds a window or lowers a count, so the rule it gives never allows more than the
-rule it came from.
+the safe count settles it, for at most one more 429. A burst refused after N
+fits a leaky bucket as well (nginx `limit_req`: N at once, then one more as each
+drains, at the rule's own rate), which no window reading paces near its speed: that
+reading is tried first of all (`_leaky`), unless a Retry-After rules it out.
+Invariant: a lesson only ever adds a window or lowers a count, so the rule it gives
+never allows more than the rule it came from; the one looser reading, a leaky
+bucket's burst, stands only with a window reading to fall back to.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from batchrun import durations
 from batchrun.errors import UsageError
@@ -41,8 +46,9 @@ from batchrun.limits import Rule, Window
 _CANDIDATES = (1.0, 10.0, 60.0, 300.0, 3600.0, 86400.0)
 # How long a learned limit is trusted (the Redis ledger keeps it as long).
 KEPT_FOR = 30 * 86400.0
-# Over this many window lengths, more than one more times the window's count of
-# accepted requests rule the window out in any counting (`Fallback.ruled_out`).
+# Over one window length, or this many, more than one more times the window's
+# count of accepted requests rule the window out in any counting
+# (`Fallback.ruled_out`).
 _SPAN = 2
 # Requests older than the longest candidate window cannot bear on a lesson; past
 # this many the oldest are dropped, which keeps `infer` cheap (quadratic in it).
@@ -236,6 +242,10 @@ def stored(lesson: Lesson, *, given: Rule, time_scale: float, at: float) -> str:
     if time_scale != 1:
         why += f" (at --time-scale {time_scale:g})"
     fields = {"windows": windows, "spread": lesson.spread, "why": why}
+    if lesson.rule.burst is not None:
+        fields["burst"] = lesson.rule.burst
+    if lesson.fallback is not None:
+        fields["safer"] = _unscaled(lesson.fallback.rule, time_scale)
     return json.dumps({**fields, "given": _unscaled(given, time_scale), "at": at})
 
 
@@ -247,29 +257,72 @@ def recalled(
     rule: Rule, text: str | None, *, time_scale: float, now: float
 ) -> Lesson | None:
     """The lesson a ledger kept (`stored`), applied to `rule`: only ever tighter
-    than `rule`, whatever was kept. None if nothing (or nothing readable) was; if
-    it was learned under another rule than `rule` (the user now gives another:
-    theirs wins); or if it is older than `KEPT_FOR` at `now` (wall-clock seconds):
-    servers change their limits, and one 429 learns it again."""
+    than `rule`, whatever was kept, but for a leaky bucket's burst, which comes
+    with the safer reading it falls back to. None if nothing (or nothing
+    readable) was; if it was learned under another rule than `rule` (the user
+    now gives another: theirs wins); or if it is older than `KEPT_FOR` at `now`
+    (wall-clock seconds): servers change their limits, and one 429 learns it
+    again."""
+    kept = _read(text, time_scale)
+    if kept is None:
+        return None
+    fresh = now - KEPT_FOR <= kept.at <= now + 86400.0  # slack for clock steps
+    if not fresh or not _same(kept.given, rule, time_scale):
+        return None
+    if not _plausible([*kept.windows, *kept.safer], rule, time_scale):
+        return None
+    tightened = adopt(rule, kept.windows, "")
+    tighter = rule if tightened is None else tightened.rule
+    # Kept for this very rule (--profile auto's answer that it holds) says so too.
+    plain = not kept.spread and kept.burst is None
+    if tighter == rule and plain and tuple(kept.windows) != rule.windows:
+        return None
+    if kept.burst is not None:
+        if not 0 <= kept.burst < tighter.shortest.count - 1:
+            return None  # no bucket this rule's windows do not already hold to
+        tighter = Rule(tighter.windows, kept.burst)
+    safer = adopt(rule, kept.safer, "") if kept.safer else None
+    fallback = None if safer is None else Lesson(safer.rule, "kept as the safer")
+    why = f"learned {kept.when}: {kept.why}"
+    return Lesson(tighter, why, kept.spread, fallback)
+
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """A kept lesson's fields, read (`_read`); windows at the run's time scale."""
+
+    windows: list[Window]
+    given: list[tuple[int, float]]
+    at: float
+    when: str
+    why: str
+    spread: bool
+    burst: int | None
+    safer: list[Window]
+
+
+def _read(text: str | None, time_scale: float) -> _Kept | None:
+    """The fields of a kept lesson; None if any is missing or unreadable."""
+
+    def windows(pairs: Any) -> list[Window]:
+        return [Window(int(c), float(s) / time_scale) for c, s in pairs]
+
     try:
         kept = json.loads(text or "{}")
-        windows = [Window(int(c), float(s) / time_scale) for c, s in kept["windows"]]
-        given = sorted((int(c), float(s)) for c, s in kept["given"])
         at = float(kept["at"])
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(at))
-        why, spread = str(kept["why"]), bool(kept["spread"])
+        burst = kept.get("burst")
+        return _Kept(
+            windows=windows(kept["windows"]),
+            given=sorted((int(c), float(s)) for c, s in kept["given"]),
+            at=at,
+            when=time.strftime("%Y-%m-%d %H:%M", time.localtime(at)),
+            why=str(kept["why"]),
+            spread=bool(kept["spread"]),
+            burst=None if burst is None else int(burst),
+            safer=windows(kept.get("safer", [])),
+        )
     except (ValueError, TypeError, KeyError, UsageError, OverflowError, OSError):
         return None
-    fresh = now - KEPT_FOR <= at <= now + 86400.0  # a day's slack for clock steps
-    if not fresh or not _same(given, rule, time_scale):
-        return None
-    if not _plausible(windows, rule, time_scale):
-        return None
-    lesson = adopt(rule, windows, "") or Lesson(rule, "")
-    # Kept for this very rule (--profile auto's answer that it holds) says so too.
-    if lesson.rule == rule and not spread and tuple(windows) != rule.windows:
-        return None
-    return Lesson(lesson.rule, f"learned {when}: {why}", spread)
 
 
 def _same(given: list[tuple[int, float]], rule: Rule, time_scale: float) -> bool:
@@ -417,7 +470,9 @@ class Learner:
             self._stated.discard(key)
             return None if lesson is None else _stated_lesson(lesson, rule)
         if lesson is not None:
-            lesson = _looser(log.sent, rule, lesson, shorter) or lesson
+            # One faster reading at a time is tried, for at most one more 429.
+            leaky = None if doubt else _leaky(log.sent, rule, lesson)
+            lesson = leaky or _looser(log.sent, rule, lesson, shorter) or lesson
             log.rearm()
         if lesson is not None or not _refused_amid_acceptances(log.sent, rule):
             # Refused with nothing accepted in any window (a spent quota, or
@@ -428,13 +483,15 @@ class Learner:
             if lesson is None and doubt:
                 # The rule itself is in doubt (a fallback stands): that is the
                 # lesson, and the fallback answers it.
-                lesson = Lesson(rule, "429s still came when spaced evenly", True)
+                why = "429s still came when spaced evenly"
+                lesson = Lesson(Rule(rule.windows), why, True)
             if lesson is not None:
                 log.rearm()
             return lesson
         log.rearm()
         why = "429s came although requests kept to the rule"
-        return Lesson(rule, f"{why}: the server counts in another way", spread=True)
+        plain = Rule(rule.windows)  # spaced evenly, a burst is no longer read
+        return Lesson(plain, f"{why}: the server counts in another way", spread=True)
 
 
 def _looser(
@@ -450,6 +507,60 @@ def _looser(
         return None
     why = f"{loose.evidence}; {learned} if refused again"
     return Lesson(loose.rule, why, fallback=safe)
+
+
+def _leaky(log: Sequence[Sent], rule: Rule, reading: Lesson) -> Lesson | None:
+    """`rule` read as a leaky bucket that drains at the rate of the rule's shortest
+    window, with `reading` to fall back to; None if a refusal's Retry-After asked
+    for longer than one drain (a bucket has room again by then), if `rule`
+    already is such a reading (its refusal is `reading`), or if the bucket would
+    hold the rule's whole count anyway.
+
+    Its first request past the burst settles it: a window server refuses that
+    one, for one 429; a bucket lets it through, and then keeps letting through
+    more than the window reading allows (`Fallback.ruled_out`)."""
+    if rule.burst is not None:
+        return None
+    base = rule.shortest
+    step = base.seconds / base.count
+    # Servers round Retry-After up to whole seconds.
+    if any(s.refused and s.wait is not None and s.wait > step + 1.0 for s in log):
+        return None
+    burst = _burst(log, step)
+    if burst + 1 >= base.count:
+        return None
+    leaky = Rule(rule.windows, burst)
+    why = (
+        f"{reading.evidence.split(';')[0]}: read as a leaky bucket that lets "
+        f"{burst + 1} through at once, then drains at {base}; "
+        f"{_summary(reading)} if refused again"
+    )
+    return Lesson(leaky, why, fallback=reading)
+
+
+def _burst(log: Sequence[Sent], step: float) -> int:
+    """The burst a leaky bucket that drains one request per `step` surely allows,
+    having let through the accepted requests of `log`: the most accepted within
+    any stretch, less what drained over it, less one (a fresh bucket takes the
+    first request whole). Stretches are taken at their longest (first start to
+    last answer): the bucket then drained the most."""
+    accepted = sorted((s for s in log if s.refused is False), key=lambda s: s.start)
+    level = 1.0
+    for first, entry in enumerate(accepted):
+        ends = [s.end for s in accepted[first:] if s.end is not None]
+        for count, end in enumerate(sorted(ends), start=1):
+            level = max(level, count - (end - entry.start) / step)
+    return max(0, math.ceil(level - 1 - 1e-9))
+
+
+def _summary(reading: Lesson) -> str:
+    """The windows a reading adds, then those of its own fallback, in order."""
+    chain = []
+    while True:
+        chain.append(str(reading.rule))
+        if reading.fallback is None:
+            return ", then ".join(chain)
+        reading = reading.fallback
 
 
 def _stated_lesson(lesson: Lesson, rule: Rule) -> Lesson:
@@ -471,23 +582,34 @@ def _refused_amid_acceptances(log: Sequence[Sent], rule: Rule) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Fallback:
-    """A key paced by a rule that may be too loose, with the safer rule the server
-    may enforce instead (`--profile auto`: statement A, with B to fall back to).
+    """A key paced by a rule that may be too loose, with the safer reading the server
+    may enforce instead (`--profile auto`: statement A, with B to fall back to; a
+    leaky bucket's burst, or a short window, with the rule's own window behind it).
 
     The key proves its way past the safer rule one request at a time
     (`KeyLog.careful`), so finding out costs at most one 429 per window: a
-    refusal takes the safer rule whole (`taken`); acceptances past what one of its
-    windows allows in any counting rule it out (`ruled_out`). Either answer is a
-    lesson, kept like any; until then, the ledger keeps the safer rule.
+    refusal takes the safer reading whole (`taken`), and its own fallback, if it
+    has one, stands next; acceptances past what one of its windows allows in any
+    counting rule it out (`ruled_out`). Either answer is a lesson, kept like any;
+    until then, the ledger keeps the safer reading.
     """
 
-    rule: Rule
+    reading: Lesson
+
+    @property
+    def rule(self) -> Rule:
+        """The safer rule."""
+        return self.reading.rule
 
     def taken(self, lesson: Lesson, given: Rule) -> Lesson:
-        """`lesson`, learned while this fallback stood, joined with it."""
-        joined = adopt(lesson.rule, self.rule.windows, "") or lesson
+        """`lesson`, learned while this fallback stood, joined with it (no longer
+        read as a leaky bucket: its burst was refused), and with the safer
+        reading's own fallback, if `lesson` has none."""
+        joined = adopt(Rule(lesson.rule.windows), self.rule.windows, "")
+        rule = Rule(lesson.rule.windows) if joined is None else joined.rule
         why = f"{lesson.evidence}; so the server enforces {self.rule}, not {given}"
-        return Lesson(joined.rule, why, lesson.spread)
+        after = lesson.fallback or self.reading.fallback
+        return Lesson(rule, why, lesson.spread, fallback=after)
 
     def kept(self, lesson: Lesson) -> Lesson:
         """`lesson` as the ledger keeps it while this fallback stands: joined with
@@ -498,17 +620,18 @@ class Fallback:
     def ruled_out(self, learner: Learner, key: str, given: Rule) -> Lesson | None:
         """A lesson that `given` holds if the server let through more than one of
         this fallback's own windows (COUNT/W) allows in any counting: more than
-        3 x COUNT within 2 x W (fixed windows let up to 3 x COUNT through in any
-        2 x W, a sliding log 2 x COUNT); None while it has not."""
+        2 x COUNT within W, or 3 x COUNT within 2 x W (fixed windows let up to
+        that many through, a sliding log half as many); None while it has not."""
         for window in self.rule.windows:
             if window in given.windows:
                 continue  # held by both readings: it settles nothing
-            span = window.seconds * _SPAN
-            seen = learner.accepted_within(key, span)
-            if seen > _SPAN * window.count + window.count:
-                why = (
-                    f"{seen} accepted within {durations.compact(span)}, more than "
-                    f"{self.rule} allows: the server enforces {given}"
-                )
-                return Lesson(given, why)
+            for spans in (1, _SPAN):
+                span = window.seconds * spans
+                seen = learner.accepted_within(key, span)
+                if seen > (spans + 1) * window.count:
+                    why = (
+                        f"{seen} accepted within {durations.compact(span)}, more "
+                        f"than {self.rule} allows: the server enforces {given}"
+                    )
+                    return Lesson(given, why)
         return None

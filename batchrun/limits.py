@@ -62,7 +62,9 @@ class Window:
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """Windows that all hold at once.
+    """Windows that all hold at once; and, read from a server's refusals (never
+    given), a leaky bucket's `burst`: after `burst` + 1 requests at once, one more
+    per interval of the shortest window (`slots.paced` holds it as windows).
 
     Derived once, as the pacer reads them on every grant: `interval`, the seconds
     between requests at the binding long-run rate (the `spread` pace); `longest`,
@@ -71,6 +73,7 @@ class Rule:
     """
 
     windows: tuple[Window, ...]
+    burst: int | None = None
     interval: float = field(init=False, repr=False, compare=False)
     longest: float = field(init=False, repr=False, compare=False)
     deepest: int = field(init=False, repr=False, compare=False)
@@ -78,6 +81,9 @@ class Rule:
     def __post_init__(self) -> None:
         if not self.windows:
             msg = "a rule needs at least one window"
+            raise UsageError(msg)
+        if self.burst is not None and self.burst < 0:
+            msg = f"a burst must be at least 0, got {self.burst}"
             raise UsageError(msg)
         derived = {
             "interval": max(w.seconds / w.count for w in self.windows),
@@ -88,11 +94,20 @@ class Rule:
             object.__setattr__(self, name, value)
 
     def __str__(self) -> str:
-        return "+".join(str(w) for w in self.windows)
+        windows = "+".join(str(w) for w in self.windows)
+        if self.burst is None:
+            return windows
+        return f"{windows}, bursts of {self.burst + 1}"
+
+    @property
+    def shortest(self) -> Window:
+        """The window of the shortest time: its interval is a leaky bucket's."""
+        return min(self.windows, key=lambda w: w.seconds)
 
     def scaled(self, factor: float) -> Rule:
         """This rule with every window divided by `factor` (to compress demo time)."""
-        return Rule(tuple(Window(w.count, w.seconds / factor) for w in self.windows))
+        windows = tuple(Window(w.count, w.seconds / factor) for w in self.windows)
+        return Rule(windows, self.burst)
 
 
 def parse_rule(text: str) -> Rule:

@@ -124,8 +124,9 @@ class Pacer:
         keep: bool = True,
     ) -> None:
         """Pace `key` by the lesson's rule from now on (and evenly, if it says so),
-        and keep it (or `kept`, a safer reading while one is in doubt) in the ledger
-        for later runs and other processes (`keep`)."""
+        and keep it (or `kept`, joined with a safer rule that still stands), with
+        the safer reading it falls back to if it has one, in the ledger for later
+        runs and other processes (`keep`)."""
         self._rules[key] = lesson.rule
         if lesson.spread:
             self._paces[key] = Pace.SPREAD
@@ -138,7 +139,7 @@ class Pacer:
             kept = kept or lesson
             # Spaced evenly once is spaced evenly for good, whatever comes after.
             spread = self._paces[key] is Pace.SPREAD
-            kept = Lesson(kept.rule, kept.evidence, spread)
+            kept = Lesson(kept.rule, kept.evidence, spread, kept.fallback)
             given, scale = self._given[key], self._time_scale
             text = stored(kept, given=given, time_scale=scale, at=wall_time())
             self._ledger.remember(key.value, text)

@@ -33,7 +33,7 @@ from redis.retry import Retry
 
 from batchrun.errors import LedgerLost, StateError, UsageError
 from batchrun.limits import Rule
-from batchrun.slots import Grant, Pace, Usage, Wait, spread_interval
+from batchrun.slots import Grant, Pace, Usage, Wait, paced, spread_interval
 
 # Seconds to connect, and to wait for any answer. `reserve` is called from the event
 # loop, which a slow Redis blocks for up to this long before the run stops.
@@ -165,8 +165,9 @@ class RedisLedger:
         keys, args = self._answer_args(now)
         keys += [self._key(key, part) for part in ("open", "done", "meta")]
         args += [self._hold, rule.longest, _interval(rule, pace)]
-        args += [f"{self._name}:{ticket}", len(rule.windows)]
-        args += [n for w in rule.windows for n in (w.count, w.seconds)]
+        windows = paced(rule)
+        args += [f"{self._name}:{ticket}", len(windows)]
+        args += [n for w in windows for n in (w.count, w.seconds)]
         reply = self._call(self._reserve, keys, [_arg(a) for a in args])
         self._answers.clear()
         if reply[0] != 1:

@@ -162,10 +162,14 @@ class Runner:
         # What an earlier run learned of a key settles its fallback too.
         settled = {key for key, _ in self._recalled}
         self._fallback = {
-            key: Fallback(rule)
+            key: Fallback(Lesson(rule, f"the safer statement {rule}"))
             for key, rule in settings.fallback.items()
             if key in pacer.rules and key not in settled
         }
+        # A faster reading kept in doubt is still in doubt.
+        for key, lesson in self._recalled:
+            if lesson.fallback is not None:
+                self._fallback[key] = Fallback(lesson.fallback)
         self._order = itertools.count()
         self._tally = Tally()
         self._queues: list[tuple[LimitKey, _Queue]] = []
@@ -368,7 +372,8 @@ class Runner:
         waits it out to the moment (a reset is often rounded up to whole seconds).
         One that it does not (the server counts stricter, another client of the
         token, an earlier run) is held until the stated reset, and if the server
-        let this request (`accepted`) through, it teaches the count as a 429 would.
+        let this request (`accepted`) through and states no policy (which would
+        explain it), it teaches the count as a 429 would.
         """
         if hints is None:
             return
@@ -378,7 +383,10 @@ class Runner:
                 self._learned(key, lesson)
         if hints.remaining != 0 or self._pacer.full(key):
             return
-        if accepted is not None:
+        if accepted is not None and not hints.policy:
+            # A stated policy explains its own "none remaining": the rule holds
+            # to it already (a request's answer can come after the server
+            # counted the next one), and the count is no news.
             self._learner.spent(key, accepted)
         if hints.reset:
             self._pacer.hold(key, self._clock.now() + hints.reset)
@@ -410,10 +418,13 @@ class Runner:
         if fallback is not None and (lesson.rule != given or lesson.spread):
             lesson = fallback.taken(lesson, given)
         if lesson.fallback is not None:
-            self._fallback[key] = Fallback(lesson.fallback.rule)
-        # While a safer reading stands, it is what later runs start from.
+            self._fallback[key] = Fallback(lesson.fallback)
+        # Later runs start from a faster reading with the safer one behind it,
+        # as this one goes on; while a safer rule stands that is no reading of
+        # the log (--profile auto's B), from the lesson joined with it.
         standing = self._fallback.get(key)
-        kept = lesson.fallback or (None if standing is None else standing.kept(lesson))
+        joined = lesson.fallback is None and standing is not None
+        kept = standing.kept(lesson) if joined and standing else None
         self._pacer.learn(key, lesson, kept=kept)
         at = self._clock.now()
         spread = self._pacer.pace(key) is Pace.SPREAD

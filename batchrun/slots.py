@@ -20,6 +20,7 @@ the other way round.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from batchrun.limits import Rule
+from batchrun.limits import Rule, Window
 
 # Past this many requests, `eta` extrapolates at the long-run rate instead of
 # simulating each one; the greedy schedule is periodic long before that.
@@ -95,7 +96,7 @@ def earliest_slot(usage: History, rule: Rule, pace: Pace = Pace.EXACT) -> float 
     """
     slot = -math.inf
     finished, in_flight = usage.finished, usage.in_flight
-    for window in rule.windows:
+    for window in paced(rule):
         needed = window.count - in_flight
         if needed <= 0:
             return None
@@ -108,8 +109,33 @@ def earliest_slot(usage: History, rule: Rule, pace: Pace = Pace.EXACT) -> float 
 
 def spread_interval(rule: Rule) -> float:
     """Seconds from one start to the next at `spread`: the rule's binding interval
-    and a margin (`SPREAD_MARGIN`, at least `SPREAD_MARGIN_SECONDS`)."""
-    return rule.interval + max(rule.interval * SPREAD_MARGIN, SPREAD_MARGIN_SECONDS)
+    and a margin (`_margin`)."""
+    return rule.interval + _margin(rule.interval)
+
+
+def _margin(interval: float) -> float:
+    return max(interval * SPREAD_MARGIN, SPREAD_MARGIN_SECONDS)
+
+
+@functools.cache
+def paced(rule: Rule) -> tuple[Window, ...]:
+    """The windows the slot rule keeps for `rule`: its own, and for a leaky bucket's
+    `burst` B, with T the interval of its shortest window (COUNT/W), the windows
+    B + k per k * T (and a margin), for k = 1 .. COUNT - B - 1.
+
+    Kept like any window (sent after the answer of the (B + k)-th latest, plus k
+    intervals), they hold every stretch of arrivals to at most B + 1 plus one per T
+    as the bucket drains, whatever the latency; COUNT/W holds the longer stretches.
+    """
+    if rule.burst is None:
+        return rule.windows
+    base = rule.shortest
+    step = base.seconds / base.count
+    leak = [
+        Window(rule.burst + k, k * step + _margin(step))
+        for k in range(1, base.count - rule.burst)
+    ]
+    return (*leak, *rule.windows)
 
 
 def eta(

@@ -19,7 +19,16 @@ from batchrun.clock import LoopClock
 from batchrun.endpoints import JobType
 from batchrun.events import RuleLearned
 from batchrun.jobs import Job
-from batchrun.learning import Learner, Lesson, Sent, candidates, infer, recalled, stored
+from batchrun.learning import (
+    Fallback,
+    Learner,
+    Lesson,
+    Sent,
+    candidates,
+    infer,
+    recalled,
+    stored,
+)
 from batchrun.ledger import MemoryLedger
 from batchrun.limits import (
     LimitKey,
@@ -266,9 +275,10 @@ class HeaderServer:
     "slowapi" (X-RateLimit-*, the reset a second or more late, as slowapi sends
     it)."""
 
-    def __init__(self, style: str) -> None:
+    def __init__(self, style: str, accepted: tuple[float, ...] = ()) -> None:
         self.style = style
-        self.accepted: list[float] = []
+        # What the server accepted before: another client of the token.
+        self.accepted: list[float] = list(accepted)
         self.statuses: Counter[int] = Counter()
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -286,6 +296,11 @@ class HeaderServer:
     def _headers(self, recent: list[float], now: float) -> dict[str, str]:
         if self.style == "policy":
             return {"RateLimit-Policy": "10;w=2"}
+        if self.style == "both":
+            reset = max(0.0, recent[0] + 2.0 - now) if recent else 0.0
+            left = max(0, 10 - len(recent))
+            quota = f'"q";r={left};t={math.ceil(reset)}'
+            return {"RateLimit-Policy": '"q";q=10;w=2', "RateLimit": quota}
         reset = max(0.0, recent[0] + 2.0 - now) if recent else 0.0
         if self.style == "slowapi":
             reset = 1 + math.ceil(reset)  # slowapi adds a second to limits' reset
@@ -531,3 +546,128 @@ def test_a_kept_lesson_is_trusted_for_30_days():
     day = 86400.0
     assert recalled(parse_rule("30/2s"), text, time_scale=1.0, now=29 * day)
     assert not recalled(parse_rule("30/2s"), text, time_scale=1.0, now=31 * day)
+
+
+# A leaky bucket's reading.
+
+
+def settled_review(log: list[Sent], rule: Rule, **options: bool) -> Lesson | None:
+    learner = Learner()
+    for entry in log:
+        learner.sent("k", entry.start)
+        kept = learner._logs["k"].sent[-1]
+        learner.answered("k", kept, entry.end or entry.start, refused=entry.refused)
+        kept.wait = entry.wait
+    learner.episode("k", log[-1].start)
+    return learner.review("k", rule, spread=False, **options)
+
+
+def test_a_refused_burst_is_read_as_a_leaky_bucket_first():
+    """11 accepted at once, the 12th refused, no Retry-After: a bucket of burst 10
+    draining at the rule's rate is tried first, with 11/2s behind it."""
+    lesson = settled_review(burst(11, 1), parse_rule("30/2s"))
+    assert lesson is not None
+    assert lesson.rule == Rule((Window(30, 2.0),), 10)
+    assert "read as a leaky bucket that lets 11 through at once" in lesson.evidence
+    assert lesson.fallback is not None
+    assert str(lesson.fallback.rule) == "11/2s"
+
+
+def test_the_burst_is_what_did_not_drain():
+    """20 accepted one at a time over 0.7 s at 15/s: 10.5 of them drained, so
+    the bucket surely holds a burst of 9 (the stretch is taken at its longest)."""
+    log = [Sent(n * 0.035, n * 0.035 + 0.03, False) for n in range(20)]
+    log.append(Sent(0.7, 0.73, True))
+    lesson = settled_review(log, parse_rule("30/2s"))
+    assert lesson is not None
+    assert lesson.rule.burst == 9
+
+
+def test_a_retry_after_longer_than_one_drain_rules_the_bucket_out():
+    """A bucket has room again one interval (1/15 s) after a refusal; a server
+    that asks for 2 s counts in windows."""
+    log = burst(11, 1)
+    log[-1].wait = 2.0
+    lesson = settled_review(log, parse_rule("30/2s"))
+    assert lesson is not None
+    assert lesson.rule.burst is None
+
+
+def test_a_bucket_is_not_read_while_another_reading_is_in_doubt():
+    lesson = settled_review(burst(11, 1), parse_rule("30/2s"), doubt=True)
+    assert lesson is not None
+    assert lesson.rule.burst is None
+
+
+def test_a_refused_bucket_reading_is_not_read_again():
+    """Refused again under the bucket reading: a window is learned, no burst."""
+    rule = Rule((Window(30, 2.0),), 10)
+    log = [*burst(11, 1), Sent(0.1, 0.11, True)]
+    lesson = settled_review(log, rule)
+    assert lesson is not None
+    assert lesson.rule.burst is None
+
+
+def test_a_kept_bucket_reading_reads_back_with_its_safer_reading():
+    """Kept with the window reading behind it, so the next run still falls back."""
+    given = parse_rule("30/2s")
+    safer = Lesson(parse_rule("11/2s"), "s")
+    lesson = Lesson(Rule(given.windows, 10), "a bucket", fallback=safer)
+    text = stored(lesson, given=given, time_scale=1.0, at=1000.0)
+    back = recalled(given, text, time_scale=1.0, now=1000.0)
+    assert back is not None
+    assert back.rule == lesson.rule
+    assert back.fallback is not None
+    assert back.fallback.rule == parse_rule("11/2s")
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"burst": -1},
+        {"burst": 29},  # 30 at once: no bucket 30/2s does not already hold to
+        {"burst": "x"},
+        {"safer": [[11, 7.0]]},  # not a length a lesson of 30/2s can hold
+        {"safer": "x"},
+    ],
+)
+def test_a_damaged_bucket_reading_is_ignored(damage):
+    text = json.dumps({**VALID, "windows": [[30, 2.0]], **damage})
+    assert recalled(parse_rule("30/2s"), text, time_scale=1.0, now=1000.0) is None
+
+
+def test_a_bucket_reading_is_ruled_in_past_twice_its_safer_count_in_a_window():
+    """More than 22 accepted within 1 s is more than 11/1s lets through in any
+    counting: the bucket reading holds."""
+    learner = Learner()
+    for n in range(23):
+        entry = learner.sent("k", n * 0.04)
+        learner.answered("k", entry, n * 0.04 + 0.001, refused=False)
+    given = Rule((Window(30, 2.0),), 10)
+    fallback = Fallback(Lesson(parse_rule("11/1s+30/2s"), "s"))
+    lesson = fallback.ruled_out(learner, "k", given)
+    assert lesson is not None
+    assert lesson.rule == given
+    assert "23 accepted within 1s" in lesson.evidence
+
+
+def test_taking_a_fallback_drops_the_burst_and_keeps_the_next_fallback():
+    safest = Lesson(parse_rule("11/2s"), "safest")
+    fallback = Fallback(Lesson(parse_rule("11/1s+30/2s"), "safe", fallback=safest))
+    given = Rule((Window(30, 2.0),), 10)
+    taken = fallback.taken(Lesson(given, "refused", spread=True), given)
+    assert taken.rule == parse_rule("11/1s+30/2s")
+    assert taken.fallback is safest
+
+
+async def test_none_remaining_under_a_stated_policy_teaches_no_count():
+    """Another client of the token spent 6 of the stated 10/2s: "none remaining"
+    comes after our 4th, while our own ledger has room. The policy explains it,
+    so the key waits for the reset and learns no count of 4 (which it would keep
+    for 30 days); the run sends no 429."""
+    server = HeaderServer("both", accepted=(0.0,) * 6)
+    sink = ListSink()
+    await run_through(server, 20, sink)
+    assert server.statuses == {200: 20}
+    learned = [str(e.rule) for e in sink.of(RuleLearned)]
+    assert learned == ["10/2s"]

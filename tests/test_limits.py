@@ -156,3 +156,16 @@ def test_a_damaged_stored_table_is_a_state_error(text):
     """A damaged stored table exits 74 with a message, not a traceback."""
     with pytest.raises(StateError, match="damaged"):
         read_table(text)
+
+
+def test_a_burst_reading_shows_its_burst_and_scales_with_the_rule():
+    rule = Rule((Window(30, 60.0),), 10)
+    assert str(rule) == "30/1m, bursts of 11"
+    assert rule.scaled(30) == Rule((Window(30, 2.0),), 10)
+    assert rule != Rule((Window(30, 60.0),))
+    assert Rule((Window(15, 60.0), Window(500, 3600.0))).shortest == Window(15, 60.0)
+
+
+def test_a_burst_below_zero_is_refused():
+    with pytest.raises(UsageError, match="at least 0"):
+        Rule((Window(30, 60.0),), -1)

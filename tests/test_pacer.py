@@ -16,9 +16,18 @@ from hypothesis import strategies as st
 from batchrun.clock import LoopClock
 from batchrun.events import SlotWait
 from batchrun.ledger import MemoryLedger
+from batchrun.limiters import make_limiter
 from batchrun.limits import LimitKey, Rule, Window, parse_rule
 from batchrun.pacer import Pacer
-from batchrun.slots import Grant, Pace, Usage, earliest_slot, eta, spread_interval
+from batchrun.slots import (
+    Grant,
+    Pace,
+    Usage,
+    earliest_slot,
+    eta,
+    paced,
+    spread_interval,
+)
 
 KEY = LimitKey.RUN_QUERY
 # `end + WINDOW - WINDOW` may differ from `end` in the last bit; the simulation's
@@ -330,3 +339,79 @@ async def test_a_lesson_ends_a_backoff_guess():
     pacer.cool_down(KEY, now + 3.0, asked=True)  # a Retry-After
     pacer.learn(KEY, Lesson(parse_rule("4/2s"), "tighter"), keep=False)
     assert pacer.cooling(KEY)[1] == now + 3.0
+
+
+# A leaky bucket's reading: `paced` adds windows for its burst.
+
+
+def paced_schedule(
+    rule: Rule, latencies: list[tuple[float, float]]
+) -> list[tuple[float, float]]:
+    """Greedy sends by the slot rule, each request out and back over its latency
+    pair (out, back); its (send, arrival) moments, in the order they left."""
+    moments: list[tuple[float, float]] = []
+    answers: list[float] = []  # completions not yet seen
+    finished: list[float] = []
+    now = 0.0
+    for out, back in latencies:
+        while True:
+            seen = [a for a in answers if a <= now]
+            finished = sorted([*finished, *seen])
+            answers = [a for a in answers if a > now]
+            slot = earliest_slot(Usage(len(answers), finished), rule)
+            if slot is not None and slot <= now:
+                break
+            later = [a for a in answers if slot is None or a < slot]
+            now = min(later) if later else max(now, slot or now)
+        moments.append((now, now + out))
+        answers.append(now + out + back)
+    return moments
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(2, 30),
+    st.sampled_from([1.0, 2.0]),
+    st.data(),
+)
+def test_a_burst_reading_never_overflows_the_bucket_it_reads(count, seconds, data):
+    """Whatever the latencies, a rule read as a leaky bucket with burst B (nginx
+    `limit_req burst=B nodelay`, on its millisecond clock) sends nothing that
+    bucket refuses, and runs at its rate: B + 1 at once, then one per interval."""
+    count += count % 2  # nginx holds a whole number of thousandths per second
+    burst = data.draw(st.integers(0, count - 2))
+    rule = Rule((Window(count, seconds),), burst)
+    trips = st.tuples(st.floats(0.0, 0.02), st.floats(0.0, 0.02))
+    latencies = data.draw(st.lists(trips, min_size=1, max_size=3 * count))
+    bucket = make_limiter("leaky", Rule((Window(count, seconds),)), burst=burst)
+    moments = paced_schedule(rule, latencies)
+    for _, arrival in sorted(moments, key=lambda m: m[1]):
+        assert bucket.admit("c", "k", 100.0 + arrival) is None
+    # No slower than the bucket and the window together allow at zero latency,
+    # but for the margin and the round trips.
+    ideal = bucket_ideal(len(moments), Window(count, seconds), burst)
+    assert moments[-1][0] <= ideal * 1.01 + 0.05 * len(moments) + 0.01
+
+
+def bucket_ideal(n: int, window: Window, burst: int) -> float:
+    """When the last of `n` requests may arrive at the earliest under `window` and
+    a bucket of `burst` draining one per its interval (GCRA's theoretical arrival
+    time)."""
+    step = window.seconds / window.count
+    moments: list[float] = []
+    due = 0.0
+    for k in range(n):
+        moment = max(moments[-1] if moments else 0.0, due - burst * step)
+        if k >= window.count:
+            moment = max(moment, moments[k - window.count] + window.seconds)
+        moments.append(moment)
+        due = max(due, moment) + step
+    return moments[-1]
+
+
+def test_a_burst_reading_is_the_rule_plus_a_window_per_step():
+    rule = Rule((Window(6, 1.2),), 2)
+    assert [w.count for w in paced(rule)] == [3, 4, 5, 6]
+    seconds = [w.seconds for w in paced(rule)]
+    assert seconds[:3] == pytest.approx([0.205, 0.405, 0.605])
+    assert paced(Rule((Window(6, 1.2),))) == (Window(6, 1.2),)

@@ -17,12 +17,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchrun.errors import StateError, UsageError
-from batchrun.limits import parse_rule
+from batchrun.limits import Rule, Window, parse_rule
 from batchrun.redis_ledger import RedisLedger, redacted
 from batchrun.slots import Grant, Pace, Usage, Wait, earliest_slot
 from tests.conftest import REDIS_PASSWORD, RedisServer, free_port, redis_process
 
-RULES = {"a": parse_rule("2/1s+3/3s"), "b": parse_rule("1/0.5s")}
+# "c": a leaky bucket's reading, which the script keeps as extra windows.
+RULES = {
+    "a": parse_rule("2/1s+3/3s"),
+    "b": parse_rule("1/0.5s"),
+    "c": Rule((Window(4, 2.0),), 1),
+}
 HOLD = 1.0
 SKEWS = (0.0, 7.25, -3.5)  # each host's clock minus the server's
 PREFIX = "batchrun:{c}:"

@@ -98,15 +98,64 @@ def test_any_stricter_server_is_learned_with_few_429s(
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_a_shorter_server_window_is_tried_and_kept_without_retry_after(seed):
+def test_a_shorter_server_window_is_learned_from_retry_after(seed):
     """A burst fits any window longer than it lasted: 5/1s and 5/2s explain the
-    first refusal alike. The faster reading (5/1s) is tried, with 5/2s to fall
-    back to; against a 5/1s server it holds, at its ideal speed."""
-    server = Server(LimiterKind.SLIDING, parse_rule("5/1s"), retry_after=False)
+    first refusal alike, and a leaky bucket too. The bucket is tried first; its
+    refusal's Retry-After (1 s) fits 5/1s and not 5/2s, so 5/1s is learned and
+    the run goes at its ideal speed."""
+    server = Server(LimiterKind.SLIDING, parse_rule("5/1s"), retry_after=True)
     run = simulate(client="30/2s", server=server, count=40, seed=seed)
     assert run.finished
     assert max(run.rate_limited.values()) <= 2
     assert run.ratio <= 1.25
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_without_retry_after_a_shorter_window_is_read_as_the_rules_own(seed):
+    """The known cost of trying a leaky bucket first: one faster reading is tried
+    at a time, so a server whose window is shorter than the rule's, and says
+    nothing of when it has room, is paced by the safe reading (5/2s), at half
+    its speed, for no more 429s."""
+    server = Server(LimiterKind.SLIDING, parse_rule("5/1s"), retry_after=False)
+    run = simulate(client="30/2s", server=server, count=40, seed=seed)
+    assert run.finished
+    assert max(run.rate_limited.values()) <= 2
+    assert 1.6 <= run.ratio <= 2.2
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("retry_after", [True, False])
+def test_a_leaky_bucket_with_a_burst_is_paced_near_its_ideal(seed, retry_after):
+    """nginx `limit_req` at the client's rate with a burst of a third of its count:
+    read as a leaky bucket after one 429, paced near its ideal (the client's own
+    30/2s and the refused request, which it counts, cost the rest); a rerun from
+    the ledger sends none and runs at the ideal."""
+    server = Server(
+        LimiterKind.LEAKY, parse_rule("15/1s"), {"burst": 10}, retry_after=retry_after
+    )
+    first = MemoryLedger()
+    run = simulate(client="30/2s", server=server, seed=seed, ledger=first)
+    assert run.finished
+    assert set(run.accepted.values()) == {1}
+    assert run.tally.rate_limited <= 2
+    assert run.ratio <= 1.3
+    kept = recalled(parse_rule("30/2s"), first.recall(KEY.value))
+    assert kept is not None
+    assert kept.startswith("30/2s, bursts of")
+    again = simulate(client="30/2s", server=server, seed=seed, ledger=rerun_from(first))
+    assert again.tally.rate_limited == 0
+    assert again.ratio <= 1.1
+
+
+@pytest.mark.parametrize("burst", [0, 3, 10])
+def test_a_leaky_bucket_of_any_burst_is_learned_without_stalling(burst):
+    """Before the leaky reading, a bucket with no burst ran 15 times too slow."""
+    options = {"burst": burst}
+    server = Server(LimiterKind.LEAKY, parse_rule("15/1s"), options, retry_after=False)
+    run = simulate(client="30/2s", server=server, seed=1)
+    assert run.finished
+    assert run.tally.rate_limited <= 2
+    assert run.ratio <= 1.8
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -143,11 +192,10 @@ def rerun_from(run_ledger: MemoryLedger) -> MemoryLedger:
     ("rule", "kept"), [("5/1s", "5/1s+30/2s"), ("5/2s", "5/2s")], ids=["1s", "2s"]
 )
 def test_the_reading_kept_is_the_one_the_server_settled(rule, kept):
-    """Against a 5/1s server the faster reading is ruled in (more than 15
-    accepted within 4 s), against 5/2s the safer one is taken: either way the
-    ledger keeps what the server showed, and a rerun from it sends no 429 and
-    runs near the ideal."""
-    server = Server(LimiterKind.SLIDING, parse_rule(rule), retry_after=False)
+    """Against a 5/1s and a 5/2s server, the leaky reading is refused and the
+    window the Retry-After fits is taken: either way the ledger keeps what the
+    server showed, and a rerun from it sends no 429 and runs near the ideal."""
+    server = Server(LimiterKind.SLIDING, parse_rule(rule), retry_after=True)
     first = MemoryLedger()
     simulate(client="30/2s", server=server, count=40, ledger=first)
     assert str(recalled(parse_rule("30/2s"), first.recall(KEY.value))) == kept
