@@ -46,10 +46,13 @@ from batchrun.limits import Rule, Window
 _CANDIDATES = (1.0, 10.0, 60.0, 300.0, 3600.0, 86400.0)
 # How long a learned limit is trusted (the Redis ledger keeps it as long).
 KEPT_FOR = 30 * 86400.0
-# Over one window length, or this many, more than one more times the window's
+# Over n window lengths, up to this many, more than n + 1 times the window's
 # count of accepted requests rule the window out in any counting
 # (`Fallback.ruled_out`).
-_SPAN = 2
+_SPANS = 6
+# A leaky bucket is read only for a shortest window of at most this count: its
+# reading paces by one window per request of the burst's window.
+_LEAK_MOST = 100
 # Requests older than the longest candidate window cannot bear on a lesson; past
 # this many the oldest are dropped, which keeps `infer` cheap (quadratic in it).
 _KEPT = 2000
@@ -278,10 +281,11 @@ def recalled(
     if tighter == rule and plain and tuple(kept.windows) != rule.windows:
         return None
     if kept.burst is not None:
-        if not 0 <= kept.burst < tighter.shortest.count - 1:
+        base = tighter.shortest
+        if not 0 <= kept.burst < base.count - 1 or base.count > _LEAK_MOST:
             return None  # no bucket this rule's windows do not already hold to
         tighter = Rule(tighter.windows, kept.burst)
-    safer = adopt(rule, kept.safer, "") if kept.safer else None
+    safer = adopt(Rule(tighter.windows), kept.safer, "") if kept.safer else None
     fallback = None if safer is None else Lesson(safer.rule, "kept as the safer")
     why = f"learned {kept.when}: {kept.why}"
     return Lesson(tighter, why, kept.spread, fallback)
@@ -321,7 +325,15 @@ def _read(text: str | None, time_scale: float) -> _Kept | None:
             burst=None if burst is None else int(burst),
             safer=windows(kept.get("safer", [])),
         )
-    except (ValueError, TypeError, KeyError, UsageError, OverflowError, OSError):
+    except (
+        ValueError,
+        TypeError,
+        KeyError,
+        UsageError,
+        OverflowError,
+        OSError,
+        RecursionError,
+    ):
         return None
 
 
@@ -469,10 +481,12 @@ class Learner:
             # the server's own count is what the key is then paced by.
             self._stated.discard(key)
             return None if lesson is None else _stated_lesson(lesson, rule)
-        if lesson is not None:
-            # One faster reading at a time is tried, for at most one more 429.
-            leaky = None if doubt else _leaky(log.sent, rule, lesson)
+        if lesson is not None and not doubt:
+            # One faster reading at a time is tried, for at most one more 429;
+            # spaced evenly, no bucket's burst can be used.
+            leaky = None if spread else _leaky(log.sent, rule, lesson)
             lesson = leaky or _looser(log.sent, rule, lesson, shorter) or lesson
+        if lesson is not None:
             log.rearm()
         if lesson is not None or not _refused_amid_acceptances(log.sent, rule):
             # Refused with nothing accepted in any window (a spent quota, or
@@ -518,49 +532,42 @@ def _leaky(log: Sequence[Sent], rule: Rule, reading: Lesson) -> Lesson | None:
 
     Its first request past the burst settles it: a window server refuses that
     one, for one 429; a bucket lets it through, and then keeps letting through
-    more than the window reading allows (`Fallback.ruled_out`)."""
-    if rule.burst is not None:
-        return None
+    more than the window reading allows (`Fallback.ruled_out`), or stays in
+    doubt, kept with the window reading behind it."""
     base = rule.shortest
+    if rule.burst is not None or base.count > _LEAK_MOST:
+        return None
     step = base.seconds / base.count
     # Servers round Retry-After up to whole seconds.
     if any(s.refused and s.wait is not None and s.wait > step + 1.0 for s in log):
         return None
-    burst = _burst(log, step)
+    burst = _burst(log, step, 2 * base.count)
     if burst + 1 >= base.count:
         return None
     leaky = Rule(rule.windows, burst)
     why = (
         f"{reading.evidence.split(';')[0]}: read as a leaky bucket that lets "
         f"{burst + 1} through at once, then drains at {base}; "
-        f"{_summary(reading)} if refused again"
+        f"{reading.rule} if refused again"
     )
     return Lesson(leaky, why, fallback=reading)
 
 
-def _burst(log: Sequence[Sent], step: float) -> int:
+def _burst(log: Sequence[Sent], step: float, latest: int) -> int:
     """The burst a leaky bucket that drains one request per `step` surely allows,
-    having let through the accepted requests of `log`: the most accepted within
-    any stretch, less what drained over it, less one (a fresh bucket takes the
-    first request whole). Stretches are taken at their longest (first start to
-    last answer): the bucket then drained the most."""
+    having let through the `latest` accepted requests of `log`: the most accepted
+    within any stretch, less what drained over it, less one (a fresh bucket takes
+    the first request whole). Stretches are taken at their longest (first start
+    to last answer, and a millisecond for a server's clock): the bucket then
+    drained the most."""
     accepted = sorted((s for s in log if s.refused is False), key=lambda s: s.start)
+    accepted = accepted[-latest:]
     level = 1.0
     for first, entry in enumerate(accepted):
-        ends = [s.end for s in accepted[first:] if s.end is not None]
-        for count, end in enumerate(sorted(ends), start=1):
-            level = max(level, count - (end - entry.start) / step)
+        ends = sorted(s.end for s in accepted[first:] if s.end is not None)
+        for count, end in enumerate(ends, start=1):
+            level = max(level, count - (end - entry.start + 0.001) / step)
     return max(0, math.ceil(level - 1 - 1e-9))
-
-
-def _summary(reading: Lesson) -> str:
-    """The windows a reading adds, then those of its own fallback, in order."""
-    chain = []
-    while True:
-        chain.append(str(reading.rule))
-        if reading.fallback is None:
-            return ", then ".join(chain)
-        reading = reading.fallback
 
 
 def _stated_lesson(lesson: Lesson, rule: Rule) -> Lesson:
@@ -609,6 +616,8 @@ class Fallback:
         rule = Rule(lesson.rule.windows) if joined is None else joined.rule
         why = f"{lesson.evidence}; so the server enforces {self.rule}, not {given}"
         after = lesson.fallback or self.reading.fallback
+        if after is not None and adopt(rule, after.rule.windows, "") is None:
+            after = None  # the joined rule already holds to it: nothing in doubt
         return Lesson(rule, why, lesson.spread, fallback=after)
 
     def kept(self, lesson: Lesson) -> Lesson:
@@ -620,12 +629,12 @@ class Fallback:
     def ruled_out(self, learner: Learner, key: str, given: Rule) -> Lesson | None:
         """A lesson that `given` holds if the server let through more than one of
         this fallback's own windows (COUNT/W) allows in any counting: more than
-        2 x COUNT within W, or 3 x COUNT within 2 x W (fixed windows let up to
-        that many through, a sliding log half as many); None while it has not."""
+        (n + 1) x COUNT within n x W, for some n up to `_SPANS` (fixed windows let
+        up to that many through, a sliding log n x COUNT); None while it has not."""
         for window in self.rule.windows:
             if window in given.windows:
                 continue  # held by both readings: it settles nothing
-            for spans in (1, _SPAN):
+            for spans in range(1, _SPANS + 1):
                 span = window.seconds * spans
                 seen = learner.accepted_within(key, span)
                 if seen > (spans + 1) * window.count:

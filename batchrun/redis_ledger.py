@@ -33,7 +33,7 @@ from redis.retry import Retry
 
 from batchrun.errors import LedgerLost, StateError, UsageError
 from batchrun.limits import Rule
-from batchrun.slots import Grant, Pace, Usage, Wait, paced, spread_interval
+from batchrun.slots import Grant, Pace, Usage, Wait, paced, reach, spread_interval
 
 # Seconds to connect, and to wait for any answer. `reserve` is called from the event
 # loop, which a slow Redis blocks for up to this long before the run stops.
@@ -164,7 +164,7 @@ class RedisLedger:
         ticket = self._last_ticket + 1
         keys, args = self._answer_args(now)
         keys += [self._key(key, part) for part in ("open", "done", "meta")]
-        args += [self._hold, rule.longest, _interval(rule, pace)]
+        args += [self._hold, reach(rule), _interval(rule, pace)]
         windows = paced(rule)
         args += [f"{self._name}:{ticket}", len(windows)]
         args += [n for w in windows for n in (w.count, w.seconds)]
@@ -173,7 +173,7 @@ class RedisLedger:
         if reply[0] != 1:
             return Wait(now + float(reply[1]) if len(reply) > 1 else None)
         self._last_ticket = ticket
-        self._tickets[ticket] = (key, _ttl_ms(rule.longest + self._hold))
+        self._tickets[ticket] = (key, _ttl_ms(reach(rule) + self._hold))
         return Grant(ticket)
 
     def release(self, ticket: int, now: float, *, sent: bool = True) -> None:

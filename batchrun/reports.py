@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from batchrun.config import InForce
     from batchrun.errors import JobsFileError
     from batchrun.jobs import Summary
-    from batchrun.limits import LimitKey
+    from batchrun.limits import LimitKey, Rule
     from batchrun.overview import KeyLimit, KeyPlan, Shown, Status
     from batchrun.state import Failure
 
@@ -162,7 +162,8 @@ def _plan_json(plan: KeyPlan) -> dict[str, object]:
     return {
         "key": plan.key.value,
         "jobs_left": plan.jobs,
-        "rule": str(plan.rule),
+        "rule": _grammar(plan.rule),
+        "burst": plan.rule.burst,
         "learned": plan.learned,
         "in_use": dict(plan.used),
         "eta_seconds": round(plan.seconds, 3),
@@ -207,7 +208,8 @@ def limits_json(found: list[KeyLimit]) -> dict[str, object]:
     """`limits --json`: the same as `limits_lines`, as one object."""
     return {
         item.key.value: {
-            "rule": str(item.rule),
+            "rule": _grammar(item.rule),
+            "burst": item.rule.burst,
             "given": str(item.given),
             "spread": item.spread,
             "learned": item.learned,
@@ -285,3 +287,9 @@ def config_json(
         "token": {"set": token is not None, "source": token},
         "files": [{"path": str(p), "found": p.is_file()} for p in files],
     }
+
+
+def _grammar(rule: Rule) -> str:
+    """`rule`'s windows in the limit grammar; a leaky bucket's burst, which the
+    grammar has no word for, goes in a field of its own."""
+    return "+".join(str(w) for w in rule.windows)

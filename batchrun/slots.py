@@ -33,12 +33,16 @@ from batchrun.limits import Rule, Window
 # Past this many requests, `eta` extrapolates at the long-run rate instead of
 # simulating each one; the greedy schedule is periodic long before that.
 _ETA_SIMULATED = 5000
-# `spread` keeps starts the larger of 1 % and 2 ms more than the interval apart:
+# `spread` keeps starts the larger of 1 % and 5 ms more than the interval apart:
 # a server that decides on its own clock with no burst allowance (nginx's leaky
 # bucket, in whole milliseconds) refuses an arrival that transit jitter, or its
-# rounding, brought a millisecond early. The 2 ms are real time, never scaled.
+# rounding, brought a millisecond early. The 5 ms are real time, never scaled.
 SPREAD_MARGIN = 0.01
 SPREAD_MARGIN_SECONDS = 0.005
+# A bucket's reading (`paced`) counts on answers, so transit jitter cannot bring
+# an arrival early; its margin covers the server's clock: nginx floors to the
+# millisecond and drains whole thousandths of a request.
+_LEAK_MARGIN_SECONDS = 0.002
 
 
 class Pace(StrEnum):
@@ -120,22 +124,30 @@ def _margin(interval: float) -> float:
 @functools.cache
 def paced(rule: Rule) -> tuple[Window, ...]:
     """The windows the slot rule keeps for `rule`: its own, and for a leaky bucket's
-    `burst` B, with T the interval of its shortest window (COUNT/W), the windows
-    B + k per k * T (and a margin), for k = 1 .. COUNT - B - 1.
+    `burst` B, with T the interval of its shortest window (COUNT/W) made 1 %
+    longer and m = 2 ms, the windows B + k per k * T + m, for k = 1 ..
+    COUNT - B - 1, and COUNT per COUNT * T + m.
 
     Kept like any window (sent after the answer of the (B + k)-th latest, plus k
-    intervals), they hold every stretch of arrivals to at most B + 1 plus one per T
-    as the bucket drains, whatever the latency; COUNT/W holds the longer stretches.
+    intervals), they hold any n arrivals in a row at least (n - B - 1) * T
+    apart, plus m, whatever the latency: a bucket that drains one per T, and let
+    B + 1 through at once, has room for each, with the margins for its rounding
+    (nginx floors its clock to the millisecond, its rate to whole thousandths a
+    second, and what drains to whole thousandths of a request).
     """
     if rule.burst is None:
         return rule.windows
     base = rule.shortest
-    step = base.seconds / base.count
-    leak = [
-        Window(rule.burst + k, k * step + _margin(step))
-        for k in range(1, base.count - rule.burst)
-    ]
-    return (*leak, *rule.windows)
+    step = base.seconds / base.count * (1 + SPREAD_MARGIN)
+    more = _LEAK_MARGIN_SECONDS
+    last = base.count - rule.burst
+    leak = [Window(rule.burst + k, k * step + more) for k in range(1, last)]
+    return (*leak, Window(base.count, base.count * step + more), *rule.windows)
+
+
+def reach(rule: Rule) -> float:
+    """How far back the slot rule looks for `rule`: its longest paced window."""
+    return max(w.seconds for w in paced(rule))
 
 
 def eta(
@@ -154,10 +166,16 @@ def eta(
     history: deque[float] = deque(recent, maxlen=rule.deepest)
     moment = now
     last = history[-1] if history else None
-    for _ in range(min(count, _ETA_SIMULATED)):
+    # A bucket's reading holds a window per request of its burst's window.
+    simulated = _ETA_SIMULATED * len(rule.windows) // len(paced(rule))
+    for _ in range(min(count, simulated)):
         slot = earliest_slot(Usage(0, history, last), rule, pace)
         moment = max(moment, slot if slot is not None else moment)
         history.append(moment)
         last = moment
     step = spread_interval(rule) if pace is Pace.SPREAD else rule.interval
-    return moment + max(0, count - _ETA_SIMULATED) * step
+    if rule.burst is not None:
+        step = max(
+            step, paced(rule)[-len(rule.windows) - 1].seconds / rule.shortest.count
+        )
+    return moment + max(0, count - simulated) * step

@@ -30,7 +30,7 @@ from batchrun.database import open_database, write_transaction
 from batchrun.errors import StateError
 from batchrun.generation import marker_of, new_generation, read_marker, write_marker
 from batchrun.limits import Rule
-from batchrun.slots import Grant, Pace, Usage, Wait, earliest_slot
+from batchrun.slots import Grant, Pace, Usage, Wait, earliest_slot, reach
 
 # An append-only log: a send is one row, its answer another, so a write touches one
 # page and needs no index. A send's `seq` is its ticket; an answer names it.
@@ -109,7 +109,7 @@ class _SharedLog:
         del self.finished[: -rule.deepest]
         last = self.last_start if self.last_start > -math.inf else None
         finished: list[float] = self.finished
-        if horizon is not None and now < horizon + rule.longest:
+        if horizon is not None and now < horizon + reach(rule):
             # Before the horizon the history is lost: read it as full windows.
             finished = sorted([horizon] * rule.deepest + finished)[-rule.deepest :]
         return Usage(len(self.open), finished, last)
@@ -192,7 +192,7 @@ class SqliteLedger:
             return self._reserve(key, rule, pace, now)
 
     def _reserve(self, key: str, rule: Rule, pace: Pace, now: float) -> Grant | Wait:
-        keep = max(_KEEP, rule.longest)
+        keep = max(_KEEP, reach(rule))
         self._reserves += 1
         if self._reserves % _PRUNE_EVERY == 1:
             self._prune(now)

@@ -671,3 +671,52 @@ async def test_none_remaining_under_a_stated_policy_teaches_no_count():
     assert server.statuses == {200: 20}
     learned = [str(e.rule) for e in sink.of(RuleLearned)]
     assert learned == ["10/2s"]
+
+
+def test_a_bucket_is_not_read_while_spaced_evenly():
+    """Spaced at the rule's interval, no burst can be used: nothing to gain."""
+    learner = Learner()
+    for entry in burst(11, 1):
+        sent = learner.sent("k", entry.start)
+        learner.answered("k", sent, entry.end or 0.0, refused=entry.refused)
+    learner.episode("k", 0.0)
+    lesson = learner.review("k", parse_rule("30/2s"), spread=True)
+    assert lesson is not None
+    assert lesson.rule.burst is None
+
+
+def test_a_safer_reading_is_ruled_out_over_as_many_windows_as_it_takes():
+    """20/2s behind a bucket paced under 30/2s: never more than 40 within 2 s
+    nor 60 within 4 s, but 90 within 6 s is more than 20/2s allows in any
+    counting (80)."""
+    learner = Learner()
+    for n in range(90):
+        moment = (n // 30) * 2.1 + (n % 30) * 0.05
+        entry = learner.sent("k", moment)
+        learner.answered("k", entry, moment + 0.001, refused=False)
+    given = Rule((Window(30, 2.0),), 10)
+    lesson = Fallback(Lesson(parse_rule("20/2s"), "s")).ruled_out(learner, "k", given)
+    assert lesson is not None
+    assert "90 accepted within 6s" in lesson.evidence
+
+
+def test_a_fallback_the_joined_rule_already_holds_to_is_dropped():
+    """Taking 5/1s+30/2s, joined with a fallback of 5/2s, gives 5/2s: a further
+    fallback of 5/2s would be nothing in doubt (and would never settle)."""
+    fallback = Fallback(Lesson(parse_rule("5/2s"), "safe"))
+    lesson = Lesson(parse_rule("5/1s+30/2s"), "refused", fallback=fallback.reading)
+    taken = fallback.taken(lesson, Rule((Window(30, 2.0),), 3))
+    assert str(taken.rule) == "5/2s"
+    assert taken.fallback is None
+
+
+def test_a_deeply_nested_kept_text_is_ignored():
+    text = "[" * 100_000
+    assert recalled(parse_rule("30/2s"), text, time_scale=1.0, now=0.0) is None
+
+
+def test_a_kept_safer_reading_that_adds_nothing_is_dropped():
+    text = json.dumps({**VALID, "safer": [[10, 2.0]]})
+    back = recalled(parse_rule("30/2s"), text, time_scale=1.0, now=1000.0)
+    assert back is not None
+    assert back.fallback is None

@@ -252,6 +252,7 @@ def test_limits_shows_what_was_learned_and_forgets_it(tmp_path):
     after = json.loads(cli(tmp_path, "limits", "--json").stdout)
     assert after["run-query"] == {
         "rule": "15/1m+500/1h",
+        "burst": None,
         "given": "15/1m+500/1h",
         "spread": False,
         "learned": None,

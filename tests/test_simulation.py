@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -117,10 +119,14 @@ def test_without_retry_after_a_shorter_window_is_read_as_the_rules_own(seed):
     nothing of when it has room, is paced by the safe reading (5/2s), at half
     its speed, for no more 429s."""
     server = Server(LimiterKind.SLIDING, parse_rule("5/1s"), retry_after=False)
-    run = simulate(client="30/2s", server=server, count=40, seed=seed)
+    ledger = MemoryLedger()
+    run = simulate(client="30/2s", server=server, count=40, seed=seed, ledger=ledger)
     assert run.finished
     assert max(run.rate_limited.values()) <= 2
     assert 1.6 <= run.ratio <= 2.2
+    # Settled: nothing is kept in doubt.
+    kept = json.loads(ledger.recall(KEY.value) or "{}")
+    assert (kept["windows"], "safer" in kept) == ([[5, 2.0]], False)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -192,8 +198,9 @@ def rerun_from(run_ledger: MemoryLedger) -> MemoryLedger:
     ("rule", "kept"), [("5/1s", "5/1s+30/2s"), ("5/2s", "5/2s")], ids=["1s", "2s"]
 )
 def test_the_reading_kept_is_the_one_the_server_settled(rule, kept):
-    """Against a 5/1s and a 5/2s server, the leaky reading is refused and the
-    window the Retry-After fits is taken: either way the ledger keeps what the
+    """Against a 5/1s server the leaky reading is refused and the window the
+    Retry-After fits is taken; against 5/2s, whose 2 s Retry-After is longer than
+    a bucket's drain, the window at once: either way the ledger keeps what the
     server showed, and a rerun from it sends no 429 and runs near the ideal."""
     server = Server(LimiterKind.SLIDING, parse_rule(rule), retry_after=True)
     first = MemoryLedger()
