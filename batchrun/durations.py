@@ -40,6 +40,8 @@ def compact(value: float) -> str:
             return f"{int(value / size)}{unit}"
     if value < 1 and (value * 1000).is_integer():
         return f"{int(value * 1000)}ms"
+    if value < 1:
+        return f"{value * 1000:.3g}ms"  # a scaled window: 33.3ms, not 0.0333333s
     return f"{value:g}s"
 
 

@@ -169,3 +169,9 @@ def test_a_burst_reading_shows_its_burst_and_scales_with_the_rule():
 def test_a_burst_below_zero_is_refused():
     with pytest.raises(UsageError, match="at least 0"):
         Rule((Window(30, 60.0),), -1)
+
+
+def test_a_scaled_window_reads_in_milliseconds_and_parses_back():
+    window = Window(1, 1 / 30)  # 1 s at --time-scale 30
+    assert str(window) == "1/33.3ms"
+    assert parse_rule(str(window)).windows[0].seconds == pytest.approx(1 / 30, 2e-3)
