@@ -271,12 +271,13 @@ def test_token_comes_from_the_environment(tmp_path):
         pytest.param("http://[::1]:9", False, id="loopback-v6"),
     ],
 )
-def test_plain_http_to_a_remote_host_warns(capsys, url, warned):
+def test_plain_http_to_a_remote_host_warns(url, warned):
     """http:// to a host that is not loopback warns that the token travels in clear."""
-    from batchrun.cli import _check_base_url
+    from batchrun.arguments import check_base_url
 
-    _check_base_url(url)
-    assert ("plain http://" in capsys.readouterr().err) is warned
+    said: list[str] = []
+    check_base_url(url, said.append)
+    assert any("plain http://" in line for line in said) is warned
 
 
 def test_results_flag_chooses_the_file(tmp_path):
