@@ -524,6 +524,41 @@ def test_a_long_wait_writes_a_waiting_line(tmp_path, monkeypatch):
     assert "waiting: run-query next slot in " in result.stdout
 
 
+# Runs one command in a fresh interpreter, then names the heavy modules it loaded.
+_LOADED = """
+import atexit, sys
+heavy = ("httpx", "starlette", "uvicorn", "redis")
+atexit.register(lambda: print("loaded:", [m for m in heavy if m in sys.modules]))
+sys.argv = ["batchrun", *sys.argv[1:]]
+from batchrun.cli import main
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    "args", [["--help"], ["submit", "--help"], ["validate"], ["status"]]
+)
+def test_quick_commands_load_no_http_stack(tmp_path, args):
+    """`--help`, `validate` and `status` start fast (cron runs them): neither the
+    cli nor the arguments it parses import httpx, Starlette, uvicorn or redis."""
+    import os
+    import subprocess
+    import sys
+
+    path = jobs_file(tmp_path)
+    full = [*args, str(path)] if args[0] in ("validate", "status") else args
+    env = {**os.environ, "BATCHRUN_STATE_DIR": str(tmp_path / "state")}
+    done = subprocess.run(
+        [sys.executable, "-c", _LOADED, *full],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=20,
+        check=False,
+    )
+    assert done.stdout.splitlines()[-1] == "loaded: []", done.stderr
+
+
 def test_python_dash_m_runs_the_cli():
     """`python -m batchrun` is the same command."""
     import subprocess
