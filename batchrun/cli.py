@@ -1,29 +1,28 @@
 """The command line: flags become settings, errors become messages and exit codes.
 
-Only this module knows about Typer. Every `BatchrunError` is caught once, in
-`_reported`, printed on stderr without a traceback, and turned into its exit code.
-Modules that load httpx or Starlette are imported inside the commands that need
-them, so `--help`, `validate` and `status` start fast (start-up matters under cron).
+Only this module knows about Typer; what the flags' strings mean (checked values,
+the settings built from them) is `arguments`'. Every `BatchrunError` is caught
+once, in `_reported`, printed on stderr without a traceback, and turned into its
+exit code. Modules that load httpx or Starlette are imported inside the commands
+that need them, so `--help`, `validate` and `status` start fast (start-up matters
+under cron).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import shutil
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
-from urllib.parse import urlsplit
+from typing import Annotated, NoReturn
 
 import typer
 
-from batchrun import __version__, config, durations, reports
+from batchrun import __version__, arguments, config, durations, reports
 from batchrun.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -33,22 +32,11 @@ from batchrun.errors import (
     UsageError,
 )
 from batchrun.limiters import LimiterKind
-from batchrun.limits import (
-    LimitKey,
-    Profile,
-    Rule,
-    fallbacks,
-    limit_table,
-    parse_override,
-)
-from batchrun.paths import StatePaths, api_fingerprint, client_fingerprint
+from batchrun.limits import Profile
+from batchrun.paths import StatePaths, client_fingerprint
 from batchrun.policy_headers import HeaderStyle
 from batchrun.results import default_results_path
 from batchrun.slots import Pace
-
-if TYPE_CHECKING:
-    from batchrun.runner import Settings
-    from batchrun.submission import Target
 
 app = typer.Typer(
     name="batchrun",
@@ -70,8 +58,6 @@ _EXIT_CODES = (
     "1, then 75."
 )
 
-
-_CONCURRENCY = 8
 _JobsArg = Annotated[
     Path, typer.Argument(help="The jobs file: CSV, or JSON Lines if it ends in .jsonl.")
 ]
@@ -338,7 +324,7 @@ def submit(
     profile: _ProfileOpt = Profile.B,
     limit: _LimitOpt = None,
     pace: _PaceOpt = Pace.EXACT,
-    concurrency: _ConcurrencyOpt = _CONCURRENCY,
+    concurrency: _ConcurrencyOpt = arguments.CONCURRENCY,
     max_attempts: _AttemptsOpt = 5,
     timeout: _TimeoutOpt = 30.0,
     results: _ResultsOpt = None,
@@ -366,21 +352,23 @@ def submit(
     say = _log_for(jobs_file)
     limit = _with_file_limits(ctx, limit)
     with _reported(say):
-        _check_time_scale(time_scale, sandbox=sandbox, base_url=base_url)
-        rules = _rules(profile, limit, time_scale)
-        server_rules = _server_rules(profile, limit, server_limit, time_scale)
-        server = _Server(
+        arguments.check_time_scale(time_scale, sandbox=sandbox, base_url=base_url)
+        rules = arguments.rules(profile, limit, time_scale)
+        server_rules = arguments.server_rules(profile, limit, server_limit, time_scale)
+        server = arguments.Server(
             sandbox, server_rules, inject, server_limit, server_counting, server_headers
         )
         state = StatePaths.resolve(state_dir)
-        results = _results(jobs_file, results)
+        results = arguments.results_path(jobs_file, results)
         if str(jobs_file) == "-":
             jobs_file = _from_stdin(results, state)
         job = Submission(
             jobs_file=jobs_file,
-            target=_target(base_url, token, timeout, server, ca_bundle),
+            target=arguments.target(
+                base_url, token, timeout, server, ca_bundle, _to_stderr
+            ),
             rules=rules,
-            settings=_settings(
+            settings=arguments.settings(
                 concurrency, max_attempts, time_scale, pace, profile, limit
             ),
             results=results,
@@ -391,8 +379,8 @@ def submit(
             restart=restart,
             ledger_url=ledger,
             color=not no_color,
-            verbosity=_verbosity(quiet, verbose),
-            run_id=_round(run_id),
+            verbosity=arguments.verbosity(quiet, verbose),
+            run_id=arguments.round_name(run_id),
         )
         raise typer.Exit(submit(job, say=say))
 
@@ -439,12 +427,12 @@ def status(
     from batchrun.overview import status as read_status
 
     with _reported():
-        shown = _shown(show)
+        shown = arguments.shown_count(show)
         paths = StatePaths.resolve(state_dir, create=False)
         found = read_status(
             jobs_file,
             paths,
-            _stores(base_url, token),
+            arguments.stores(base_url, token),
             ledger_url=ledger,
             shown=shown,
         )
@@ -452,16 +440,6 @@ def status(
         _echo([json.dumps(reports.status_json(jobs_file, found), indent=2)])
     else:
         _echo(reports.status_lines(jobs_file, found))
-
-
-def _shown(text: str) -> int | None:
-    """--show N or all (None)."""
-    if text == "all":
-        return None
-    if not text.isdigit():
-        msg = f"--show takes a number or 'all', got {text!r}."
-        raise UsageError(msg)
-    return int(text)
 
 
 @app.command()
@@ -482,8 +460,8 @@ def plan(
 
     limit = _with_file_limits(ctx, limit)
     with _reported():
-        rules = _rules(profile, limit, 1.0)
-        client = _client(base_url, token) or client_fingerprint("", None)
+        rules = arguments.rules(profile, limit, 1.0)
+        client = arguments.client(base_url, token) or client_fingerprint("", None)
         paths = StatePaths.resolve(state_dir, create=False)
         plans = make_plan(
             jobs_file,
@@ -492,8 +470,8 @@ def plan(
             paths,
             client,
             ledger_url=ledger,
-            fallback=_fallbacks(profile, limit),
-            names=_stores(base_url, token),
+            fallback=arguments.fallback_rules(profile, limit),
+            names=arguments.stores(base_url, token),
         )
     if as_json:
         _echo([json.dumps(reports.plan_json(jobs_file, plans), indent=2)])
@@ -527,15 +505,9 @@ def limits_command(
 
     limit = _with_file_limits(ctx, limit)
     with _reported():
-        if base_url is None:
-            msg = (
-                "limits are learned per client: give its --base-url "
-                "(or BATCHRUN_BASE_URL) and its token"
-            )
-            raise UsageError(msg)
-        rules = _rules(profile, limit, 1.0)
-        client = client_fingerprint(base_url, token)
-        asked = _forgotten(forget)
+        client = arguments.learning_client(base_url, token)
+        rules = arguments.rules(profile, limit, 1.0)
+        asked = arguments.forgotten(forget)
         paths = StatePaths.resolve(state_dir, create=bool(asked))
         forgotten = (
             overview.forget(asked, paths, client, ledger_url=ledger) if asked else []
@@ -545,7 +517,7 @@ def limits_command(
             paths,
             client,
             ledger_url=ledger,
-            fallback=_fallbacks(profile, limit),
+            fallback=arguments.fallback_rules(profile, limit),
         )
     if as_json:
         _echo([json.dumps(reports.limits_json(found), indent=2)])
@@ -569,7 +541,7 @@ def show(
     with _reported():
         paths = StatePaths.resolve(state_dir, create=False)
         where = results or default_results_path(jobs_file)
-        shown = find(jobs_file, job_id, paths, _stores(base_url, token), where)
+        shown = find(jobs_file, job_id, paths, arguments.stores(base_url, token), where)
     if as_json:
         _echo([json.dumps(reports.show_json(shown), indent=2)])
     else:
@@ -602,21 +574,18 @@ def cron_line(
 ) -> None:
     """Print a crontab line that runs `submit JOBS_FILE` under cron's bare
     environment; other options (--profile a, --limit …) are passed on to submit."""
-    from batchrun.crontab import CronJob, crontab_line
+    from batchrun.crontab import crontab_line
 
     with _reported():
-        durations.parse(deadline)
-        job = CronJob(
+        job = arguments.cron_job(
+            jobs_file,
             schedule=schedule,
-            python=Path(sys.executable).absolute(),
-            jobs_file=_existing(jobs_file),
-            state_dir=StatePaths.resolve(state_dir, create=False).root.absolute(),
-            log=(log or _default_log(jobs_file)).absolute(),
-            env_file=None if env_file is None else _existing(env_file),
-            base_url=base_url,
             deadline=deadline,
+            log=log,
+            env_file=env_file,
+            state_dir=state_dir,
+            base_url=base_url,
             extra=tuple(ctx.args),
-            folder=_project_folder(),
         )
     if env_file is None and os.environ.get("BATCHRUN_TOKEN"):
         _to_stderr(
@@ -630,68 +599,16 @@ def cron_line(
 def config_command(ctx: typer.Context, as_json: _JsonFlag = False) -> None:
     """The settings in force with no flag (BATCHRUN_* variables, batchrun.toml,
     the user's config.toml, defaults) and where each came from; never the token."""
-    from batchrun.redis_ledger import redacted
-
     found = ctx.obj if isinstance(ctx.obj, config.Config) else config.Config(())
-    rows = [
-        replace(row, value=redacted(row.value))
-        if row.key in ("base-url", "ledger")
-        else row
-        for row in config.in_force(found, os.environ, _shown_defaults())
-    ]
+    rows = arguments.settings_in_force(found, os.environ)
     profile = Profile(next(row.value for row in rows if row.key == "profile"))
-    limits = _limits_in_force(found, profile)
+    limits = arguments.limits_in_force(found, profile)
     token = "BATCHRUN_TOKEN" if os.environ.get("BATCHRUN_TOKEN") else None
     if as_json:
         shown = reports.config_json(rows, limits, token, found.files)
         _echo([json.dumps(shown, indent=2)])
     else:
         _echo(reports.config_lines(rows, limits, token, found.files))
-
-
-def _shown_defaults() -> dict[str, str]:
-    return {
-        "base-url": "(none)",
-        "profile": Profile.B.value,
-        "concurrency": str(_CONCURRENCY),
-        "ledger": "SQLite in the state folder",
-        "state-dir": str(StatePaths.resolve(None, create=False).root),
-    }
-
-
-def _limits_in_force(found: config.Config, profile: Profile) -> list[config.InForce]:
-    """Each key's rule with no --limit, and where it came from."""
-    table = limit_table(
-        profile=profile,
-        overrides=[parse_override(text) for text in found.limit_flags()],
-    )
-    return [
-        config.InForce(key.value, str(table[key]), _limit_source(found, key, profile))
-        for key in LimitKey
-    ]
-
-
-def _limit_source(found: config.Config, key: LimitKey, profile: Profile) -> str:
-    if key.value in found.limits:
-        return str(found.limits[key.value].source)
-    return f"profile {profile.value}" if key is LimitKey.RUN_QUERY else "default"
-
-
-def _existing(path: Path) -> Path:
-    if not path.is_file():
-        msg = f"{path}: no such file."
-        raise UsageError(msg)
-    return path.absolute()
-
-
-def _project_folder() -> Path | None:
-    """The current folder if it holds a batchrun.toml: cron starts elsewhere."""
-    folder = Path.cwd()
-    return folder if (folder / config.PROJECT_FILE).is_file() else None
-
-
-def _default_log(jobs_file: Path) -> Path:
-    return jobs_file.absolute().parent / "logs" / f"{jobs_file.stem}.log"
 
 
 @app.command("sandbox")
@@ -711,10 +628,7 @@ def sandbox_command(
     from batchrun import faults, sandbox, serving
 
     with _reported():
-        if profile is Profile.AUTO:
-            msg = "the sandbox enforces one statement: --profile a or b, not auto"
-            raise UsageError(msg)
-        rules = _rules(profile, limit, time_scale)
+        rules = arguments.served_rules(profile, limit, time_scale)
         server = sandbox.create_app(
             rules=rules,
             faults=faults.parse_faults(inject or []),
@@ -792,24 +706,7 @@ def _options(
     with _reported():
         found = config.load()
     ctx.obj = found
-    ctx.default_map = _config_defaults(found, ctx.command)
-
-
-# Serves limits of its own: the client's config does not make the server.
-_UNCONFIGURED = frozenset({"sandbox"})
-
-
-def _config_defaults(found: config.Config, group: object) -> dict[str, Any]:
-    """Click's default_map: for each command, the options the config files set.
-    Click reads it after the command line and the envvar, so flags and
-    BATCHRUN_* win over the files."""
-    values = found.params()
-    commands: dict[str, Any] = getattr(group, "commands", {})
-    return {
-        name: {p.name: values[p.name] for p in command.params if p.name in values}
-        for name, command in commands.items()
-        if name not in _UNCONFIGURED
-    }
+    ctx.default_map = arguments.config_defaults(found, ctx.command)
 
 
 def _with_file_limits(ctx: typer.Context, limit: list[str] | None) -> list[str]:
@@ -829,27 +726,6 @@ def _echo(lines: list[str]) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def _results(jobs_file: Path, results: Path | None) -> Path:
-    """--results, else beside the jobs file; a file, never a device.
-
-    Raises:
-        UsageError: jobs from stdin and no --results, or results under /dev.
-    """
-    if results is None:
-        if str(jobs_file) == "-":
-            msg = "submit - reads the jobs from stdin: name the results with --results."
-            raise UsageError(msg)
-        results = default_results_path(jobs_file)
-    where = (results.absolute(), results.resolve())
-    if any(p.is_relative_to(d) for p in where for d in ("/dev", "/proc")):
-        msg = (
-            f"--results {results}: the results are read back to resume and by "
-            "`show`, so they go to a file, not a device."
-        )
-        raise UsageError(msg)
-    return results
-
-
 def _from_stdin(results: Path, state: StatePaths) -> Path:
     """The jobs piped in, copied into the state folder under a name of their
     results file's, so that the same pipe run again finds its run and resumes.
@@ -866,225 +742,6 @@ def _from_stdin(results: Path, state: StatePaths) -> Path:
         msg = f"cannot keep the jobs read from stdin in {copy}: {exc.strerror or exc}."
         raise UsageError(msg) from None
     return copy
-
-
-def _round(run_id: str | None) -> str | None:
-    """--run-id with its %-codes filled from today's date (strftime)."""
-    if run_id is None:
-        return None
-    name = datetime.now().astimezone().strftime(run_id).strip()
-    if not name:
-        msg = "--run-id must name the round, e.g. --run-id %F (today's date)."
-        raise UsageError(msg)
-    return name
-
-
-def _stores(base_url: str | None, token: str | None) -> tuple[str, ...]:
-    """The names of the run store of an API: its own, then a legacy one (of an
-    earlier batchrun, named by base URL and token); none without a base URL."""
-    if base_url is None:
-        return ()
-    return (api_fingerprint(base_url), client_fingerprint(base_url, token))
-
-
-def _client(base_url: str | None, token: str | None) -> str | None:
-    return None if base_url is None else client_fingerprint(base_url, token)
-
-
-def _rules(
-    profile: Profile, limits: list[str] | None, time_scale: float
-) -> dict[LimitKey, Rule]:
-    overrides = [parse_override(text) for text in limits or []]
-    return limit_table(profile=profile, overrides=overrides, time_scale=time_scale)
-
-
-def _verbosity(quiet: bool, verbose: bool) -> int:
-    if quiet and verbose:
-        msg = "--quiet and --verbose ask for opposite things: give one"
-        raise UsageError(msg)
-    return -1 if quiet else int(verbose)
-
-
-def _fallbacks(profile: Profile, limits: list[str] | None) -> dict[LimitKey, Rule]:
-    return fallbacks(profile, [parse_override(text) for text in limits or []])
-
-
-def _forgotten(names: list[str] | None) -> list[LimitKey]:
-    """The keys named by --forget ("all": every key)."""
-    if names and "all" in names:
-        return list(LimitKey)
-    try:
-        return [LimitKey(name) for name in names or []]
-    except ValueError:
-        known = ", ".join(key.value for key in LimitKey)
-        msg = f"--forget takes a key ({known}) or 'all'"
-        raise UsageError(msg) from None
-
-
-def _server_rules(
-    profile: Profile,
-    limits: list[str] | None,
-    server_limits: list[str] | None,
-    time_scale: float,
-) -> dict[LimitKey, Rule]:
-    """The client's rules with each `--server-limit` in place of its key's."""
-    server = [_server_override(text) for text in server_limits or []]
-    client = [parse_override(text) for text in limits or []]
-    return limit_table(
-        profile=profile, overrides=[*client, *server], time_scale=time_scale
-    )
-
-
-def _server_override(text: str) -> tuple[LimitKey, Rule]:
-    try:
-        return parse_override(text)
-    except UsageError as exc:
-        why = exc.message.removeprefix(f"bad --limit {text!r}: ")
-        msg = f"bad --server-limit {text!r}: {why}"
-        raise UsageError(msg) from None
-
-
-def _settings(
-    concurrency: int,
-    max_attempts: int,
-    time_scale: float,
-    pace: Pace,
-    profile: Profile,
-    limits: list[str] | None,
-) -> Settings:
-    from batchrun.runner import Settings
-
-    overrides = [parse_override(text) for text in limits or []]
-    return Settings(
-        fallback=fallbacks(profile, overrides, time_scale),
-        concurrency=concurrency,
-        max_attempts=max_attempts,
-        backoff=1.0 / time_scale,
-        backoff_cap=60.0 / time_scale,
-        pace=pace,
-        time_scale=time_scale,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class _Server:
-    """What `submit` says about the in-process sandbox: whether to use it, the
-    rules it enforces (the client's, with `--server-limit` on top) and how."""
-
-    sandbox: bool
-    rules: dict[LimitKey, Rule]
-    inject: list[str] | None
-    limits: list[str] | None
-    counting: LimiterKind | None
-    headers: HeaderStyle | None
-
-    def check(self) -> None:
-        """Sandbox-only flags without --sandbox are a usage error."""
-        given = {
-            "--inject": self.inject,
-            "--server-limit": self.limits,
-            "--server-counting": self.counting,
-            "--server-headers": self.headers,
-        }
-        named = [flag for flag, value in given.items() if value]
-        if named and not self.sandbox:
-            verb = "works" if len(named) == 1 else "work"
-            msg = f"{', '.join(named)} only {verb} with --sandbox."
-            raise UsageError(msg)
-
-
-def _target(
-    base_url: str | None,
-    token: str | None,
-    timeout: float,
-    server: _Server,
-    ca_bundle: Path | None,
-) -> Target:
-    from batchrun.client import asgi_transport
-    from batchrun.submission import Target
-
-    server.check()
-    if server.sandbox:
-        from batchrun import faults
-        from batchrun.sandbox import create_app
-
-        app = create_app(
-            rules=server.rules,
-            faults=faults.parse_faults(server.inject or []),
-            counting=server.counting or LimiterKind.SLIDING,
-            headers=server.headers or HeaderStyle.NONE,
-        )
-        _check_ca_bundle(ca_bundle)
-        return Target(
-            base_url="http://sandbox.local",
-            token=token,
-            timeout=timeout,
-            transport=asgi_transport(app),
-            ca_bundle=ca_bundle,
-        )
-    if not base_url:
-        msg = "No API to talk to: give --base-url (or BATCHRUN_BASE_URL), or --sandbox."
-        raise UsageError(msg)
-    _check_base_url(base_url)
-    _check_ca_bundle(ca_bundle)
-    host = urlsplit(base_url).hostname or ""
-    if not token and not _is_loopback(host):
-        typer.echo(
-            f"WARNING: no token for {host} (BATCHRUN_TOKEN or --token): requests go "
-            "without Authorization.",
-            err=True,
-        )
-    return Target(base_url=base_url, token=token, timeout=timeout, ca_bundle=ca_bundle)
-
-
-def _check_time_scale(
-    time_scale: float, *, sandbox: bool, base_url: str | None
-) -> None:
-    """Scaling a real API's windows would multiply its limits: only the sandbox,
-    in process or on loopback (`batchrun sandbox --time-scale N`), is scaled."""
-    host = urlsplit(base_url or "").hostname or ""
-    if time_scale != 1 and not sandbox and not _is_loopback(host):
-        msg = (
-            f"--time-scale {time_scale:g} only works with --sandbox or a sandbox on "
-            f"loopback: against a real API it would send {time_scale:g} times "
-            "faster than its limits allow."
-        )
-        raise UsageError(msg)
-
-
-def _check_ca_bundle(ca_bundle: Path | None) -> None:
-    """A bad bundle exits 2 before anything starts."""
-    from batchrun.client import tls_context
-
-    if ca_bundle is not None:
-        tls_context(ca_bundle)
-
-
-def _check_base_url(url: str) -> None:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        msg = f"--base-url must be an http:// or https:// URL with a host, got {url!r}."
-        raise UsageError(msg)
-    if parts.username or parts.password:
-        msg = (
-            "--base-url must not hold credentials; pass the token with BATCHRUN_TOKEN."
-        )
-        raise UsageError(msg)
-    if parts.scheme == "http" and not _is_loopback(parts.hostname):
-        typer.echo(
-            f"WARNING: {parts.hostname} is reached over plain http://: the token "
-            "travels unencrypted. Use https://.",
-            err=True,
-        )
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _to_stderr(text: str) -> None:

@@ -271,12 +271,13 @@ def test_token_comes_from_the_environment(tmp_path):
         pytest.param("http://[::1]:9", False, id="loopback-v6"),
     ],
 )
-def test_plain_http_to_a_remote_host_warns(capsys, url, warned):
+def test_plain_http_to_a_remote_host_warns(url, warned):
     """http:// to a host that is not loopback warns that the token travels in clear."""
-    from batchrun.cli import _check_base_url
+    from batchrun.arguments import check_base_url
 
-    _check_base_url(url)
-    assert ("plain http://" in capsys.readouterr().err) is warned
+    said: list[str] = []
+    check_base_url(url, said.append)
+    assert any("plain http://" in line for line in said) is warned
 
 
 def test_results_flag_chooses_the_file(tmp_path):
@@ -521,6 +522,41 @@ def test_a_long_wait_writes_a_waiting_line(tmp_path, monkeypatch):
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.stderr
     assert "waiting: run-query next slot in " in result.stdout
+
+
+# Runs one command in a fresh interpreter, then names the heavy modules it loaded.
+_LOADED = """
+import atexit, sys
+heavy = ("httpx", "starlette", "uvicorn", "redis")
+atexit.register(lambda: print("loaded:", [m for m in heavy if m in sys.modules]))
+sys.argv = ["batchrun", *sys.argv[1:]]
+from batchrun.cli import main
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    "args", [["--help"], ["submit", "--help"], ["validate"], ["status"]]
+)
+def test_quick_commands_load_no_http_stack(tmp_path, args):
+    """`--help`, `validate` and `status` start fast (cron runs them): neither the
+    cli nor the arguments it parses import httpx, Starlette, uvicorn or redis."""
+    import os
+    import subprocess
+    import sys
+
+    path = jobs_file(tmp_path)
+    full = [*args, str(path)] if args[0] in ("validate", "status") else args
+    env = {**os.environ, "BATCHRUN_STATE_DIR": str(tmp_path / "state")}
+    done = subprocess.run(
+        [sys.executable, "-c", _LOADED, *full],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=20,
+        check=False,
+    )
+    assert done.stdout.splitlines()[-1] == "loaded: []", done.stderr
 
 
 def test_python_dash_m_runs_the_cli():

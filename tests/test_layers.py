@@ -36,6 +36,7 @@ LAYERS = [
     ["sandbox"],
     # the edge
     ["submission"],
+    ["arguments"],
     ["cli"],
     ["__main__", "__init__"],
 ]
