@@ -97,13 +97,17 @@ class KeyLog:
     `proven[W]` is the most accepted requests that arrived within any W: the server
     surely allows that many per W. Beyond it, the key is sent carefully (one
     request in flight), so that a server stricter than the rule refuses one
-    request, not every request in flight.
+    request, not every request in flight. A lesson starts the proof again
+    (`rearm`); `seen[W]` counts every accepted request, for the evidence against
+    a reading in doubt (`Fallback.ruled_out`).
     """
 
     sent: deque[Sent] = field(default_factory=lambda: deque(maxlen=_KEPT))
     arrivals: list[float] = field(default_factory=list)
     ends: list[float] = field(default_factory=list)
     proven: dict[float, int] = field(default_factory=dict)
+    every: list[float] = field(default_factory=list)
+    seen: dict[float, int] = field(default_factory=dict)
     unanswered: int = 0
 
     def started(self, at: float) -> Sent:
@@ -121,8 +125,12 @@ class KeyLog:
         if refused is False:
             moment = _arrival(entry)
             _bounded_insort(self.arrivals, moment)
+            _bounded_insort(self.every, moment)
             for seconds, count in self.proven.items():
-                self.proven[seconds] = max(count, self._within(moment, seconds))
+                within = _within(self.arrivals, moment, seconds)
+                self.proven[seconds] = max(count, within)
+            for seconds, count in self.seen.items():
+                self.seen[seconds] = max(count, _within(self.every, moment, seconds))
 
     def careful(self, rule: Rule, now: float) -> bool:
         """Whether some window of `rule` already holds as many requests as the
@@ -138,8 +146,14 @@ class KeyLog:
         """`proven[seconds]`, counted from the log the first time it is asked for,
         and kept up to date by `answered` from then on."""
         if seconds not in self.proven:
-            self.proven[seconds] = self._proven(seconds)
+            self.proven[seconds] = _most(self.arrivals, seconds)
         return self.proven[seconds]
+
+    def seen_within(self, seconds: float) -> int:
+        """As `most_within`, over every accepted request, lessons or not."""
+        if seconds not in self.seen:
+            self.seen[seconds] = _most(self.every, seconds)
+        return self.seen[seconds]
 
     def rearm(self) -> None:
         """Forget what the server was seen to accept: after a lesson its state is
@@ -151,12 +165,16 @@ class KeyLog:
         """Whether every request that left at or before `since` has its answer."""
         return all(s.end is not None for s in self.sent if s.start <= since)
 
-    def _proven(self, seconds: float) -> int:
-        return max((self._within(m, seconds) for m in self.arrivals), default=0)
 
-    def _within(self, moment: float, seconds: float) -> int:
-        later = bisect.bisect_right(self.arrivals, moment)
-        return later - bisect.bisect_right(self.arrivals, moment - seconds)
+def _most(arrivals: list[float], seconds: float) -> int:
+    """The most of `arrivals` (ascending) within any `seconds`."""
+    return max((_within(arrivals, m, seconds) for m in arrivals), default=0)
+
+
+def _within(arrivals: list[float], moment: float, seconds: float) -> int:
+    """How many of `arrivals` (ascending) fall in (moment - seconds, moment]."""
+    later = bisect.bisect_right(arrivals, moment)
+    return later - bisect.bisect_right(arrivals, moment - seconds)
 
 
 def _bounded_insort(values: list[float], value: float) -> None:
@@ -424,8 +442,9 @@ class Learner:
         return self._log(key).careful(rule, now)
 
     def accepted_within(self, key: str, seconds: float) -> int:
-        """The most accepted requests of `key` seen to arrive within `seconds`."""
-        return self._log(key).most_within(seconds)
+        """The most accepted requests of `key` seen to arrive within `seconds`,
+        before a lesson as after it."""
+        return self._log(key).seen_within(seconds)
 
     def in_flight(self, key: str) -> int:
         """This process's requests of `key` still waiting for their answer."""

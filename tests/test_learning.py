@@ -720,3 +720,22 @@ def test_a_kept_safer_reading_that_adds_nothing_is_dropped():
     back = recalled(parse_rule("30/2s"), text, time_scale=1.0, now=1000.0)
     assert back is not None
     assert back.fallback is None
+
+
+def test_acceptances_before_a_lesson_count_against_its_safer_reading():
+    """A lesson starts the careful proof again, but what the server accepted
+    before it is still evidence: 7 before and 6 after, within 2 s, are more than
+    6/2s lets through in any counting."""
+    learner = Learner()
+    for n in range(7):
+        entry = learner.sent("k", n * 0.01)
+        learner.answered("k", entry, n * 0.01 + 0.001, refused=False)
+    learner._logs["k"].rearm()
+    for n in range(6):
+        entry = learner.sent("k", 0.5 + n * 0.07)
+        learner.answered("k", entry, 0.5 + n * 0.07 + 0.001, refused=False)
+    assert learner._logs["k"].most_within(2.0) == 6  # the proof starts again
+    given = Rule((Window(30, 2.0),), 5)
+    lesson = Fallback(Lesson(parse_rule("6/2s"), "s")).ruled_out(learner, "k", given)
+    assert lesson is not None
+    assert "13 accepted within 2s" in lesson.evidence
