@@ -212,6 +212,7 @@ class Server:
     limits: list[str] | None
     counting: LimiterKind | None
     headers: HeaderStyle | None
+    burst: int | None = None
 
     def check(self) -> None:
         """Sandbox-only flags without --sandbox are a usage error."""
@@ -220,6 +221,7 @@ class Server:
             "--server-limit": self.limits,
             "--server-counting": self.counting,
             "--server-headers": self.headers,
+            "--server-burst": self.burst,
         }
         named = [flag for flag, value in given.items() if value]
         if named and not self.sandbox:
@@ -271,6 +273,7 @@ def _sandbox_target(
         faults=faults.parse_faults(server.inject or []),
         counting=server.counting or LimiterKind.SLIDING,
         headers=server.headers or HeaderStyle.NONE,
+        burst=server.burst or 0,
     )
     _check_ca_bundle(ca_bundle)
     return Target(

@@ -100,7 +100,11 @@ _InjectOpt = Annotated[
 _COUNTING_HELP = (
     "How the sandbox counts: sliding (a log, exact), fixed (aligned windows), "
     "weighted (a sliding-window estimate from two fixed counts), leaky (nginx "
-    "limit_req without burst: one request per WINDOW/COUNT)."
+    "limit_req: one request per WINDOW/COUNT, and --burst more at once)."
+)
+_BURST_HELP = (
+    "With --counting leaky: requests the bucket lets through at once beyond the "
+    "first (nginx's limit_req burst=B nodelay)."
 )
 _HEADERS_HELP = (
     "Rate-limit headers the sandbox states on every answer: none (only a 429's "
@@ -109,6 +113,17 @@ _HEADERS_HELP = (
     "(X-RateLimit-Limit/-Remaining/-Reset)."
 )
 _CountingOpt = Annotated[LimiterKind, typer.Option("--counting", help=_COUNTING_HELP)]
+_BurstOpt = Annotated[int, typer.Option("--burst", min=0, help=_BURST_HELP)]
+_ServerBurstOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--server-burst",
+        min=0,
+        show_default=False,
+        help="With --sandbox and --server-counting leaky: its burst, as "
+        "`batchrun sandbox --burst`.",
+    ),
+]
 _HeadersOpt = Annotated[HeaderStyle, typer.Option("--headers", help=_HEADERS_HELP)]
 _ServerLimitOpt = Annotated[
     list[str] | None,
@@ -333,6 +348,7 @@ def submit(
     server_limit: _ServerLimitOpt = None,
     server_counting: _ServerCountingOpt = None,
     server_headers: _ServerHeadersOpt = None,
+    server_burst: _ServerBurstOpt = None,
     time_scale: _TimeScaleOpt = 1.0,
     state_dir: _StateDirOpt = None,
     ledger: _LedgerOpt = None,
@@ -356,7 +372,13 @@ def submit(
         rules = arguments.rules(profile, limit, time_scale)
         server_rules = arguments.server_rules(profile, limit, server_limit, time_scale)
         server = arguments.Server(
-            sandbox, server_rules, inject, server_limit, server_counting, server_headers
+            sandbox,
+            server_rules,
+            inject,
+            server_limit,
+            server_counting,
+            server_headers,
+            server_burst,
         )
         state = StatePaths.resolve(state_dir)
         results = arguments.results_path(jobs_file, results)
@@ -621,6 +643,7 @@ def sandbox_command(
     limit: _LimitOpt = None,
     inject: _InjectOpt = None,
     counting: _CountingOpt = LimiterKind.SLIDING,
+    burst: _BurstOpt = 0,
     headers: _HeadersOpt = HeaderStyle.NONE,
     time_scale: _TimeScaleOpt = 1.0,
 ) -> None:
@@ -634,9 +657,11 @@ def sandbox_command(
             faults=faults.parse_faults(inject or []),
             counting=counting,
             headers=headers,
+            burst=burst,
         )
     limits = ", ".join(f"{key.value} {rule}" for key, rule in rules.items())
-    how = f"counting {counting.value}, headers {headers.value}"
+    bucket = f" (burst {burst})" if burst else ""
+    how = f"counting {counting.value}{bucket}, headers {headers.value}"
 
     def announce(url: str) -> None:
         typer.echo(f"Sandbox on {url} ({limits}; {how}). Ctrl-C stops it.")

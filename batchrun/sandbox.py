@@ -90,12 +90,13 @@ class Sandbox:
     """The state behind one app: a limiter per rule, the arrivals, the fault draws.
 
     Every method takes the lock: under uvicorn the app runs in another thread than
-    the test or benchmark that reads `arrivals`. A leaky bucket has no burst, as
-    nginx's `limit_req` without `burst`.
+    the test or benchmark that reads `arrivals`. A leaky bucket lets `burst`
+    requests more through at once (nginx's `limit_req burst=B nodelay`).
 
     Raises:
         UsageError: when `counting` cannot express a rule (a leaky bucket slower
-            than nginx's 0.001 request per second).
+            than nginx's 0.001 request per second), or `burst` is given for
+            another counting than leaky.
     """
 
     rules: Mapping[LimitKey, Rule]
@@ -104,11 +105,16 @@ class Sandbox:
     arrivals: list[Arrival] = field(default_factory=list)
     counting: LimiterKind = LimiterKind.SLIDING
     headers: HeaderStyle = HeaderStyle.NONE
+    burst: int = 0
 
     def __post_init__(self) -> None:
+        if self.burst and self.counting is not LimiterKind.LEAKY:
+            msg = "a burst needs leaky counting (--counting or --server-counting)"
+            raise UsageError(msg)
+        options = {"burst": self.burst} if self.counting is LimiterKind.LEAKY else {}
         try:
             self._limiters = {
-                key: make_limiter(self.counting, rule)
+                key: make_limiter(self.counting, rule, **options)
                 for key, rule in self.rules.items()
             }
         except ValueError as exc:
@@ -167,15 +173,22 @@ def create_app(
     clock: Callable[[], float] = time.monotonic,
     counting: LimiterKind = LimiterKind.SLIDING,
     headers: HeaderStyle = HeaderStyle.NONE,
+    burst: int = 0,
 ) -> Starlette:
     """The sandbox API as an ASGI app; its state is `app.state.sandbox` (a `Sandbox`).
 
     `rules` come already time-scaled (`limit_table(time_scale=...)`); `clock` is read
     once per request, so tests can move time by hand. `counting` picks the
-    `limiters` model, `headers` the rate-limit header fields every answer states.
+    `limiters` model (a leaky bucket with `burst`), `headers` the rate-limit
+    header fields every answer states.
     """
     sandbox = Sandbox(
-        rules, faults or Faults(), clock, counting=counting, headers=headers
+        rules,
+        faults or Faults(),
+        clock,
+        counting=counting,
+        headers=headers,
+        burst=burst,
     )
     routes = [
         Route(end.path, _endpoint(sandbox, end.key), methods=[end.method])

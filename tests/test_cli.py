@@ -183,6 +183,16 @@ def test_submit_refuses_a_bad_file_before_sending(tmp_path):
             id="server-headers-without-sandbox",
         ),
         pytest.param(
+            ["--base-url", "https://api.test", "--server-burst", "3"],
+            "--server-burst only works with --sandbox",
+            id="server-burst-without-sandbox",
+        ),
+        pytest.param(
+            ["--sandbox", "--server-burst", "3"],
+            "a burst needs leaky counting",
+            id="burst-without-leaky",
+        ),
+        pytest.param(
             ["--sandbox", "--server-limit", "run-query=fast"],
             "bad --server-limit 'run-query=fast'",
             id="bad-server-limit",
@@ -341,6 +351,22 @@ def test_a_stricter_sandbox_is_learned_from(tmp_path):
     )
     assert sorted(r["id"] for r in results_of(tmp_path)) == sorted(
         f"q{i}" for i in range(12)
+    )
+
+
+def test_a_leaky_sandbox_with_a_burst_is_read_as_a_bucket(tmp_path):
+    """--server-counting leaky --server-burst 4: the run reads the refused burst
+    as a bucket at the rule's rate, and every job still ends done once."""
+    rows = [f"q{i},run-query,t1," for i in range(20)]
+    args = ["--time-scale", "100", "--limit", "run-query=30/1m"]
+    args += ["--server-counting", "leaky", "--server-burst", "4"]
+    result = runner.invoke(
+        app, ["submit", str(jobs_file(tmp_path, rows)), *FAST[:1], *args]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert "now 30/600ms, bursts of 5" in result.stdout
+    assert sorted(r["id"] for r in results_of(tmp_path)) == sorted(
+        f"q{i}" for i in range(20)
     )
 
 

@@ -396,6 +396,24 @@ async def test_a_leaky_sandbox_has_no_burst():
     assert statuses == [200, 429, 429, 200, 200]
 
 
+async def test_a_leaky_sandbox_with_a_burst_lets_it_through_at_once():
+    """--burst 2: three at once, then one per 500 ms as it drains."""
+    clock = Clock()
+    app = create_app(
+        rules=rules(run_query="2/1s"),
+        clock=clock,
+        counting=LimiterKind.LEAKY,
+        burst=2,
+    )
+    statuses = await post_at(app, clock, [0.0, 0.0, 0.0, 0.0, 0.499, 0.5])
+    assert statuses == [200, 200, 200, 429, 429, 200]
+
+
+def test_a_burst_without_a_leaky_bucket_is_a_usage_error():
+    with pytest.raises(UsageError, match="a burst needs leaky counting"):
+        create_app(rules=rules(run_query="2/1s"), burst=2)
+
+
 def test_a_rule_too_slow_for_a_leaky_bucket_is_a_usage_error():
     """nginx counts in thousandths of a request per second: 1/1h is too slow."""
     with pytest.raises(UsageError, match="cannot count leaky"):
