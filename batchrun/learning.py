@@ -494,7 +494,11 @@ class Learner:
         # The rule's own windows first: the best guess at the server's time scale.
         own = sorted({w.seconds for w in rule.windows})
         shorter = [w for w in windows if w < rule.longest and w not in own]
-        lesson = infer(log.sent, rule, own + shorter)
+        # While a reading is in doubt, the lesson is joined with the safer one
+        # (`Fallback.taken`), which is then what the key is paced by: the
+        # shortest window is the one that adds nothing the log does not show.
+        order = sorted(own + shorter) if doubt else own + shorter
+        lesson = infer(log.sent, rule, order)
         if key in self._stated:
             # "None remaining" teaches a count, no more: it cost nothing, and
             # the server's own count is what the key is then paced by.
@@ -504,7 +508,14 @@ class Learner:
             # One faster reading at a time is tried, for at most one more 429;
             # spaced evenly, no bucket's burst can be used.
             leaky = None if spread else _leaky(log.sent, rule, lesson)
-            lesson = leaky or _looser(log.sent, rule, lesson, shorter) or lesson
+            looser = _looser(log.sent, rule, lesson, shorter)
+            if leaky is not None and leaky.rule.burst == 0 and looser is not None:
+                # No burst: at the rule's rate, the bucket may well be too fast,
+                # and a shorter window is one at a slower rate: tried next.
+                after = f"{looser.rule}, then {lesson.rule}, if refused again"
+                why = f"{leaky.evidence.rsplit(';', 1)[0]}; {after}"
+                leaky = Lesson(leaky.rule, why, fallback=looser)
+            lesson = leaky or looser or lesson
         if lesson is not None:
             log.rearm()
         if lesson is not None or not _refused_amid_acceptances(log.sent, rule):

@@ -89,3 +89,18 @@ def test_x_ratelimit_remaining_is_waited_for_with_no_429(tmp_path):
     assert result.exit_code == 0, result.stdout + result.stderr
     statuses, _ = statuses_and_done(server)
     assert statuses == {200: 20}
+
+
+def test_a_bucket_slower_than_the_rule_is_tried_as_a_shorter_window_next(tmp_path):
+    """A leaky bucket with no burst at 10/s refuses the bucket reading at the
+    client's 30/s; the shorter window that fits (1/100ms, a bucket's interval)
+    is tried before the rule's own (1/1s, ten times slower), and holds."""
+    server = stricter(LimiterKind.LEAKY)
+    with running(server) as url:
+        result = submit(tmp_path, url, 20)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert "now 1/100ms+30/1s" in result.stdout
+    assert "now 1/1s" not in result.stdout
+    statuses, done = statuses_and_done(server)
+    assert set(done.values()) == {1}
+    assert statuses[429] <= 3
