@@ -337,34 +337,30 @@ def test_sandbox_faults_show_as_requeued_429s(tmp_path):
     assert any(r["attempts"] > 1 for r in results_of(tmp_path))
 
 
-def test_a_stricter_sandbox_is_learned_from(tmp_path):
-    """--server-limit makes the sandbox stricter than the client's rule: the run
-    says what it learned, and every job still ends done once."""
-    rows = [f"q{i},run-query,t1," for i in range(12)]
-    args = ["--time-scale", "100", "--server-limit", "run-query=5/1m"]
-    result = runner.invoke(
-        app, ["submit", str(jobs_file(tmp_path, rows)), *FAST[:1], *args]
-    )
-    assert result.exit_code == 0, result.stderr
-    assert (
-        "run-query: the server allows less than the rule; now 5/600ms" in result.stdout
-    )
-    assert sorted(r["id"] for r in results_of(tmp_path)) == sorted(
-        f"q{i}" for i in range(12)
-    )
-
-
-def test_a_leaky_sandbox_with_a_burst_is_read_as_a_bucket(tmp_path):
-    """--server-counting leaky --server-burst 4: the run reads the refused burst
-    as a bucket at the rule's rate, and every job still ends done once."""
+@pytest.mark.parametrize(
+    ("server", "learned"),
+    [
+        (["--server-limit", "run-query=5/1m"], "now 5/600ms"),
+        (
+            ["--server-counting", "leaky", "--server-burst", "4"],
+            "now 30/600ms, bursts of 5",
+        ),
+    ],
+    ids=["stricter", "leaky-burst"],
+)
+def test_a_stricter_sandbox_is_learned_from(tmp_path, server, learned):
+    """--server-limit makes the sandbox stricter than the client's rule (or
+    --server-counting leaky --server-burst 4 a bucket, read as one at the rule's
+    rate): the run says what it learned, and every job still ends done once."""
     rows = [f"q{i},run-query,t1," for i in range(20)]
-    args = ["--time-scale", "100", "--limit", "run-query=30/1m"]
-    args += ["--server-counting", "leaky", "--server-burst", "4"]
+    args = ["--time-scale", "100", "--limit", "run-query=30/1m", *server]
     result = runner.invoke(
         app, ["submit", str(jobs_file(tmp_path, rows)), *FAST[:1], *args]
     )
     assert result.exit_code == 0, result.stderr
-    assert "now 30/600ms, bursts of 5" in result.stdout
+    assert f"run-query: the server allows less than the rule; {learned}" in (
+        result.stdout
+    )
     assert sorted(r["id"] for r in results_of(tmp_path)) == sorted(
         f"q{i}" for i in range(20)
     )
