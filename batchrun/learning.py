@@ -507,14 +507,8 @@ class Learner:
         if lesson is not None and not doubt:
             # One faster reading at a time is tried, for at most one more 429;
             # spaced evenly, no bucket's burst can be used.
-            leaky = None if spread else _leaky(log.sent, rule, lesson)
             looser = _looser(log.sent, rule, lesson, shorter)
-            if leaky is not None and leaky.rule.burst == 0 and looser is not None:
-                # No burst: at the rule's rate, the bucket may well be too fast,
-                # and a shorter window is one at a slower rate: tried next.
-                after = f"{looser.rule}, then {lesson.rule}, if refused again"
-                why = f"{leaky.evidence.rsplit(';', 1)[0]}; {after}"
-                leaky = Lesson(leaky.rule, why, fallback=looser)
+            leaky = None if spread else _leaky(log.sent, rule, lesson, looser)
             lesson = leaky or looser or lesson
         if lesson is not None:
             log.rearm()
@@ -553,12 +547,16 @@ def _looser(
     return Lesson(loose.rule, why, fallback=safe)
 
 
-def _leaky(log: Sequence[Sent], rule: Rule, reading: Lesson) -> Lesson | None:
+def _leaky(
+    log: Sequence[Sent], rule: Rule, safe: Lesson, looser: Lesson | None
+) -> Lesson | None:
     """`rule` read as a leaky bucket that drains at the rate of the rule's shortest
-    window, with `reading` to fall back to; None if a refusal's Retry-After asked
-    for longer than one drain (a bucket has room again by then), if `rule`
-    already is such a reading (its refusal is `reading`), or if the bucket would
-    hold the rule's whole count anyway.
+    window, with the `safe` window reading to fall back to; with no burst, the
+    `looser` one (a shorter window) first, as the bucket, at the rule's rate, may
+    well be too fast. None if a refusal's Retry-After asked for longer than one
+    drain (a bucket has room again by then), if `rule` already is such a reading
+    (its refusal is `safe`), or if the bucket would hold the rule's whole count
+    anyway.
 
     Its first request past the burst settles it: a window server refuses that
     one, for one 429; a bucket lets it through, and then keeps letting through
@@ -574,13 +572,13 @@ def _leaky(log: Sequence[Sent], rule: Rule, reading: Lesson) -> Lesson | None:
     burst = _burst(log, step, 2 * base.count)
     if burst + 1 >= base.count:
         return None
-    leaky = Rule(rule.windows, burst)
+    after = looser if burst == 0 and looser is not None else safe
+    then = "" if after is safe else f", then {safe.rule},"
     why = (
-        f"{reading.evidence.split(';')[0]}: read as a leaky bucket that lets "
-        f"{burst + 1} through at once, then drains at {base}; "
-        f"{reading.rule} if refused again"
+        f"{safe.evidence}: read as a leaky bucket that lets {burst + 1} through "
+        f"at once, then drains at {base}; {after.rule}{then} if refused again"
     )
-    return Lesson(leaky, why, fallback=reading)
+    return Lesson(Rule(rule.windows, burst), why, fallback=after)
 
 
 def _burst(log: Sequence[Sent], step: float, latest: int) -> int:

@@ -422,9 +422,8 @@ class Runner:
         # Later runs start from a faster reading with the safer one behind it,
         # as this one goes on; while a safer rule stands that is no reading of
         # the log (--profile auto's B), from the lesson joined with it.
-        standing = self._fallback.get(key)
-        joined = lesson.fallback is None and standing is not None
-        kept = standing.kept(lesson) if joined and standing else None
+        standing = None if lesson.fallback else self._fallback.get(key)
+        kept = None if standing is None else standing.kept(lesson)
         self._pacer.learn(key, lesson, kept=kept)
         at = self._clock.now()
         spread = self._pacer.pace(key) is Pace.SPREAD

@@ -212,6 +212,16 @@ def invite(job_id: str) -> Job:
     return Job(job_id, JobType.INVITE, "t1", {"email": f"{job_id}@x.test"})
 
 
+async def invite_answered(answer):
+    """One invite whose first try gets `answer` and any next one a 200, at most
+    3 attempts; return (route, tally, recorder)."""
+    router = respx.Router()
+    route = router.post(INVITE)
+    route.side_effect = [answer, httpx.Response(200, json={})]
+    tally, recorder = await run_invites(router, [invite("i")], max_attempts=3)
+    return route, tally, recorder
+
+
 @pytest.mark.parametrize(
     "answer",
     [
@@ -223,10 +233,7 @@ def invite(job_id: str) -> Job:
 )
 async def test_an_invite_that_may_have_been_processed_is_unknown_at_once(answer):
     """After a timeout, a dropped answer or a 5xx, an invite is not sent again."""
-    router = respx.Router()
-    route = router.post(INVITE)
-    route.side_effect = [answer, httpx.Response(200, json={})]
-    tally, recorder = await run_invites(router, [invite("i")], max_attempts=3)
+    route, tally, recorder = await invite_answered(answer)
     assert route.call_count == 1
     assert tally == Tally(unknown=1, total=1)
     [result] = recorder.results
@@ -246,10 +253,7 @@ async def test_an_invite_that_may_have_been_processed_is_unknown_at_once(answer)
 )
 async def test_an_invite_that_never_reached_the_server_is_retried(answer):
     """A connection never made, or a 503 with Retry-After, retries an invite."""
-    router = respx.Router()
-    route = router.post(INVITE)
-    route.side_effect = [answer, httpx.Response(200, json={})]
-    tally, recorder = await run_invites(router, [invite("i")], max_attempts=3)
+    route, tally, recorder = await invite_answered(answer)
     assert route.call_count == 2
     assert (tally.done, tally.unknown) == (1, 0)
     assert recorder.maybe_processed == [False]
