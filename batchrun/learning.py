@@ -35,6 +35,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from batchrun import durations
@@ -109,6 +110,9 @@ class KeyLog:
     every: list[float] = field(default_factory=list)
     seen: dict[float, int] = field(default_factory=dict)
     unanswered: int = 0
+    # When the newest request accepted before the key was told to space its
+    # requests evenly left (a key spaced from the start: never).
+    unspaced: float = -math.inf
 
     def started(self, at: float) -> Sent:
         """Log a request that leaves at `at`; `answered` fills in its answer."""
@@ -183,10 +187,30 @@ def _bounded_insort(values: list[float], value: float) -> None:
         del values[:_KEPT]
 
 
-def infer(log: Sequence[Sent], rule: Rule, windows: Iterable[float]) -> Lesson | None:
+class Fit(Enum):
+    """How a refusal's Retry-After must fit a window for the window to explain it
+    (`_agrees`)."""
+
+    # It names when the oldest request counted in the window leaves it (a
+    # sliding window): the reading that fits the server's word best.
+    SLIDING = "sliding"
+    # It may come earlier (a fixed window resets before its oldest request would
+    # leave a sliding one): the safe reading, whichever way the server counts.
+    FIXED = "fixed"
+    # It is not read at all.
+    NONE = "none"
+
+
+def infer(
+    log: Sequence[Sent],
+    rule: Rule,
+    windows: Iterable[float],
+    *,
+    fit: Fit = Fit.SLIDING,
+) -> Lesson | None:
     """The first of `windows` that explains every refusal in `log` and contradicts
     no acceptance, as a tightened `rule`; None if the log has no refusal or none
-    fits.
+    fits. `fit`: how a Retry-After must fit the window.
 
     A lesson that would not change `rule` is also None: then the server refused
     requests that an exact log of this rule already holds to (it counts in a way
@@ -197,7 +221,7 @@ def infer(log: Sequence[Sent], rule: Rule, windows: Iterable[float]) -> Lesson |
     if not refusals:
         return None
     for seconds in windows:
-        most, least = _bounds(answered, seconds)
+        most, least = _bounds(answered, seconds, fit=fit)
         if most >= least:
             # `least` the server has surely let through in `seconds`; between it
             # and `most` the log cannot tell, so the count learned is the safe one.
@@ -207,17 +231,15 @@ def infer(log: Sequence[Sent], rule: Rule, windows: Iterable[float]) -> Lesson |
     return None
 
 
-def _bounds(
-    log: Sequence[Sent], seconds: float, *, fit: bool = True
-) -> tuple[int, int]:
+def _bounds(log: Sequence[Sent], seconds: float, *, fit: Fit) -> tuple[int, int]:
     """Bounds on the count per `seconds` of a server that refused and accepted as
     in `log`: at most the fewest accepted requests that arrived within `seconds`
     up to a refusal; at least the most that arrived within `seconds` up to an
     acceptance (the server let them all through).
 
     A request is taken to arrive halfway through its round trip; requests that
-    seem to arrive together all count, whatever order they really came in. With
-    `fit`, a refusal whose Retry-After does not fit the window rules it out.
+    seem to arrive together all count, whatever order they really came in. A
+    refusal whose Retry-After does not `fit` the window rules it out.
     """
     arrivals = sorted(_arrival(s) for s in log if s.refused is False)
     most, least = len(arrivals), 1
@@ -227,26 +249,28 @@ def _bounds(
             arrivals, moment - seconds
         )
         if entry.refused:
-            agrees = not fit or _agrees(entry, arrivals, seconds)
+            agrees = _agrees(entry, arrivals, seconds, fit)
             most = min(most, inside if agrees else 0)
         else:
             least = max(least, inside)
     return most, least
 
 
-def _agrees(refusal: Sent, arrivals: list[float], seconds: float) -> bool:
+def _agrees(refusal: Sent, arrivals: list[float], seconds: float, fit: Fit) -> bool:
     """Whether a refusal's Retry-After fits a window of `seconds`: then it names
-    about when the oldest accepted arrival within it leaves the window. Servers
-    round it up to whole seconds, and the arrival is an estimate, hence the slack.
+    about when the oldest accepted arrival within it leaves the window (`fit`
+    SLIDING), or no later (FIXED). Servers round it up to whole seconds, and the
+    arrival is an estimate, hence the slack.
     """
-    if refusal.wait is None:
+    if refusal.wait is None or fit is Fit.NONE:
         return True
     moment = _arrival(refusal)
     oldest = bisect.bisect_right(arrivals, moment - seconds)
     if oldest >= len(arrivals) or arrivals[oldest] > moment:
         return True  # nothing within the window: `inside` is 0 anyway
     predicted = arrivals[oldest] + seconds - moment
-    return -0.1 * seconds - 0.05 <= refusal.wait - predicted <= 1.0 + 0.1 * seconds
+    early = math.inf if fit is Fit.FIXED else 0.1 * seconds + 0.05
+    return -early <= refusal.wait - predicted <= 1.0 + 0.1 * seconds
 
 
 def _arrival(entry: Sent) -> float:
@@ -472,7 +496,7 @@ class Learner:
             self._stated.add(key)
 
     def review(
-        self, key: str, rule: Rule, *, spread: bool, doubt: bool = False
+        self, key: str, rule: Rule, *, spread: bool, safer: Fallback | None = None
     ) -> Lesson | None:
         """The lesson of `key`'s episode once every request sent before it began
         has its answer; None while it has not settled, or when none is pending.
@@ -497,18 +521,25 @@ class Learner:
         # While a reading is in doubt, the lesson is joined with the safer one
         # (`Fallback.taken`), which is then what the key is paced by: the
         # shortest window is the one that adds nothing the log does not show.
-        order = sorted(own + shorter) if doubt else own + shorter
-        lesson = infer(log.sent, rule, order)
+        order = own + shorter if safer is None else sorted(own + shorter)
+        # A Retry-After shorter than a window predicts may be a fixed window's
+        # reset: it does not rule the window out of the safe reading.
+        lesson = infer(log.sent, rule, order, fit=Fit.FIXED)
         if key in self._stated:
             # "None remaining" teaches a count, no more: it cost nothing, and
             # the server's own count is what the key is then paced by.
             self._stated.discard(key)
             return None if lesson is None else _stated_lesson(lesson, rule)
-        if lesson is not None and not doubt:
+        if lesson is not None and safer is None:
             # One faster reading at a time is tried, for at most one more 429;
             # spaced evenly, no bucket's burst can be used.
             looser = _looser(log.sent, rule, lesson, shorter)
-            leaky = None if spread else _leaky(log.sent, rule, lesson, looser)
+            # A Retry-After that only the shorter window fits, read as a sliding
+            # window's, speaks for that reading (or a fixed window's reset):
+            # not for a bucket's.
+            told = infer(log.sent, rule, order)
+            said = looser is not None and told is not None and told.rule == looser.rule
+            leaky = None if spread or said else _leaky(log.sent, rule, lesson, looser)
             lesson = leaky or looser or lesson
         if lesson is not None:
             log.rearm()
@@ -517,19 +548,94 @@ class Learner:
             # other clients of the token): there is no count to learn, only waiting.
             return lesson
         if spread:
-            lesson = infer(log.sent, rule, [w for w in windows if w > rule.longest])
-            if lesson is None and doubt:
+            longer = infer(log.sent, rule, [w for w in windows if w > rule.longest])
+            if longer is not None and _quota(longer, rule):
+                lesson = longer
+            elif safer is not None:
                 # The rule itself is in doubt (a fallback stands): that is the
                 # lesson, and the fallback answers it.
                 why = "429s still came when spaced evenly"
                 lesson = Lesson(Rule(rule.windows), why, True)
+            else:
+                lesson = _lowered(log, rule)
             if lesson is not None:
                 log.rearm()
             return lesson
         log.rearm()
+        if safer is not None and not safer.stated and _past(log.sent, safer.rule):
+            # The key went past what the safer reading allows (a bucket's burst,
+            # a shorter window): that reading, which the fallback holds, answers.
+            # (A statement, `--profile auto`'s B, is taken only if 429s still
+            # come when spaced evenly: its A may be the rule, counted another way.)
+            return Lesson(Rule(rule.windows), "a request was refused again")
+        log.unspaced = max(s.start for s in log.sent if s.refused is False)
         why = "429s came although requests kept to the rule"
         plain = Rule(rule.windows)  # spaced evenly, a burst is no longer read
         return Lesson(plain, f"{why}: the server counts in another way", spread=True)
+
+
+def _past(log: Sequence[Sent], rule: Rule) -> bool:
+    """Whether the latest refusal in `log` came when as many accepted requests as
+    some window of `rule` allows were already within it."""
+    answered = [s for s in log if s.end is not None and s.refused is not None]
+    refusal = max((_arrival(s) for s in answered if s.refused), default=None)
+    if refusal is None:
+        return False
+    arrivals = sorted(_arrival(s) for s in answered if s.refused is False)
+    return any(_within(arrivals, refusal, w.seconds) >= w.count for w in rule.windows)
+
+
+def _quota(longer: Lesson, rule: Rule) -> bool:
+    """Whether `longer`, a window longer than `rule`'s that explains refusals
+    when spaced evenly, counts more than two of `rule`'s binding windows let
+    through: a quota (an hourly one under a per-minute rule). Fewer, and the
+    refusals are as well explained by a count a little over the server's (a
+    weighted counter's, or a fixed window's read from a burst that straddled
+    its reset), which `_lowered` mends for far less."""
+    learned = next(w for w in longer.rule.windows if w not in rule.windows)
+    return learned.count >= 2 * _binding(rule).count
+
+
+def _binding(rule: Rule) -> Window:
+    """The window that sets the rule's long-run rate (`Rule.interval`)."""
+    return max(rule.windows, key=lambda w: (w.seconds / w.count, -w.seconds))
+
+
+def _lowered(log: KeyLog, rule: Rule) -> Lesson | None:
+    """`rule`, spaced evenly and still refused, with its binding window's count
+    lowered to what the server had accepted within it when it last refused, but
+    not below half; by one if requests in that window were not all spaced
+    evenly yet. None if the count is 1 already, or if the server accepted
+    nothing since the last lesson (a probe refused in the same full window says
+    nothing new).
+
+    Evenly spaced, a weighted counter (or a fixed window) refuses as its count
+    is passed; an exact log of a count read too high from a burst (one that
+    straddled the counter's reset, which lets at most twice the count through)
+    cannot say by how much, but the refusal can: a sliding window holds the
+    fixed one it ends at. A burst still in the window weighs on a weighted
+    counter, so its refusal comes early."""
+    if not log.arrivals:
+        return None
+    binding = _binding(rule)
+    answered = [s for s in log.sent if s.end is not None and s.refused is not None]
+    refusal = max((_arrival(s) for s in answered if s.refused), default=None)
+    if refusal is None:
+        return None
+    arrivals = sorted(_arrival(s) for s in answered if s.refused is False)
+    seen = _within(arrivals, refusal, binding.seconds)
+    spaced = refusal - binding.seconds > log.unspaced
+    floor = binding.count - 1 if not spaced else math.ceil(binding.count / 2)
+    count = min(binding.count - 1, max(seen, floor))
+    if count < 1:
+        return None
+    lower = Window(count, binding.seconds)
+    windows = tuple(lower if w == binding else w for w in rule.windows)
+    why = (
+        f"429s still came when spaced evenly, after {seen} accepted within "
+        f"{durations.compact(binding.seconds)}"
+    )
+    return Lesson(Rule(windows), why, spread=True)
 
 
 def _looser(
@@ -611,7 +717,7 @@ def _refused_amid_acceptances(log: Sequence[Sent], rule: Rule) -> bool:
     (whatever its Retry-After: a server that counts another way computes it
     another way too)."""
     answered = [s for s in log if s.end is not None and s.refused is not None]
-    most, _ = _bounds(answered, rule.longest, fit=False)
+    most, _ = _bounds(answered, rule.longest, fit=Fit.NONE)
     return most > 0
 
 
@@ -630,6 +736,8 @@ class Fallback:
     """
 
     reading: Lesson
+    # A statement of the limit (`--profile auto`'s B), not a reading of the log.
+    stated: bool = False
 
     @property
     def rule(self) -> Rule:

@@ -162,7 +162,7 @@ class Runner:
         # What an earlier run learned of a key settles its fallback too.
         settled = {key for key, _ in self._recalled}
         self._fallback = {
-            key: Fallback(Lesson(rule, f"the safer statement {rule}"))
+            key: Fallback(Lesson(rule, f"the safer statement {rule}"), stated=True)
             for key, rule in settings.fallback.items()
             if key in pacer.rules and key not in settled
         }
@@ -394,9 +394,9 @@ class Runner:
     def _review(self, key: LimitKey) -> None:
         """Once a 429 episode of `key` has settled, pace by what it taught."""
         spread = self._pacer.pace(key) is Pace.SPREAD
-        doubt = key in self._fallback
+        safer = self._fallback.get(key)
         rule = self._pacer.rules[key]
-        lesson = self._learner.review(key, rule, spread=spread, doubt=doubt)
+        lesson = self._learner.review(key, rule, spread=spread, safer=safer)
         if lesson is not None:
             self._learned(key, lesson)
 
@@ -405,17 +405,20 @@ class Runner:
         given = self._pacer.rules[key]
         lesson = self._fallback[key].ruled_out(self._learner, key, given)
         if lesson is not None:
-            self._learned(key, lesson)
+            self._learned(key, lesson, ruled_out=True)
 
-    def _learned(self, key: LimitKey, lesson: Lesson) -> None:
+    def _learned(
+        self, key: LimitKey, lesson: Lesson, *, ruled_out: bool = False
+    ) -> None:
         # A lesson settles a fallback, unless it is the first to only space the
-        # same rule evenly (the count is still in question): one that tightens
-        # the rule, or 429s that still come when spread, take the fallback.
+        # same rule evenly (the count is still in question): one that rules the
+        # fallback out drops it; any other (a tighter rule, a refusal past what
+        # the fallback allows, 429s that still come when spread) takes it.
         given = self._pacer.rules[key]
         spread = self._pacer.pace(key) is Pace.SPREAD
         first_spread = lesson.spread and lesson.rule == given and not spread
         fallback = None if first_spread else self._fallback.pop(key, None)
-        if fallback is not None and (lesson.rule != given or lesson.spread):
+        if fallback is not None and not ruled_out:
             lesson = fallback.taken(lesson, given)
         if lesson.fallback is not None:
             self._fallback[key] = Fallback(lesson.fallback)

@@ -551,7 +551,9 @@ def test_a_kept_lesson_is_trusted_for_30_days():
 # A leaky bucket's reading.
 
 
-def settled_review(log: list[Sent], rule: Rule, **options: bool) -> Lesson | None:
+def settled_review(
+    log: list[Sent], rule: Rule, *, safer: Fallback | None = None
+) -> Lesson | None:
     learner = Learner()
     for entry in log:
         learner.sent("k", entry.start)
@@ -559,7 +561,7 @@ def settled_review(log: list[Sent], rule: Rule, **options: bool) -> Lesson | Non
         learner.answered("k", kept, entry.end or entry.start, refused=entry.refused)
         kept.wait = entry.wait
     learner.episode("k", log[-1].start)
-    return learner.review("k", rule, spread=False, **options)
+    return learner.review("k", rule, spread=False, safer=safer)
 
 
 def test_a_refused_burst_is_read_as_a_leaky_bucket_first():
@@ -594,7 +596,8 @@ def test_a_retry_after_longer_than_one_drain_rules_the_bucket_out():
 
 
 def test_a_bucket_is_not_read_while_another_reading_is_in_doubt():
-    lesson = settled_review(burst(11, 1), parse_rule("30/2s"), doubt=True)
+    safer = Fallback(Lesson(parse_rule("11/2s"), "the safe reading"))
+    lesson = settled_review(burst(11, 1), parse_rule("30/2s"), safer=safer)
     assert lesson is not None
     assert lesson.rule.burst is None
 
@@ -739,3 +742,106 @@ def test_acceptances_before_a_lesson_count_against_its_safer_reading():
     lesson = Fallback(Lesson(parse_rule("6/2s"), "s")).ruled_out(learner, "k", given)
     assert lesson is not None
     assert "13 accepted within 2s" in lesson.evidence
+
+
+def logged(learner: Learner, log: list[Sent]) -> None:
+    """Send and answer `log` through `learner`, for key "k"."""
+    for entry in log:
+        sent = learner.sent("k", entry.start)
+        end = entry.start + 0.01 if entry.end is None else entry.end
+        learner.answered("k", sent, end, refused=entry.refused, wait=entry.wait)
+
+
+def spaced(count: int, step: float, *, at: float, refused_last: bool) -> list[Sent]:
+    """`count` requests `step` apart from `at`; the last refused if asked."""
+    return [
+        Sent(at + n * step, at + n * step + 0.01, refused_last and n == count - 1)
+        for n in range(count)
+    ]
+
+
+def test_a_retry_after_that_comes_early_keeps_the_rules_own_window_behind():
+    """10 accepted in a burst at 0.1 s, refused with Retry-After 1 s: a 1 s sliding
+    window fits, and so does a fixed 2 s one resetting at 1.1 s. The 1 s window
+    is tried, with 10/2s, the safe reading, to fall back to (it was 10/1s alone,
+    twice the fixed window's count)."""
+    learner = Learner()
+    log = [*burst(10, 0, at=0.1), Sent(0.1, 0.11, True, wait=1.0)]
+    logged(learner, log)
+    learner.episode("k", 0.1)
+    lesson = learner.review("k", parse_rule("30/2s"), spread=False)
+    assert lesson is not None
+    assert str(lesson.rule) == "10/1s+30/2s"
+    assert lesson.fallback is not None
+    assert str(lesson.fallback.rule) == "10/2s"
+
+
+def straddled(learner: Learner) -> None:
+    """16 let through in a burst (a fixed 10/2s window reset in the middle of
+    it), then spaced evenly at 16 per 2 s from 2.2 s: refused after 10."""
+    logged(learner, burst(16, 1))
+    logged(learner, spaced(11, 0.127, at=2.2, refused_last=True))
+    learner.episode("k", 2.2 + 10 * 0.127)
+
+
+def test_spaced_evenly_and_refused_lowers_the_count_to_what_was_accepted():
+    """No window explains both the burst and the refusal after 10 within the
+    last 2 s, spaced evenly: the count is lowered to 10, not by one at a time."""
+    learner = Learner()
+    straddled(learner)
+    lesson = learner.review("k", parse_rule("16/2s"), spread=True)
+    assert lesson is not None
+    assert (str(lesson.rule), lesson.spread) == ("10/2s", True)
+    assert "after 10 accepted within 2s" in lesson.evidence
+
+
+def test_a_count_is_lowered_by_half_at_most():
+    """Refused after 3 within 2 s under 16/2s: a weighted counter may still have
+    counted an older burst; no server whose count a burst over-read lets fewer
+    than half of it through."""
+    learner = Learner()
+    logged(learner, burst(16, 0))
+    logged(learner, spaced(4, 0.6, at=10.0, refused_last=True))
+    learner.episode("k", 11.8)
+    lesson = learner.review("k", parse_rule("16/2s"), spread=True)
+    assert lesson is not None
+    assert str(lesson.rule) == "8/2s"
+
+
+def test_a_refusal_soon_after_a_burst_lowers_the_count_by_one():
+    """The key was told to space evenly right after a burst: a refusal within
+    the next window may be the burst's weight on a weighted counter, so the
+    count it came at says little; it is lowered by one."""
+    learner = Learner()
+    logged(learner, [*burst(11, 0, at=1.0), Sent(1.95, 1.96, True)])
+    learner.episode("k", 1.95)
+    switch = learner.review("k", parse_rule("11/2s"), spread=False)
+    assert switch is not None
+    assert switch.spread
+    logged(learner, spaced(3, 0.2, at=2.2, refused_last=True))
+    learner.episode("k", 2.6)
+    lesson = learner.review("k", parse_rule("11/2s"), spread=True)
+    assert lesson is not None
+    assert str(lesson.rule) == "10/2s"
+
+
+def test_a_refused_probe_with_nothing_accepted_since_the_last_lesson_teaches_nothing():
+    """After a count was lowered, probes refused in the same full window add
+    nothing: lowering again at each would walk the count down for nothing."""
+    learner = Learner()
+    straddled(learner)
+    assert learner.review("k", parse_rule("16/2s"), spread=True) is not None
+    logged(learner, [Sent(3.6, 3.61, True)])
+    learner.episode("k", 3.6)
+    assert learner.review("k", parse_rule("10/2s"), spread=True) is None
+
+
+def test_a_quota_spaced_evenly_is_learned_as_its_longer_window():
+    """15/1m spaced evenly, then refused after 45 within 10 minutes (3 times the
+    minute's count): a quota, learned as its window, not as a lower count."""
+    learner = Learner()
+    logged(learner, spaced(46, 4.05, at=0.0, refused_last=True))
+    learner.episode("k", 45 * 4.05)
+    lesson = learner.review("k", parse_rule("15/1m"), spread=True)
+    assert lesson is not None
+    assert str(lesson.rule) == "15/1m+45/5m"
