@@ -29,6 +29,7 @@ bucket's burst, stands only with a window reading to fall back to.
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import math
 import time
@@ -391,11 +392,14 @@ def _same(given: list[tuple[int, float]], rule: Rule, time_scale: float) -> bool
 
 def _plausible(windows: list[Window], rule: Rule, time_scale: float) -> bool:
     """Whether kept windows are ones a lesson of `rule` can hold: their lengths
-    among its candidates (a hand edit or a damaged row could otherwise stall a key
-    for ages, or hold no window at all)."""
+    among its candidates, or one the server named (`_heard`: from a millisecond
+    to the rule's longest window); a hand edit or a damaged row could otherwise
+    stall a key for ages, or hold no window at all."""
     lengths = candidates(rule, time_scale=time_scale)
     return all(
-        any(math.isclose(w.seconds, s, rel_tol=1e-9) for s in lengths) for w in windows
+        any(math.isclose(w.seconds, s, rel_tol=1e-9) for s in lengths)
+        or 0.001 <= w.seconds < rule.longest
+        for w in windows
     )
 
 
@@ -517,7 +521,11 @@ class Learner:
         windows = candidates(rule, time_scale=self._time_scale)
         # The rule's own windows first: the best guess at the server's time scale.
         own = sorted({w.seconds for w in rule.windows})
-        shorter = [w for w in windows if w < rule.longest and w not in own]
+        # The windows the server's Retry-Afters name come first of the shorter.
+        heard = [w for w in _heard(log.sent, rule) if w not in own]
+        shorter = heard + [
+            w for w in windows if w < rule.longest and w not in own + heard
+        ]
         # While a reading is in doubt, the lesson is joined with the safer one
         # (`Fallback.taken`), which is then what the key is paced by: the
         # shortest window is the one that adds nothing the log does not show.
@@ -583,6 +591,41 @@ def _past(log: Sequence[Sent], rule: Rule) -> bool:
         return False
     arrivals = sorted(_arrival(s) for s in answered if s.refused is False)
     return any(_within(arrivals, refusal, w.seconds) >= w.count for w in rule.windows)
+
+
+def _heard(log: Sequence[Sent], rule: Rule) -> list[float]:
+    """The windows that refusals' Retry-Afters name, shorter than the rule's
+    longest, ascending: from the one accepted arrival before the refusal to when
+    the server asks for the next request, in whole milliseconds rounded up. (A
+    refusal with more accepted in that time names no window: a bucket's burst
+    drains one request a Retry-After, a window's count in more.)
+
+    A leaky bucket with no burst (nginx `limit_req` without `burst`) refuses what
+    comes sooner than one drain after the last it accepted and asks for that
+    drain: one request per such window is its rate, which none of the usual
+    lengths gives (one per 2 s of a `30r/m` bucket would otherwise be read as one
+    per second, refused, then one per minute)."""
+    arrivals = sorted(_arrival(s) for s in log if s.refused is False)
+    heard: set[float] = set()
+    for entry in log:
+        if not entry.refused or entry.wait is None:
+            continue
+        moment = _arrival(entry)
+        before = bisect.bisect_right(arrivals, moment)
+        if before:
+            span = entry.wait + moment - arrivals[before - 1]
+            seconds = math.ceil(span * 1000 - 1e-6) / 1000
+            alone = _within(arrivals, moment, seconds) == 1
+            if alone and 0 < seconds < rule.longest:
+                heard.add(seconds)
+    # Without a Retry-After, the log names one: the shortest the server was
+    # seen to let between two requests (the whole milliseconds below it, so
+    # that the two fall in no one window), if slower than the rule's own pace.
+    gaps = [later - sooner for sooner, later in itertools.pairwise(arrivals)]
+    gap = (math.ceil(min(gaps, default=0.0) * 1000 - 1e-6) - 1) / 1000
+    if rule.interval < gap < rule.longest:
+        heard.add(gap)
+    return sorted(heard)
 
 
 def _quota(longer: Lesson, rule: Rule) -> bool:

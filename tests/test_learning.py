@@ -845,3 +845,49 @@ def test_a_quota_spaced_evenly_is_learned_as_its_longer_window():
     lesson = learner.review("k", parse_rule("15/1m"), spread=True)
     assert lesson is not None
     assert str(lesson.rule) == "15/1m+45/5m"
+
+
+def test_a_retry_after_after_one_accepted_names_the_window_of_one():
+    """One accepted, the next refused with Retry-After 2 s: a bucket with no
+    burst (nginx `limit_req rate=30r/m`) drains one request in 2 s, and that
+    window of one is tried first, with the rule's own minute behind it (the
+    usual lengths would give one per second, refused, then one per minute)."""
+    log = [Sent(0.0, 0.01, False), Sent(0.0, 0.01, True, wait=2.0)]
+    lesson = settled_review(log, parse_rule("30/1m"))
+    assert lesson is not None
+    assert str(lesson.rule) == "1/2s+30/1m"
+    assert lesson.fallback is not None
+    assert str(lesson.fallback.rule) == "1/1m"
+
+
+def test_a_retry_after_after_a_burst_names_no_window():
+    """11 accepted at once, then refused with Retry-After 2 s: a bucket's burst
+    drains one request in that time, a window's count more; no window of 11
+    per 2 s is read from it."""
+    log = [*burst(11, 0), Sent(0.0, 0.01, True, wait=2.0)]
+    lesson = settled_review(log, parse_rule("30/1m"))
+    assert lesson is not None
+    assert all(w.seconds in (1.0, 10.0, 60.0) for w in lesson.rule.windows)
+
+
+def test_a_kept_window_a_retry_after_named_is_recalled():
+    text = json.dumps(
+        {**VALID, "windows": [[1, 2.0], [30, 60.0]], "given": [[30, 60.0]]}
+    )
+    back = recalled(parse_rule("30/1m"), text, time_scale=1.0, now=1000.0)
+    assert back is not None
+    assert str(back.rule) == "1/2s+30/1m"
+
+
+def test_the_shortest_gap_the_server_let_through_names_a_window_of_one():
+    """Spaced 2 s apart under 30/1m, every other request refused: the server
+    let no two through closer than 4 s, so one per 4 s explains the log (a
+    bucket with no burst at half the rule's rate), where no usual length does.
+    The window is a millisecond short of the gap: both ends in it would count
+    two."""
+    learner = Learner()
+    logged(learner, [Sent(n * 2.0, n * 2.0 + 0.01, n % 2 == 1) for n in range(6)])
+    learner.episode("k", 10.0)
+    lesson = learner.review("k", parse_rule("30/1m"), spread=True)
+    assert lesson is not None
+    assert str(lesson.rule) == "1/3.999s+30/1m"

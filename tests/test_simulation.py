@@ -157,6 +157,31 @@ def test_a_leaky_bucket_with_a_burst_is_paced_near_its_ideal(seed, retry_after):
     assert again.ratio <= 1.1
 
 
+@pytest.mark.parametrize(
+    ("server_rule", "retry_after", "most", "within"),
+    [("30/1m", True, 1, 1.1), ("10/1m", True, 1, 1.25), ("15/1m", False, 2, 1.1)],
+)
+def test_a_bucket_with_no_burst_under_profile_a_is_read_from_its_pace(
+    server_rule, retry_after, most, within
+):
+    """nginx `limit_req rate=30r/m` (no burst) refuses the second request of
+    any burst and asks for 2 s: one per 2 s is learned from that, with the
+    minute behind it. It was read as one per second, refused, then as one a
+    minute: 15 x its ideal, stopped by the simulation's half-hour bound.
+    Without a Retry-After, the shortest gap the server let between two
+    requests names the window (`15r/m` cost 12 x 429 and 1.46 x). A rerun
+    starts from it."""
+    server = Server(LimiterKind.LEAKY, parse_rule(server_rule), retry_after=retry_after)
+    ledger = MemoryLedger()
+    run = simulate(client="30/1m", server=server, seed=0, ledger=ledger)
+    assert run.finished
+    assert run.tally.rate_limited <= most
+    assert run.ratio <= within
+    again = simulate(client="30/1m", server=server, seed=0, ledger=rerun_from(ledger))
+    assert again.tally.rate_limited == 0
+    assert again.ratio <= within
+
+
 @pytest.mark.parametrize("burst", [0, 3, 10])
 def test_a_leaky_bucket_of_any_burst_is_learned_without_stalling(burst):
     """Before the leaky reading, a bucket with no burst ran 15 times too slow."""
