@@ -793,7 +793,7 @@ class Fallback:
         reading's own fallback, if `lesson` has none."""
         joined = adopt(Rule(lesson.rule.windows), self.rule.windows, "")
         rule = Rule(lesson.rule.windows) if joined is None else joined.rule
-        why = f"{lesson.evidence}; so the server enforces {self.rule}, not {given}"
+        why = f"{lesson.evidence}; so the server enforces {rule}, not {given}"
         after = lesson.fallback or self.reading.fallback
         if after is not None and adopt(rule, after.rule.windows, "") is None:
             after = None  # the joined rule already holds to it: nothing in doubt
