@@ -4,8 +4,10 @@ The API's documentation does not settle its run-query limit, nor say whether it
 counts in fixed or sliding windows; a 429 is the server's one certain word. After a
 429 episode has settled (every request of it answered), `infer` reads this process's
 log of the key's requests and explains the refusals with one window (COUNT/W), W
-taken from the rule's own windows and the lengths the API description uses (1 s,
-10 s, 1 m, 5 m, 1 h, 24 h, scaled with the run's time scale):
+taken from the rule's own windows, the lengths the API description uses (1 s,
+10 s, 1 m, 5 m, 1 h, 24 h, scaled with the run's time scale), and the windows of
+one request the server names (`_heard`: a Retry-After after a single accepted
+request, or the shortest gap it let between two):
 
 - a refusal of a request that left while N accepted requests were counted in W (sent
   before it, answered within W of its start: the pacer's own way of counting) says
@@ -19,8 +21,12 @@ the shortest that fits) is learned, and when a shorter window fits as well it is
 paced by first, with the safe one to fall back to (`Fallback`): one request past
 the safe count settles it, for at most one more 429. A burst refused after N
 fits a leaky bucket as well (nginx `limit_req`: N at once, then one more as each
-drains, at the rule's own rate), which no window reading paces near its speed: that
-reading is tried first of all (`_leaky`), unless a Retry-After rules it out.
+drains, at the rule's own rate or a Retry-After's), which no window reading paces
+near its speed: that reading is tried first of all (`_leaky`), unless a
+Retry-After speaks for a window. Spaced evenly and still refused, the count was
+read too high (a burst that straddled a fixed or weighted counter's reset) and is
+lowered (`_lowered`); a longer window is read only as a quota, or when the log
+covers half of it.
 Invariant: a lesson only ever adds a window or lowers a count, so the rule it gives
 never allows more than the rule it came from; the one looser reading, a leaky
 bucket's burst, stands only with a window reading to fall back to.
@@ -42,6 +48,7 @@ from typing import Any
 from batchrun import durations
 from batchrun.errors import UsageError
 from batchrun.limits import Rule, Window
+from batchrun.slots import spread_interval
 
 # The window lengths, in seconds, that the API description uses or that common
 # servers count in.
@@ -55,6 +62,9 @@ _SPANS = 6
 # A leaky bucket is read only for a shortest window of at most this count: its
 # reading paces by one window per request of the burst's window.
 _LEAK_MOST = 100
+# A window longer than the rule's shortest is learned as a quota only when it
+# counts at least this many times the shortest window's count (`infer`).
+_QUOTA = 3
 # Requests older than the longest candidate window cannot bear on a lesson; past
 # this many the oldest are dropped, which keeps `infer` cheap (quadratic in it).
 _KEPT = 2000
@@ -112,7 +122,7 @@ class KeyLog:
     seen: dict[float, int] = field(default_factory=dict)
     unanswered: int = 0
     # When the newest request accepted before the key was told to space its
-    # requests evenly left (a key spaced from the start: never).
+    # requests evenly arrived (a key spaced from the start: never).
     unspaced: float = -math.inf
 
     def started(self, at: float) -> Sent:
@@ -221,9 +231,25 @@ def infer(
     refusals = sum(1 for s in answered if s.refused)
     if not refusals:
         return None
+    shortest = rule.shortest
+    accepted = [_arrival(s) for s in answered if s.refused is False]
+    refused = [_arrival(s) for s in answered if s.refused]
+    span = max(refused) - min(accepted, default=max(refused))
     for seconds in windows:
-        most, least = _bounds(answered, seconds, fit=fit)
-        if most >= least:
+        # Only a window no longer than the rule's shortest may be a fixed one
+        # whose reset comes early: a longer one is a quota, whose Retry-After
+        # names its end.
+        longer = seconds > shortest.seconds
+        window_fit = Fit.SLIDING if fit is Fit.FIXED and longer else fit
+        most, least = _bounds(answered, seconds, fit=window_fit)
+        # A window longer than the rule's shortest is read as a quota (at least
+        # `_QUOTA` times the shortest's count), or if the log covers half of
+        # it; else its count is only how long the log is (a weighted counter's
+        # refusal a minute and a bit after a burst would read as an hourly
+        # limit of 25 under 15/1m, and a burst's refusal as its count per 10 s).
+        covered = span >= seconds / 2
+        read = not longer or covered or least >= _QUOTA * shortest.count
+        if most >= least and read:
             # `least` the server has surely let through in `seconds`; between it
             # and `most` the log cannot tell, so the count learned is the safe one.
             lesson = _tightened(rule, Window(least, seconds), refusals)
@@ -398,7 +424,7 @@ def _plausible(windows: list[Window], rule: Rule, time_scale: float) -> bool:
     lengths = candidates(rule, time_scale=time_scale)
     return all(
         any(math.isclose(w.seconds, s, rel_tol=1e-9) for s in lengths)
-        or 0.001 <= w.seconds < rule.longest
+        or 0.001 <= w.seconds <= rule.longest
         for w in windows
     )
 
@@ -508,8 +534,10 @@ class Learner:
         A window no longer than the rule's own is learned at once. When none
         explains the log, the server counts in another way (weighted counters, a
         leaky bucket) or over a longer window (an hourly quota): spacing requests
-        evenly is tried first, as it costs nothing if the count was right, and a
-        longer window is learned only if 429s still come when spread.
+        evenly is tried first, as it costs nothing if the count was right. If
+        429s still come when spread, a longer window that is a quota is learned,
+        or else the count is lowered (`_lowered`). `safer`: the fallback that
+        stands, if a reading is in doubt.
         """
         began = self._episodes.get(key)
         log = self._logs.get(key)
@@ -557,7 +585,7 @@ class Learner:
             return lesson
         if spread:
             longer = infer(log.sent, rule, [w for w in windows if w > rule.longest])
-            if longer is not None and _quota(longer, rule):
+            if longer is not None:
                 lesson = longer
             elif safer is not None:
                 # The rule itself is in doubt (a fallback stands): that is the
@@ -576,7 +604,7 @@ class Learner:
             # (A statement, `--profile auto`'s B, is taken only if 429s still
             # come when spaced evenly: its A may be the rule, counted another way.)
             return Lesson(Rule(rule.windows), "a request was refused again")
-        log.unspaced = max(s.start for s in log.sent if s.refused is False)
+        log.unspaced = max(_arrival(s) for s in log.sent if s.refused is False)
         why = "429s came although requests kept to the rule"
         plain = Rule(rule.windows)  # spaced evenly, a burst is no longer read
         return Lesson(plain, f"{why}: the server counts in another way", spread=True)
@@ -594,8 +622,8 @@ def _past(log: Sequence[Sent], rule: Rule) -> bool:
 
 
 def _heard(log: Sequence[Sent], rule: Rule) -> list[float]:
-    """The windows that refusals' Retry-Afters name, shorter than the rule's
-    longest, ascending: from the one accepted arrival before the refusal to when
+    """The windows that refusals' Retry-Afters name, no longer than the rule's
+    shortest, ascending: from the one accepted arrival before the refusal to when
     the server asks for the next request, in whole milliseconds rounded up. (A
     refusal with more accepted in that time names no window: a bucket's burst
     drains one request a Retry-After, a window's count in more.)
@@ -616,27 +644,18 @@ def _heard(log: Sequence[Sent], rule: Rule) -> list[float]:
             span = entry.wait + moment - arrivals[before - 1]
             seconds = math.ceil(span * 1000 - 1e-6) / 1000
             alone = _within(arrivals, moment, seconds) == 1
-            if alone and 0 < seconds < rule.longest:
+            if alone and 0 < seconds <= rule.shortest.seconds:
                 heard.add(seconds)
     # Without a Retry-After, the log names one: the shortest the server was
     # seen to let between two requests (the whole milliseconds below it, so
-    # that the two fall in no one window), if slower than the rule's own pace.
+    # that the two fall in no one window), if slower than the rule's pace
+    # spaced evenly (a 429 comes back sooner than an answer, so a refusal seems
+    # to arrive early: no gap at that pace says anything).
     gaps = [later - sooner for sooner, later in itertools.pairwise(arrivals)]
     gap = (math.ceil(min(gaps, default=0.0) * 1000 - 1e-6) - 1) / 1000
-    if rule.interval < gap < rule.longest:
+    if spread_interval(rule) < gap <= rule.shortest.seconds:
         heard.add(gap)
     return sorted(heard)
-
-
-def _quota(longer: Lesson, rule: Rule) -> bool:
-    """Whether `longer`, a window longer than `rule`'s that explains refusals
-    when spaced evenly, counts more than two of `rule`'s binding windows let
-    through: a quota (an hourly one under a per-minute rule). Fewer, and the
-    refusals are as well explained by a count a little over the server's (a
-    weighted counter's, or a fixed window's read from a burst that straddled
-    its reset), which `_lowered` mends for far less."""
-    learned = next(w for w in longer.rule.windows if w not in rule.windows)
-    return learned.count >= 2 * _binding(rule).count
 
 
 def _binding(rule: Rule) -> Window:
@@ -646,11 +665,12 @@ def _binding(rule: Rule) -> Window:
 
 def _lowered(log: KeyLog, rule: Rule) -> Lesson | None:
     """`rule`, spaced evenly and still refused, with its binding window's count
-    lowered to what the server had accepted within it when it last refused, but
-    not below half; by one if requests in that window were not all spaced
-    evenly yet. None if the count is 1 already, or if the server accepted
-    nothing since the last lesson (a probe refused in the same full window says
-    nothing new).
+    lowered to what the server had accepted within it when it last refused, if
+    that is half of it or more; else, or if requests in that window were not
+    all spaced evenly yet, by one (a stray 429, another client of the token,
+    costs a step, not half the pace). None if the count is 1 already, or if the
+    server accepted nothing since the last lesson (a probe refused in the same
+    full window says nothing new).
 
     Evenly spaced, a weighted counter (or a fixed window) refuses as its count
     is passed; an exact log of a count read too high from a burst (one that
@@ -668,8 +688,9 @@ def _lowered(log: KeyLog, rule: Rule) -> Lesson | None:
     arrivals = sorted(_arrival(s) for s in answered if s.refused is False)
     seen = _within(arrivals, refusal, binding.seconds)
     spaced = refusal - binding.seconds > log.unspaced
-    floor = binding.count - 1 if not spaced else math.ceil(binding.count / 2)
-    count = min(binding.count - 1, max(seen, floor))
+    half = math.ceil(binding.count / 2)
+    count = min(binding.count - 1, seen) if spaced and seen >= half else None
+    count = binding.count - 1 if count is None else count
     if count < 1:
         return None
     lower = Window(count, binding.seconds)
@@ -690,8 +711,8 @@ def _looser(
     past `safe`'s count (`Fallback`) settles which is right."""
     learned = next(w for w in safe.rule.windows if w not in rule.windows)
     loose = infer(log, rule, [s for s in shorter if s < learned.seconds])
-    if loose is None:
-        return None
+    if loose is None or loose.rule.interval >= safe.rule.interval:
+        return None  # none, or no faster (a window of one, slow, that was heard)
     why = f"{loose.evidence}; {learned} if refused again"
     return Lesson(loose.rule, why, fallback=safe)
 
@@ -702,10 +723,11 @@ def _leaky(
     """`rule` read as a leaky bucket that drains at the rate of the rule's shortest
     window, with the `safe` window reading to fall back to; with no burst, the
     `looser` one (a shorter window) first, as the bucket, at the rule's rate, may
-    well be too fast. None if a refusal's Retry-After asked for longer than one
-    drain (a bucket has room again by then), if `rule` already is such a reading
-    (its refusal is `safe`), or if the bucket would hold the rule's whole count
-    anyway.
+    well be too fast. A Retry-After longer than one such drain is the drain of
+    a slower bucket (it has room again by then), which is read if it is faster
+    than `safe` (a window server asks for about its window). None if `rule`
+    already is such a reading (its refusal is `safe`), or if the bucket would
+    hold the window's whole count anyway.
 
     Its first request past the burst settles it: a window server refuses that
     one, for one 429; a bucket lets it through, and then keeps letting through
@@ -715,9 +737,15 @@ def _leaky(
     if rule.burst is not None or base.count > _LEAK_MOST:
         return None
     step = base.seconds / base.count
-    # Servers round Retry-After up to whole seconds.
-    if any(s.refused and s.wait is not None and s.wait > step + 1.0 for s in log):
-        return None
+    windows = rule.windows
+    drain = max((s.wait for s in log if s.refused and s.wait is not None), default=0)
+    if drain > step + 1.0:  # servers round Retry-After up to whole seconds
+        if drain >= safe.rule.interval:
+            return None
+        base = Window(math.floor(base.seconds / drain), base.seconds)
+        step = base.seconds / base.count
+        kept = [w for w in rule.windows if not _implies(base, w)]
+        windows = tuple(sorted([base, *kept], key=lambda w: (w.seconds, w.count)))
     burst = _burst(log, step, 2 * base.count)
     if burst + 1 >= base.count:
         return None
@@ -727,7 +755,7 @@ def _leaky(
         f"{safe.evidence}: read as a leaky bucket that lets {burst + 1} through "
         f"at once, then drains at {base}; {after.rule}{then} if refused again"
     )
-    return Lesson(Rule(rule.windows, burst), why, fallback=after)
+    return Lesson(Rule(windows, burst), why, fallback=after)
 
 
 def _burst(log: Sequence[Sent], step: float, latest: int) -> int:

@@ -182,6 +182,24 @@ def test_a_bucket_with_no_burst_under_profile_a_is_read_from_its_pace(
     assert again.ratio <= within
 
 
+def test_a_bucket_slower_than_the_rule_drains_as_its_retry_after_says():
+    """nginx `limit_req rate=15r/m burst=5` under profile A: 6 through at once,
+    then a Retry-After of one drain (4 s), twice the rule's. Read as a bucket
+    that drains one per 4 s (15/1m, bursts of 6), not as 6 a minute (2.5 x)."""
+    server = Server(LimiterKind.LEAKY, parse_rule("15/1m"), {"burst": 5})
+    ledger = MemoryLedger()
+    run = simulate(client="30/1m", server=server, seed=0, ledger=ledger)
+    assert run.finished
+    assert run.tally.rate_limited <= 1
+    assert run.ratio <= 1.2
+    assert recalled(parse_rule("30/1m"), ledger.recall(KEY.value)) == (
+        "15/1m, bursts of 6"
+    )
+    again = simulate(client="30/1m", server=server, seed=0, ledger=rerun_from(ledger))
+    assert again.tally.rate_limited == 0
+    assert again.ratio <= 1.1
+
+
 @pytest.mark.parametrize("burst", [0, 3, 10])
 def test_a_leaky_bucket_of_any_burst_is_learned_without_stalling(burst):
     """Before the leaky reading, a bucket with no burst ran 15 times too slow."""
@@ -278,6 +296,26 @@ def test_auto_spaces_a_weighted_a_before_it_takes_b(origin):
     assert run.finished
     assert run.tally.rate_limited <= 2
     assert run.ratio <= 1.3
+
+
+@pytest.mark.parametrize("origin", [0.0, -10.0, -30.0, -50.0])
+@pytest.mark.parametrize("retry_after", [True, False], ids=["RA", "no-RA"])
+@pytest.mark.parametrize("kind", [LimiterKind.FIXED, LimiterKind.WEIGHTED])
+def test_profile_b_against_a_counter_of_its_minute_reads_no_hourly_limit(
+    kind, retry_after, origin
+):
+    """Profile B (15/1m+500/1h) against a fixed or weighted 15/1m: a refusal a
+    minute and a bit after a burst fits B's hour with a count of 25 (all the
+    log holds), which would pace the run at 25 an hour. No such reading: the
+    run ends within 2 x the server's ideal (spaced evenly where the counter
+    needs it), for at most 2 429s."""
+    server = Server(
+        kind, parse_rule("15/1m"), {"origin": origin}, retry_after=retry_after
+    )
+    run = simulate(client="15/1m+500/1h", server=server, count=60, seed=0)
+    assert run.finished
+    assert run.tally.rate_limited <= 2
+    assert run.ratio <= 2.0
 
 
 @pytest.mark.parametrize("origin", [0.0, -30.0, -59.8])
