@@ -106,9 +106,7 @@ def test_refusals_under_a_rule_already_kept_switch_to_spread():
     for n in range(6):
         entry = learner.sent("k", 2.0 + n * 0.1)
         entry.end, entry.refused = 2.0 + n * 0.1 + 0.01, n == 5
-    learner.episode("k", 2.5)
-    lesson = learner.review("k", parse_rule("10/2s"), spread=False)
-    assert lesson is not None
+    lesson = reviewed(learner, "10/2s", 2.5, spread=False)
     assert lesson.spread
     assert str(lesson.rule) == "10/2s"
 
@@ -682,9 +680,7 @@ def test_a_bucket_is_not_read_while_spaced_evenly():
     for entry in burst(11, 1):
         sent = learner.sent("k", entry.start)
         learner.answered("k", sent, entry.end or 0.0, refused=entry.refused)
-    learner.episode("k", 0.0)
-    lesson = learner.review("k", parse_rule("30/2s"), spread=True)
-    assert lesson is not None
+    lesson = reviewed(learner, "30/2s", 0.0)
     assert lesson.rule.burst is None
 
 
@@ -768,12 +764,18 @@ def test_a_retry_after_that_comes_early_keeps_the_rules_own_window_behind():
     learner = Learner()
     log = [*burst(10, 0, at=0.1), Sent(0.1, 0.11, True, wait=1.0)]
     logged(learner, log)
-    learner.episode("k", 0.1)
-    lesson = learner.review("k", parse_rule("30/2s"), spread=False)
-    assert lesson is not None
+    lesson = reviewed(learner, "30/2s", 0.1, spread=False)
     assert str(lesson.rule) == "10/1s+30/2s"
     assert lesson.fallback is not None
     assert str(lesson.fallback.rule) == "10/2s"
+
+
+def reviewed(learner: Learner, rule: str, at: float, *, spread: bool = True) -> Lesson:
+    """The lesson of key "k"'s episode begun at `at`, under `rule`."""
+    learner.episode("k", at)
+    lesson = learner.review("k", parse_rule(rule), spread=spread)
+    assert lesson is not None
+    return lesson
 
 
 def straddled(learner: Learner) -> None:
@@ -803,9 +805,7 @@ def test_a_refusal_after_fewer_than_half_the_count_lowers_it_by_one():
     learner = Learner()
     logged(learner, burst(16, 0))
     logged(learner, spaced(4, 0.6, at=10.0, refused_last=True))
-    learner.episode("k", 11.8)
-    lesson = learner.review("k", parse_rule("16/2s"), spread=True)
-    assert lesson is not None
+    lesson = reviewed(learner, "16/2s", 11.8)
     assert str(lesson.rule) == "15/2s"
 
 
@@ -815,16 +815,12 @@ def test_a_refusal_soon_after_a_burst_lowers_the_count_by_one():
     count it came at says little; it is lowered by one."""
     learner = Learner()
     logged(learner, [*burst(6, 0), *burst(5, 0, at=1.0), Sent(1.95, 1.96, True)])
-    learner.episode("k", 1.95)
-    switch = learner.review("k", parse_rule("11/2s"), spread=False)
-    assert switch is not None
+    switch = reviewed(learner, "11/2s", 1.95, spread=False)
     assert switch.spread
     # 7 within the 2 s before the refusal (half the count or more): spaced
     # evenly all along, the count would be lowered to 7.
     logged(learner, spaced(3, 0.2, at=2.2, refused_last=True))
-    learner.episode("k", 2.6)
-    lesson = learner.review("k", parse_rule("11/2s"), spread=True)
-    assert lesson is not None
+    lesson = reviewed(learner, "11/2s", 2.6)
     assert str(lesson.rule) == "10/2s"
 
 
@@ -844,23 +840,42 @@ def test_a_quota_spaced_evenly_is_learned_as_its_longer_window():
     minute's count): a quota, learned as its window, not as a lower count."""
     learner = Learner()
     logged(learner, spaced(46, 4.05, at=0.0, refused_last=True))
-    learner.episode("k", 45 * 4.05)
-    lesson = learner.review("k", parse_rule("15/1m"), spread=True)
-    assert lesson is not None
+    lesson = reviewed(learner, "15/1m", 45 * 4.05)
     assert str(lesson.rule) == "15/1m+45/5m"
 
 
-def test_a_retry_after_after_one_accepted_names_the_window_of_one():
-    """One accepted, the next refused with Retry-After 2 s: a bucket with no
-    burst (nginx `limit_req rate=30r/m`) drains one request in 2 s, and that
-    window of one is tried first, with the rule's own minute behind it (the
-    usual lengths would give one per second, refused, then one per minute)."""
-    log = [Sent(0.0, 0.01, False), Sent(0.0, 0.01, True, wait=2.0)]
+@pytest.mark.parametrize(
+    ("log", "reading", "safer"),
+    [
+        # One accepted, the next refused with Retry-After 2 s: a bucket with no
+        # burst (nginx `rate=30r/m`) drains one request in 2 s, and that window
+        # of one is tried first (the usual lengths would give one per second,
+        # refused, then one per minute).
+        pytest.param(
+            [Sent(0.0, 0.01, False), Sent(0.0, 0.01, True, wait=2.0)],
+            "1/2s+30/1m",
+            "1/1m",
+            id="window-of-one",
+        ),
+        # 6 at once, the 7th refused with Retry-After 4 s: longer than one drain
+        # at the rule's rate (2 s), shorter than the window reading's spacing
+        # (10 s for 6/1m): a bucket that drains one per 4 s.
+        pytest.param(
+            [*burst(6, 0), Sent(0.0, 0.01, True, wait=4.0)],
+            "15/1m, bursts of 6",
+            "6/1m",
+            id="slower-bucket",
+        ),
+    ],
+)
+def test_a_retry_after_names_a_reading_with_the_safe_one_behind(log, reading, safer):
+    """Under 30/1m, what the server asks to wait names a faster reading than
+    the window the burst fits, tried first with that window to fall back to."""
     lesson = settled_review(log, parse_rule("30/1m"))
     assert lesson is not None
-    assert str(lesson.rule) == "1/2s+30/1m"
+    assert str(lesson.rule) == reading
     assert lesson.fallback is not None
-    assert str(lesson.fallback.rule) == "1/1m"
+    assert str(lesson.fallback.rule) == safer
 
 
 def test_a_retry_after_after_a_burst_names_no_window():
@@ -890,22 +905,8 @@ def test_the_shortest_gap_the_server_let_through_names_a_window_of_one():
     two."""
     learner = Learner()
     logged(learner, [Sent(n * 2.0, n * 2.0 + 0.01, n % 2 == 1) for n in range(6)])
-    learner.episode("k", 10.0)
-    lesson = learner.review("k", parse_rule("30/1m"), spread=True)
-    assert lesson is not None
+    lesson = reviewed(learner, "30/1m", 10.0)
     assert str(lesson.rule) == "1/3.999s+30/1m"
-
-
-def test_a_retry_after_of_a_slower_drain_reads_a_slower_bucket():
-    """6 accepted at once under 30/1m, the 7th refused with Retry-After 4 s:
-    longer than one drain at the rule's rate (2 s), shorter than the window
-    reading's spacing (10 s for 6/1m): a bucket that drains one per 4 s."""
-    log = [*burst(6, 0), Sent(0.0, 0.01, True, wait=4.0)]
-    lesson = settled_review(log, parse_rule("30/1m"))
-    assert lesson is not None
-    assert str(lesson.rule) == "15/1m, bursts of 6"
-    assert lesson.fallback is not None
-    assert str(lesson.fallback.rule) == "6/1m"
 
 
 def test_a_retry_after_of_about_the_window_reads_no_bucket():
@@ -937,7 +938,5 @@ def test_a_quota_is_learned_from_a_log_shorter_than_its_window():
     worth, a quota whatever the log covers."""
     learner = Learner()
     logged(learner, spaced(46, 2.7, at=0.0, refused_last=True))
-    learner.episode("k", 45 * 2.7)
-    lesson = learner.review("k", parse_rule("15/1m"), spread=True)
-    assert lesson is not None
+    lesson = reviewed(learner, "15/1m", 45 * 2.7)
     assert str(lesson.rule) == "15/1m+45/5m"
