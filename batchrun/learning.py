@@ -549,7 +549,7 @@ class Learner:
         windows = candidates(rule, time_scale=self._time_scale)
         # The rule's own windows first: the best guess at the server's time scale.
         own = sorted({w.seconds for w in rule.windows})
-        # The windows the server's Retry-Afters name come first of the shorter.
+        # The windows the server named (`_heard`) come first of the shorter.
         heard = [w for w in _heard(log.sent, rule) if w not in own]
         shorter = heard + [
             w for w in windows if w < rule.longest and w not in own + heard
@@ -610,14 +610,23 @@ class Learner:
         return Lesson(plain, f"{why}: the server counts in another way", spread=True)
 
 
-def _past(log: Sequence[Sent], rule: Rule) -> bool:
-    """Whether the latest refusal in `log` came when as many accepted requests as
-    some window of `rule` allows were already within it."""
+def _latest_refusal(log: Sequence[Sent]) -> tuple[float, list[float]] | None:
+    """When the latest refusal in `log` arrived, and every accepted arrival
+    (ascending); None if nothing was refused."""
     answered = [s for s in log if s.end is not None and s.refused is not None]
     refusal = max((_arrival(s) for s in answered if s.refused), default=None)
     if refusal is None:
+        return None
+    return refusal, sorted(_arrival(s) for s in answered if s.refused is False)
+
+
+def _past(log: Sequence[Sent], rule: Rule) -> bool:
+    """Whether the latest refusal in `log` came when as many accepted requests as
+    some window of `rule` allows were already within it."""
+    latest = _latest_refusal(log)
+    if latest is None:
         return False
-    arrivals = sorted(_arrival(s) for s in answered if s.refused is False)
+    refusal, arrivals = latest
     return any(_within(arrivals, refusal, w.seconds) >= w.count for w in rule.windows)
 
 
@@ -680,17 +689,16 @@ def _lowered(log: KeyLog, rule: Rule) -> Lesson | None:
     counter, so its refusal comes early."""
     if not log.arrivals:
         return None
-    binding = _binding(rule)
-    answered = [s for s in log.sent if s.end is not None and s.refused is not None]
-    refusal = max((_arrival(s) for s in answered if s.refused), default=None)
-    if refusal is None:
+    latest = _latest_refusal(log.sent)
+    if latest is None:
         return None
-    arrivals = sorted(_arrival(s) for s in answered if s.refused is False)
+    refusal, arrivals = latest
+    binding = _binding(rule)
     seen = _within(arrivals, refusal, binding.seconds)
     spaced = refusal - binding.seconds > log.unspaced
     half = math.ceil(binding.count / 2)
-    count = min(binding.count - 1, seen) if spaced and seen >= half else None
-    count = binding.count - 1 if count is None else count
+    near = spaced and half <= seen < binding.count
+    count = seen if near else binding.count - 1
     if count < 1:
         return None
     lower = Window(count, binding.seconds)
