@@ -102,24 +102,48 @@ def candidates(rule: Rule, *, time_scale: float = 1.0) -> tuple[float, ...]:
 
 
 @dataclass(slots=True)
+class _Accepted:
+    """Accepted arrivals (ascending), and the most of them seen within each window
+    asked for (`most`), kept up to date as more come."""
+
+    arrivals: list[float] = field(default_factory=list)
+    peaks: dict[float, int] = field(default_factory=dict)
+
+    def add(self, moment: float) -> None:
+        _bounded_insort(self.arrivals, moment)
+        for seconds, count in self.peaks.items():
+            within = _within(self.arrivals, moment, seconds)
+            self.peaks[seconds] = max(count, within)
+
+    def most(self, seconds: float) -> int:
+        """The most arrivals within any `seconds`: counted from the list the
+        first time it is asked for, and kept up to date by `add` from then on."""
+        if seconds not in self.peaks:
+            self.peaks[seconds] = _most(self.arrivals, seconds)
+        return self.peaks[seconds]
+
+    def clear(self) -> None:
+        self.arrivals.clear()
+        self.peaks.clear()
+
+
+@dataclass(slots=True)
 class KeyLog:
     """This process's recent requests of one key, in the order they left, and what
     the server has been seen to let through.
 
-    `proven[W]` is the most accepted requests that arrived within any W: the server
-    surely allows that many per W. Beyond it, the key is sent carefully (one
-    request in flight), so that a server stricter than the rule refuses one
-    request, not every request in flight. A lesson starts the proof again
-    (`rearm`); `seen[W]` counts every accepted request, for the evidence against
-    a reading in doubt (`Fallback.ruled_out`).
+    `proven.most(W)` is the most accepted requests that arrived within any W:
+    the server surely allows that many per W. Beyond it, the key is sent
+    carefully (one request in flight), so that a server stricter than the rule
+    refuses one request, not every request in flight. A lesson starts the proof
+    again (`rearm`); `seen` counts every accepted request, for the evidence
+    against a reading in doubt (`Fallback.ruled_out`).
     """
 
     sent: deque[Sent] = field(default_factory=lambda: deque(maxlen=_KEPT))
-    arrivals: list[float] = field(default_factory=list)
     ends: list[float] = field(default_factory=list)
-    proven: dict[float, int] = field(default_factory=dict)
-    every: list[float] = field(default_factory=list)
-    seen: dict[float, int] = field(default_factory=dict)
+    proven: _Accepted = field(default_factory=_Accepted)
+    seen: _Accepted = field(default_factory=_Accepted)
     unanswered: int = 0
     # When the newest request accepted before the key was told to space its
     # requests evenly arrived (a key spaced from the start: never).
@@ -138,14 +162,8 @@ class KeyLog:
         self.unanswered -= 1
         _bounded_insort(self.ends, at)
         if refused is False:
-            moment = _arrival(entry)
-            _bounded_insort(self.arrivals, moment)
-            _bounded_insort(self.every, moment)
-            for seconds, count in self.proven.items():
-                within = _within(self.arrivals, moment, seconds)
-                self.proven[seconds] = max(count, within)
-            for seconds, count in self.seen.items():
-                self.seen[seconds] = max(count, _within(self.every, moment, seconds))
+            self.proven.add(_arrival(entry))
+            self.seen.add(_arrival(entry))
 
     def careful(self, rule: Rule, now: float) -> bool:
         """Whether some window of `rule` already holds as many requests as the
@@ -153,27 +171,13 @@ class KeyLog:
         for window in rule.windows:
             used = self.unanswered + len(self.ends)
             used -= bisect.bisect_right(self.ends, now - window.seconds)
-            if used >= self.most_within(window.seconds):
+            if used >= self.proven.most(window.seconds):
                 return True
         return False
-
-    def most_within(self, seconds: float) -> int:
-        """`proven[seconds]`, counted from the log the first time it is asked for,
-        and kept up to date by `answered` from then on."""
-        if seconds not in self.proven:
-            self.proven[seconds] = _most(self.arrivals, seconds)
-        return self.proven[seconds]
-
-    def seen_within(self, seconds: float) -> int:
-        """As `most_within`, over every accepted request, lessons or not."""
-        if seconds not in self.seen:
-            self.seen[seconds] = _most(self.every, seconds)
-        return self.seen[seconds]
 
     def rearm(self) -> None:
         """Forget what the server was seen to accept: after a lesson its state is
         unknown, so the key proves its budget again, one request at a time."""
-        self.arrivals.clear()
         self.proven.clear()
 
     def settled(self, since: float) -> bool:
@@ -228,13 +232,14 @@ def infer(
     the log does not match) and only a different pace can help.
     """
     answered = [s for s in log if s.end is not None and s.refused is not None]
-    refusals = sum(1 for s in answered if s.refused)
-    if not refusals:
+    latest = _latest_refusal(answered)
+    if latest is None:
         return None
+    refusals = sum(1 for s in answered if s.refused)
     shortest = rule.shortest
-    accepted = [_arrival(s) for s in answered if s.refused is False]
-    refused = [_arrival(s) for s in answered if s.refused]
-    span = max(refused) - min(accepted, default=max(refused))
+    # How long the log ran, from its first accepted arrival to its last refusal.
+    refusal, accepted = latest
+    span = refusal - accepted[0] if accepted else 0.0
     for seconds in windows:
         # Only a window no longer than the rule's shortest may be a fixed one
         # whose reset comes early: a longer one is a quota, whose Retry-After
@@ -498,7 +503,7 @@ class Learner:
     def accepted_within(self, key: str, seconds: float) -> int:
         """The most accepted requests of `key` seen to arrive within `seconds`,
         before a lesson as after it."""
-        return self._log(key).seen_within(seconds)
+        return self._log(key).seen.most(seconds)
 
     def in_flight(self, key: str) -> int:
         """This process's requests of `key` still waiting for their answer."""
@@ -687,7 +692,7 @@ def _lowered(log: KeyLog, rule: Rule) -> Lesson | None:
     cannot say by how much, but the refusal can: a sliding window holds the
     fixed one it ends at. A burst still in the window weighs on a weighted
     counter, so its refusal comes early."""
-    if not log.arrivals:
+    if not log.proven.arrivals:
         return None
     latest = _latest_refusal(log.sent)
     if latest is None:

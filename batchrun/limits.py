@@ -94,10 +94,15 @@ class Rule:
             object.__setattr__(self, name, value)
 
     def __str__(self) -> str:
-        windows = "+".join(str(w) for w in self.windows)
         if self.burst is None:
-            return windows
-        return f"{windows}, bursts of {self.burst + 1}"
+            return self.grammar
+        return f"{self.grammar}, bursts of {self.burst + 1}"
+
+    @property
+    def grammar(self) -> str:
+        """The windows in the limit grammar (`30/1m+500/1h`), which has no word
+        for a leaky bucket's burst."""
+        return "+".join(str(w) for w in self.windows)
 
     @property
     def shortest(self) -> Window:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from batchrun.config import InForce
     from batchrun.errors import JobsFileError
     from batchrun.jobs import Summary
-    from batchrun.limits import LimitKey, Rule
+    from batchrun.limits import LimitKey
     from batchrun.overview import KeyLimit, KeyPlan, Shown, Status
     from batchrun.state import Failure
 
@@ -162,7 +162,7 @@ def _plan_json(plan: KeyPlan) -> dict[str, object]:
     return {
         "key": plan.key.value,
         "jobs_left": plan.jobs,
-        "rule": _grammar(plan.rule),
+        "rule": plan.rule.grammar,
         "burst": plan.rule.burst,
         "learned": plan.learned,
         "in_use": dict(plan.used),
@@ -208,7 +208,7 @@ def limits_json(found: list[KeyLimit]) -> dict[str, object]:
     """`limits --json`: the same as `limits_lines`, as one object."""
     return {
         item.key.value: {
-            "rule": _grammar(item.rule),
+            "rule": item.rule.grammar,
             "burst": item.rule.burst,
             "given": str(item.given),
             "spread": item.spread,
@@ -287,9 +287,3 @@ def config_json(
         "token": {"set": token is not None, "source": token},
         "files": [{"path": str(p), "found": p.is_file()} for p in files],
     }
-
-
-def _grammar(rule: Rule) -> str:
-    """`rule`'s windows in the limit grammar; a leaky bucket's burst, which the
-    grammar has no word for, goes in a field of its own."""
-    return "+".join(str(w) for w in rule.windows)

@@ -113,12 +113,8 @@ def earliest_slot(usage: History, rule: Rule, pace: Pace = Pace.EXACT) -> float 
 
 def spread_interval(rule: Rule) -> float:
     """Seconds from one start to the next at `spread`: the rule's binding interval
-    and a margin (`_margin`)."""
-    return rule.interval + _margin(rule.interval)
-
-
-def _margin(interval: float) -> float:
-    return max(interval * SPREAD_MARGIN, SPREAD_MARGIN_SECONDS)
+    and a margin (`SPREAD_MARGIN`, at least `SPREAD_MARGIN_SECONDS`)."""
+    return rule.interval + max(rule.interval * SPREAD_MARGIN, SPREAD_MARGIN_SECONDS)
 
 
 @functools.cache
@@ -137,12 +133,16 @@ def paced(rule: Rule) -> tuple[Window, ...]:
     """
     if rule.burst is None:
         return rule.windows
-    base = rule.shortest
-    step = base.seconds / base.count * (1 + SPREAD_MARGIN)
-    more = _LEAK_MARGIN_SECONDS
+    base, step, more = rule.shortest, _drain(rule), _LEAK_MARGIN_SECONDS
     last = base.count - rule.burst
     leak = [Window(rule.burst + k, k * step + more) for k in range(1, last)]
     return (*leak, Window(base.count, base.count * step + more), *rule.windows)
+
+
+def _drain(rule: Rule) -> float:
+    """A bucket reading's interval T: its shortest window's, made 1 % longer."""
+    base = rule.shortest
+    return base.seconds / base.count * (1 + SPREAD_MARGIN)
 
 
 def reach(rule: Rule) -> float:
@@ -175,7 +175,6 @@ def eta(
         last = moment
     step = spread_interval(rule) if pace is Pace.SPREAD else rule.interval
     if rule.burst is not None:
-        step = max(
-            step, paced(rule)[-len(rule.windows) - 1].seconds / rule.shortest.count
-        )
+        # The long-run pace of `paced`'s COUNT per COUNT * T + m.
+        step = max(step, _drain(rule) + _LEAK_MARGIN_SECONDS / rule.shortest.count)
     return moment + max(0, count - simulated) * step
