@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from batchrun import durations
+from batchrun import counters, durations
 from batchrun.errors import UsageError
 from batchrun.limits import Rule, Window
 from batchrun.slots import spread_interval
@@ -65,6 +65,13 @@ _LEAK_MOST = 100
 # A window longer than the rule's shortest is learned as a quota only when it
 # counts at least this many times the shortest window's count (`infer`).
 _QUOTA = 3
+# From this many 429 episodes on, a key's lesson is spaced evenly: whatever the
+# server counts in (a sliding log, a fixed window at any phase, a weighted
+# counter), its count spaced evenly holds, so finding out costs no more 429s.
+SETTLE = 3
+# Behind a leaky bucket's reading with a burst, a shorter window's is tried next
+# only if the window reading would pace this many times slower (`_leaky`).
+_WORTH = 3
 # Requests older than the longest candidate window cannot bear on a lesson; past
 # this many the oldest are dropped, which keeps `infer` cheap (quadratic in it).
 _KEPT = 2000
@@ -93,6 +100,15 @@ class Lesson:
     # A safer lesson that explains the log as well: the key falls back to it if
     # the server refuses again before it lets through more than it allows.
     fallback: Lesson | None = None
+
+    def spaced(self) -> Lesson:
+        """This lesson spaced evenly (`SETTLE`): its windows, without a burst."""
+        if self.spread:
+            return self
+        why = (
+            f"{self.evidence}; spaced evenly, as the server has refused {SETTLE} times"
+        )
+        return Lesson(Rule(self.rule.windows), why, True, self.fallback)
 
 
 def candidates(rule: Rule, *, time_scale: float = 1.0) -> tuple[float, ...]:
@@ -477,6 +493,8 @@ class Learner:
         self._episodes: dict[str, float] = {}
         # Keys whose pending episode is only a server's "none remaining".
         self._stated: set[str] = set()
+        # How many 429 episodes each key has had.
+        self._refusals: dict[str, int] = {}
 
     def sent(self, key: str, at: float) -> Sent:
         """Log a request of `key` leaving at `at`."""
@@ -519,6 +537,19 @@ class Learner:
         """A 429 episode of `key` began at `began`: review it once it settles."""
         self._episodes[key] = began
         self._stated.discard(key)
+        self._refusals[key] = self._refusals.get(key, 0) + 1
+
+    def settle(self, key: str, lesson: Lesson) -> Lesson:
+        """`lesson`, the answer to a 429 episode of `key`, spaced evenly if the key
+        has had `SETTLE` of them: then no reading is tried that one more refusal
+        would have to correct."""
+        if lesson.spread or self._refusals.get(key, 0) < SETTLE:
+            return lesson
+        log = self._log(key)
+        log.unspaced = max(
+            (_arrival(s) for s in log.sent if s.refused is False), default=log.unspaced
+        )
+        return lesson.spaced()
 
     def spent(self, key: str, entry: Sent) -> None:
         """The server accepted `entry` and said no budget remains: as good as a
@@ -603,14 +634,31 @@ class Learner:
                 log.rearm()
             return lesson
         log.rearm()
-        if safer is not None and not safer.stated and _past(log.sent, safer.rule):
+        # An aligned counter that explains the log (`counters.read`): at the
+        # rule's own count, it is the rule counted another way, which spacing
+        # evenly answers; at a lower one, a burst read the rule too high.
+        counter = _counter(log.sent, rule)
+        shortest = rule.shortest
+        counted = counter is not None and counter.window == shortest
+        past = safer is not None and not safer.stated and _past(log.sent, safer.rule)
+        if past and not counted:
             # The key went past what the safer reading allows (a bucket's burst,
             # a shorter window): that reading, which the fallback holds, answers.
             # (A statement, `--profile auto`'s B, is taken only if 429s still
             # come when spaced evenly: its A may be the rule, counted another way.)
             return Lesson(Rule(rule.windows), "a request was refused again")
-        log.unspaced = max(_arrival(s) for s in log.sent if s.refused is False)
         why = "429s came although requests kept to the rule"
+        if counter is not None and not counted:
+            lower = tuple(counter.window if w == shortest else w for w in rule.windows)
+            weighted = counter.counting is counters.Counting.WEIGHTED
+            if weighted:
+                log.unspaced = max(_arrival(s) for s in log.sent if s.refused is False)
+            why += (
+                f": read as a {counter.counting.value} of {counter.window} that "
+                f"starts {durations.compact(counter.phase)} into each"
+            )
+            return Lesson(Rule(lower), why, spread=weighted)
+        log.unspaced = max(_arrival(s) for s in log.sent if s.refused is False)
         plain = Rule(rule.windows)  # spaced evenly, a burst is no longer read
         return Lesson(plain, f"{why}: the server counts in another way", spread=True)
 
@@ -670,6 +718,17 @@ def _heard(log: Sequence[Sent], rule: Rule) -> list[float]:
     if spread_interval(rule) < gap <= rule.shortest.seconds:
         heard.add(gap)
     return sorted(heard)
+
+
+def _counter(log: Sequence[Sent], rule: Rule) -> counters.Counter | None:
+    """The aligned counter of the rule's shortest window, at its count or lower,
+    that explains `log` (`counters.read`); None if none does. (A longer window
+    is read only as a quota, `infer`: a log seldom covers it.)"""
+    answered = [s for s in log if s.end is not None and s.refused is not None]
+    requests = [
+        counters.Request(_arrival(s), bool(s.refused), s.wait) for s in answered
+    ]
+    return counters.read(sorted(requests, key=lambda r: r.at), rule.shortest)
 
 
 def _binding(rule: Rule) -> Window:
@@ -762,7 +821,13 @@ def _leaky(
     burst = _burst(log, step, 2 * base.count)
     if burst + 1 >= base.count:
         return None
-    after = looser if burst == 0 and looser is not None else safe
+    # Behind a burst, a shorter window is tried too if the window reading would
+    # be `_WORTH` times slower or more (10/10s read as 10/1m): it costs a 429 if
+    # wrong, as the bucket's own reading does.
+    worth = looser is not None and (
+        burst == 0 or _WORTH * looser.rule.interval <= safe.rule.interval
+    )
+    after = looser if looser is not None and worth else safe
     then = "" if after is safe else f", then {safe.rule},"
     why = (
         f"{safe.evidence}: read as a leaky bucket that lets {burst + 1} through "

@@ -20,6 +20,7 @@ LAYERS = [
     ["limits"],
     ["hints"],
     ["endpoints", "slots", "outcome", "limiters"],
+    ["counters"],
     ["learning"],
     ["events", "jobfile", "policy_headers", "breaker"],
     ["jobs", "paths", "runlock"],

@@ -940,3 +940,53 @@ def test_a_quota_is_learned_from_a_log_shorter_than_its_window():
     logged(learner, spaced(46, 2.7, at=0.0, refused_last=True))
     lesson = reviewed(learner, "15/1m", 45 * 2.7)
     assert str(lesson.rule) == "15/1m+45/5m"
+
+
+# Aligned counters (`counters.read`).
+
+
+def test_a_burst_that_straddled_a_fixed_reset_is_read_as_a_fixed_window():
+    """8 accepted across a fixed 4/2s server's reset, read as 8/2s; a request a
+    sliding log of 8/2s let go is refused too. A fixed window explains both
+    refusals with a lower count: it is learned, paced exactly (a sliding log of
+    a count holds a fixed window of it at any phase)."""
+    times = (0.5, 0.6, 0.7, 0.8, 1.1, 1.2, 1.3, 1.4)
+    log = [Sent(t - 0.005, t + 0.005, False) for t in times]
+    log += [Sent(1.495, 1.505, True), Sent(2.545, 2.555, True)]
+    lesson = settled_review(log, parse_rule("8/2s"))
+    assert lesson is not None
+    assert (str(lesson.rule), lesson.spread) == ("7/2s", False)
+    assert "read as a fixed window of 7/2s" in lesson.evidence
+
+
+def test_a_weighted_counter_at_the_rules_count_is_spaced_not_the_safer_taken():
+    """Refused past what the safer 5/4s allows, but a weighted counter of the
+    rule's own 5/2s explains every answer: spacing evenly is tried first (the
+    runner keeps the fallback behind it), as 5/4s would halve the pace for
+    good."""
+    answers = [(1.0, 0), (1.2, 0), (1.4, 0), (1.6, 0), (2.1, 0), (2.2, 1)]
+    answers += [(3.0, 0), (3.1, 0), (3.2, 1)]
+    log = [Sent(t - 0.005, t + 0.005, bool(r)) for t, r in answers]
+    safer = Fallback(Lesson(parse_rule("5/4s"), "the safer"))
+    lesson = settled_review(log, parse_rule("5/2s"), safer=safer)
+    assert lesson is not None
+    assert (str(lesson.rule), lesson.spread) == ("5/2s", True)
+
+
+@pytest.mark.parametrize(
+    ("rule", "gap", "after"),
+    [("30/1m", 0.1, "10/1s+30/1m"), ("30/2s", 0.05, "10/2s")],
+    ids=["60x-faster", "2x-faster"],
+)
+def test_a_shorter_window_is_tried_behind_a_bucket_when_much_faster(rule, gap, after):
+    """10 accepted one after another, then refused, no Retry-After: a bucket is
+    tried first. Behind it, the shorter window that fits is tried too if the
+    rule's own would pace 3 x slower or more (10/1m for a 10/1s server); at 2 x
+    (10/2s), one more 429 is not spent on it."""
+    log = [Sent(n * gap, n * gap + gap / 2, False) for n in range(10)]
+    log.append(Sent(10 * gap, 10 * gap + gap / 2, True))
+    lesson = settled_review(log, parse_rule(rule))
+    assert lesson is not None
+    assert lesson.rule.burst is not None
+    assert lesson.fallback is not None
+    assert str(lesson.fallback.rule) == after
