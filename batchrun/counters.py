@@ -9,6 +9,12 @@ narrows it: at each phase a window could start at, the counts the server accepte
 and refused at bound COUNT from both sides, a Retry-After names when the count
 drops below COUNT again, and a phase that none fits is not the server's.
 
+An arrival is only known to fall between a request's send and its answer: a
+request whose round trip spans a reset may have been counted on either side, so
+its own bound is not read, and the counts around that reset are taken loosely
+(by as many such requests) - a count read too high costs one more 429 to
+correct, one read too low is never corrected.
+
 A sliding log of COUNT/W holds a fixed window of COUNT/W at any phase, so a fixed
 reading is paced exactly; a weighted counter also refuses a sliding log at its
 window starts, so its reading is spaced evenly.
@@ -25,6 +31,10 @@ from batchrun.limits import Window
 
 # The phases tried, besides the one just after each arrival: this many per window.
 _GRID = 100
+# The log read: the requests of the last this many windows up to the latest
+# refusal, and no more than `_MOST` of them (a review waits for `read`).
+_SPAN = 4
+_MOST = 200
 
 
 class Counting(Enum):
@@ -36,12 +46,14 @@ class Counting(Enum):
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """What the server did with one request: when it arrived, whether it was
-    refused, and the refusal's Retry-After (None if not given)."""
+    """What the server did with one request: when it arrived (`at`, give or take
+    `within`), whether it was refused, and the refusal's Retry-After (None if
+    not given)."""
 
     at: float
     refused: bool
     wait: float | None = None
+    within: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,94 +68,141 @@ class Counter:
 
 def read(requests: Sequence[Request], window: Window) -> Counter | None:
     """The reading of an aligned counter of `window`'s length, with a count no
-    higher than `window`'s, that explains every request of `requests` (ascending
-    arrivals): of the phases and countings that do, the one with the highest
-    count, a fixed window's if both are as high. (A count read too high costs one
-    more 429 to correct; one read too low is never corrected.) None if none
-    explains them, or nothing was refused."""
-    if not any(r.refused for r in requests):
-        return None
+    higher than `window`'s, that explains the requests of `requests` (ascending
+    arrivals) up to its latest refusal: of the phases and countings that do,
+    the one with the highest count, a fixed window's if both are as high. None
+    if none explains them, or nothing was refused."""
     seconds = window.seconds
+    refused = [n for n, r in enumerate(requests) if r.refused]
+    if not refused:
+        return None
+    latest = refused[-1]
+    since = requests[latest].at - _SPAN * seconds
+    kept = [r for r in requests[: latest + 1] if r.at >= since][-_MOST:]
+    # A refusal whose windows began before a request left out is not read: the
+    # requests that filled them are not all there.
+    left_out = latest + 1 - len(kept)
+    cut = requests[left_out - 1].at + 2 * seconds if left_out else -math.inf
     # Just after an arrival, a fixed window's partition of the log changes.
     phases = {k * seconds / _GRID for k in range(_GRID)}
-    phases |= {math.nextafter(r.at % seconds, math.inf) for r in requests}
+    phases |= {math.nextafter(r.at % seconds, math.inf) for r in kept}
     best: Counter | None = None
     for counting in Counting:
         for phase in sorted(phases):
-            count = _count(requests, window, phase, counting)
+            log = _Log(kept, seconds, phase, counting, cut)
+            count = log.count(window.count)
             if count is not None and (best is None or count > best.window.count):
                 best = Counter(counting, Window(count, seconds), phase % seconds)
     return best
 
 
-def _count(
-    requests: Sequence[Request], window: Window, phase: float, counting: Counting
-) -> int | None:
-    """The highest count, up to `window`'s, that explains `requests` if windows
-    start at `phase`; None if none does. An acceptance seen at a count (what the
-    server had counted before it) says COUNT is above it; a refusal, that it is
-    not, and its Retry-After when the count drops below COUNT."""
-    seen = _seen(requests, window.seconds, phase, counting)
-    low, high = 1, window.count
-    for request, state in zip(requests, seen, strict=True):
-        # Between two phases tried, a weighted count moves by up to this much.
-        slack = state.previous / _GRID
-        if request.refused:
-            high = min(high, math.floor(state.count + slack))
+class _Log:
+    """`requests` as a counter of `seconds` starting at `phase` saw them."""
+
+    def __init__(
+        self,
+        requests: Sequence[Request],
+        seconds: float,
+        phase: float,
+        counting: Counting,
+        cut: float,
+    ) -> None:
+        self._requests = requests
+        self._seconds = seconds
+        self._phase = phase
+        self._weighted = counting is Counting.WEIGHTED
+        self._cut = cut
+        # Accepted requests whose round trip spans the reset that opens window
+        # k, by whether they were estimated to arrive after it (True) or before.
+        self._loose: dict[tuple[int, bool], int] = {}
+        for r in requests:
+            first, last = self._index(r.at - r.within), self._index(r.at + r.within)
+            if not r.refused and first != last:
+                side = (last, self._index(r.at) == last)
+                self._loose[side] = self._loose.get(side, 0) + 1
+
+    def _index(self, moment: float) -> int:
+        return math.floor((moment - self._phase) / self._seconds)
+
+    def count(self, most: int) -> int | None:
+        """The highest count, up to `most`, that explains the requests; None if
+        none does. An acceptance seen at a count (what the server had counted
+        before it) says COUNT is above it; a refusal, that it is not, and its
+        Retry-After when the count drops below COUNT."""
+        low, high = 1, most
+        told: list[tuple[float, _State]] = []
+        counts: dict[int, int] = {}
+        for r in self._requests:
+            index = self._index(r.at)
+            state = self._state(r, index, counts)
+            certain = self._index(r.at - r.within) == self._index(r.at + r.within)
+            if not r.refused:
+                counts[index] = counts.get(index, 0) + 1
+                if certain:
+                    low = max(low, math.floor(state.count - state.fewer) + 1)
+            elif certain and r.at >= self._cut:
+                high = min(high, math.floor(state.count + state.more))
+                if r.wait is not None:
+                    told.append((r.wait, state))
+            if high < low:
+                return None
+        for count in range(high, low - 1, -1):
+            if all(_fits(wait, s, self._seconds, count) for wait, s in told):
+                return count
+        return None
+
+    def _state(self, r: Request, index: int, counts: dict[int, int]) -> _State:
+        previous, current = counts.get(index - 1, 0), counts.get(index, 0)
+        elapsed = (r.at - self._phase) / self._seconds - index
+        # Counted before the reset, though they may have come after it; or after
+        # it, though they may have come before.
+        more: float = self._loose.get((index, False), 0)
+        fewer: float = self._loose.get((index, True), 0)
+        count = float(current)
+        if self._weighted:
+            count += previous * (1 - elapsed)
+            # The previous window's count, as loosely; and between two phases
+            # tried, a weighted count moves by up to previous / _GRID.
+            grid = previous / _GRID
+            more += self._loose.get((index - 1, False), 0) + grid
+            fewer += self._loose.get((index - 1, True), 0) + grid
         else:
-            low = max(low, math.floor(state.count - slack) + 1)
-        if high < low:
-            return None
-    told = [(r, s) for r, s in zip(requests, seen, strict=True) if r.refused and r.wait]
-    for count in range(high, low - 1, -1):
-        if all(_fits(r.wait, s, window.seconds, count) for r, s in told):
-            return count
-    return None
+            previous = 0  # a fixed window forgets the previous one
+        within = r.within / self._seconds
+        return _State(
+            count, more, fewer, elapsed, within, previous, current, self._weighted
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class _State:
-    """What a counter had counted when a request came (`count`), at how far into
-    its window (`elapsed`, a share of it), from the previous and current
-    windows' accepted requests."""
+    """What a counter had counted when a request came (`count`, give or take:
+    up to `more` or `fewer`), at how far into its window (`elapsed`, a share
+    of it, give or take `within`), from the previous and current windows'
+    accepted requests."""
 
     count: float
+    more: float
+    fewer: float
     elapsed: float
+    within: float
     previous: int
     current: int
+    weighted: bool
 
 
-def _seen(
-    requests: Sequence[Request], seconds: float, phase: float, counting: Counting
-) -> list[_State]:
-    """The counter's state as each request came."""
-    counts: dict[int, int] = {}
-    seen = []
-    for r in requests:
-        index = math.floor((r.at - phase) / seconds)
-        previous, current = counts.get(index - 1, 0), counts.get(index, 0)
-        elapsed = (r.at - phase) / seconds - index
-        count = float(current)
-        if counting is Counting.WEIGHTED:
-            count += previous * (1 - elapsed)
-        else:
-            previous = 0  # a fixed window forgets the previous one
-        seen.append(_State(count, elapsed, previous, current))
-        if not r.refused:
-            counts[index] = current + 1
-    return seen
-
-
-def _fits(wait: float | None, state: _State, seconds: float, count: int) -> bool:
+def _fits(wait: float, state: _State, seconds: float, count: int) -> bool:
     """Whether a refusal's Retry-After (`wait`) names about when a counter of
     `count` in `state` has room again: servers round it up to whole seconds, and
     arrivals are estimates, hence the slack."""
-    if wait is None:
-        return True
     if state.current >= count:
-        room = 1.0  # the next window (accepted, the current one held at most count)
-    else:  # a weighted counter, whose previous window's weight drops below
+        # The next window, once the current one's weight drops below COUNT.
+        room = 2 - count / state.current if state.weighted else 1.0
+    elif state.weighted and state.previous:
+        # This window, once the previous one's weight drops below.
         room = 1 - (count - state.current) / state.previous
+    else:
+        return True  # refused within the slack alone: no moment to check
     predicted = (room - state.elapsed) * seconds
-    slack = 0.05 + 0.1 * seconds
+    slack = 0.05 + (0.1 + state.within) * seconds
     return wait - 1 - slack <= predicted <= wait + slack

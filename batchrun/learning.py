@@ -65,10 +65,6 @@ _LEAK_MOST = 100
 # A window longer than the rule's shortest is learned as a quota only when it
 # counts at least this many times the shortest window's count (`infer`).
 _QUOTA = 3
-# From this many 429 episodes on, a key's lesson is spaced evenly: whatever the
-# server counts in (a sliding log, a fixed window at any phase, a weighted
-# counter), its count spaced evenly holds, so finding out costs no more 429s.
-SETTLE = 3
 # Behind a leaky bucket's reading with a burst, a shorter window's is tried next
 # only if the window reading would pace this many times slower (`_leaky`).
 _WORTH = 3
@@ -100,15 +96,6 @@ class Lesson:
     # A safer lesson that explains the log as well: the key falls back to it if
     # the server refuses again before it lets through more than it allows.
     fallback: Lesson | None = None
-
-    def spaced(self) -> Lesson:
-        """This lesson spaced evenly (`SETTLE`): its windows, without a burst."""
-        if self.spread:
-            return self
-        why = (
-            f"{self.evidence}; spaced evenly, as the server has refused {SETTLE} times"
-        )
-        return Lesson(Rule(self.rule.windows), why, True, self.fallback)
 
 
 def candidates(rule: Rule, *, time_scale: float = 1.0) -> tuple[float, ...]:
@@ -321,6 +308,12 @@ def _agrees(refusal: Sent, arrivals: list[float], seconds: float, fit: Fit) -> b
     return -early <= refusal.wait - predicted <= 1.0 + 0.1 * seconds
 
 
+def _leeway(entry: Sent) -> float:
+    """How far a request's arrival may be from `_arrival`'s estimate: anywhere
+    between its send and its answer."""
+    return 0.0 if entry.end is None else (entry.end - entry.start) / 2
+
+
 def _arrival(entry: Sent) -> float:
     end = entry.start if entry.end is None else entry.end
     return (entry.start + end) / 2
@@ -493,8 +486,6 @@ class Learner:
         self._episodes: dict[str, float] = {}
         # Keys whose pending episode is only a server's "none remaining".
         self._stated: set[str] = set()
-        # How many 429 episodes each key has had.
-        self._refusals: dict[str, int] = {}
 
     def sent(self, key: str, at: float) -> Sent:
         """Log a request of `key` leaving at `at`."""
@@ -537,19 +528,6 @@ class Learner:
         """A 429 episode of `key` began at `began`: review it once it settles."""
         self._episodes[key] = began
         self._stated.discard(key)
-        self._refusals[key] = self._refusals.get(key, 0) + 1
-
-    def settle(self, key: str, lesson: Lesson) -> Lesson:
-        """`lesson`, the answer to a 429 episode of `key`, spaced evenly if the key
-        has had `SETTLE` of them: then no reading is tried that one more refusal
-        would have to correct."""
-        if lesson.spread or self._refusals.get(key, 0) < SETTLE:
-            return lesson
-        log = self._log(key)
-        log.unspaced = max(
-            (_arrival(s) for s in log.sent if s.refused is False), default=log.unspaced
-        )
-        return lesson.spaced()
 
     def spent(self, key: str, entry: Sent) -> None:
         """The server accepted `entry` and said no budget remains: as good as a
@@ -639,8 +617,12 @@ class Learner:
         # evenly answers; at a lower one, a burst read the rule too high.
         counter = _counter(log.sent, rule)
         shortest = rule.shortest
-        counted = counter is not None and counter.window == shortest
         past = safer is not None and not safer.stated and _past(log.sent, safer.rule)
+        # Whether the log, read as it was estimated, needs no lower count (to
+        # keep a fallback standing, it must: a reading loosened by the arrivals'
+        # leeway explains far more).
+        strict = _counter(log.sent, rule, leeway=False) if past else counter
+        counted = strict is not None and strict.window == shortest
         if past and not counted:
             # The key went past what the safer reading allows (a bucket's burst,
             # a shorter window): that reading, which the fallback holds, answers.
@@ -720,13 +702,20 @@ def _heard(log: Sequence[Sent], rule: Rule) -> list[float]:
     return sorted(heard)
 
 
-def _counter(log: Sequence[Sent], rule: Rule) -> counters.Counter | None:
+def _counter(
+    log: Sequence[Sent], rule: Rule, *, leeway: bool = True
+) -> counters.Counter | None:
     """The aligned counter of the rule's shortest window, at its count or lower,
-    that explains `log` (`counters.read`); None if none does. (A longer window
-    is read only as a quota, `infer`: a log seldom covers it.)"""
+    that explains `log` (`counters.read`), each arrival anywhere between its
+    send and its answer (`leeway`) or where `_arrival` estimates it; None if
+    none does. (A longer window is read only as a quota, `infer`: a log seldom
+    covers it.)"""
     answered = [s for s in log if s.end is not None and s.refused is not None]
     requests = [
-        counters.Request(_arrival(s), bool(s.refused), s.wait) for s in answered
+        counters.Request(
+            _arrival(s), bool(s.refused), s.wait, _leeway(s) if leeway else 0.0
+        )
+        for s in answered
     ]
     return counters.read(sorted(requests, key=lambda r: r.at), rule.shortest)
 

@@ -398,7 +398,7 @@ class Runner:
         rule = self._pacer.rules[key]
         lesson = self._learner.review(key, rule, spread=spread, safer=safer)
         if lesson is not None:
-            self._learned(key, lesson, settle=False)
+            self._learned(key, lesson)
 
     def _rule_out(self, key: LimitKey) -> None:
         """Drop `key`'s fallback once the server let through more than it allows."""
@@ -408,12 +408,7 @@ class Runner:
             self._learned(key, lesson, ruled_out=True)
 
     def _learned(
-        self,
-        key: LimitKey,
-        lesson: Lesson,
-        *,
-        ruled_out: bool = False,
-        settle: bool = False,
+        self, key: LimitKey, lesson: Lesson, *, ruled_out: bool = False
     ) -> None:
         # A lesson settles a fallback, unless it is the first to only space the
         # same rule evenly (the count is still in question): one that rules the
@@ -425,8 +420,6 @@ class Runner:
         fallback = None if first_spread else self._fallback.pop(key, None)
         if fallback is not None and not ruled_out:
             lesson = fallback.taken(lesson, given)
-        if settle:
-            lesson = self._learner.settle(key, lesson)
         if lesson.fallback is not None:
             self._fallback[key] = Fallback(lesson.fallback)
         # Later runs start from a faster reading with the safer one behind it,

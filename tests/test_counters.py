@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from batchrun.counters import Counting, Request, read
+from batchrun.counters import Counting, Request, _Log, read
 from batchrun.limiters import FixedWindow, WeightedCounter
 from batchrun.limits import Rule, Window
 
@@ -56,29 +56,67 @@ def test_a_retry_after_no_counter_of_the_window_gives_rules_it_out():
     assert read(log, Window(8, 2.0)) is None
 
 
-def test_a_retry_after_narrows_the_phase():
-    """Refused after 4 at once with Retry-After 2 (1 to 2 s, rounded up): the
-    reset is 1 to 2 s away, so windows start 1.5 to 2.5 s in; with 1 it is
-    sooner."""
-    log = [*(Request(t, False) for t in (0.1, 0.2, 0.3, 0.4)), Request(0.5, True)]
-    for wait, phases in ((2.0, (1.25, 2.0)), (1.0, (0.5, 1.75))):
-        told = [*log[:-1], Request(0.5, True, wait=wait)]
-        counter = read(told, Window(8, 2.0))
-        assert counter is not None
-        assert counter.window == Window(4, 2.0)
-        low, high = phases
-        assert low <= counter.phase <= high or counter.phase <= 0.1
+@pytest.mark.parametrize(
+    ("wait", "fits", "misfits"), [(2.0, 1.8, 0.9), (1.0, 0.9, 1.8)]
+)
+def test_a_retry_after_names_when_the_window_resets(wait, fits, misfits):
+    """Refused after 4 at once, at 0.5 s: a fixed window that resets at 1.8 s
+    has room in 1.3 s (a Retry-After of 2, rounded up), one that resets at
+    0.9 s in 0.4 s (1). The other reading is ruled out."""
+    log = [*(Request(t, False) for t in (0.1, 0.2, 0.3, 0.4)), Request(0.5, True, wait)]
+    assert _Log(log, 2.0, fits, Counting.FIXED, -math.inf).count(8) == 4
+    assert _Log(log, 2.0, misfits, Counting.FIXED, -math.inf).count(8) is None
+
+
+def test_a_request_whose_round_trip_spans_a_reset_may_count_on_either_side():
+    """A fixed 10/2s server whose windows start at 0.1 s: 8 accepted before the
+    reset, 10 after it, then refused. The first after it arrived just past the
+    reset, but its answer was quick and its send early: the estimate (halfway,
+    0.0949 s) falls before the reset. Read by the estimate alone, the window
+    after held 9 at the refusal: 9/2s, for good. Its round trip spans the
+    reset, so it may count on either side: 10 stays."""
+    before = [Request(-1.0 + 0.1 * n, False, within=0.005) for n in range(8)]
+    after = [Request(0.0949, False, within=0.02)]
+    after += [Request(0.2 + 0.1 * n, False, within=0.005) for n in range(9)]
+    log = [*before, *after, Request(1.2, True, within=0.005)]
+    tight = [Request(r.at, r.refused, r.wait) for r in log]
+    assert _Log(tight, 2.0, 0.1, Counting.FIXED, -math.inf).count(12) == 9
+    assert _Log(log, 2.0, 0.1, Counting.FIXED, -math.inf).count(12) == 10
+
+
+def test_only_the_last_windows_before_the_latest_refusal_are_read():
+    """A refusal 10 windows back, at a count no later window agrees with, is
+    not read (the server may have changed, another client may have spent the
+    budget); nor is one whose window began before the first request kept."""
+    old = [Request(0.0, False), Request(0.1, True)]
+    recent = [Request(20.0 + 0.1 * n, False) for n in range(4)]
+    counter = read([*old, *recent, Request(20.5, True)], Window(8, 2.0))
+    assert counter is not None
+    assert counter.window == Window(4, 2.0)
 
 
 def test_nothing_refused_reads_nothing():
     assert read([Request(0.1, False), Request(0.2, False)], Window(8, 2.0)) is None
 
 
+@settings(max_examples=400, deadline=None)
+# A reset between two arrivals closer than the phases tried are apart.
+@example(FixedWindow, 2, 1.984375, [0.0, 0.0078125, 0.0078125, 0.0, 0.0])
+# A weighted count between two phases tried.
+@example(
+    WeightedCounter,
+    5,
+    0.890625,
+    [
+        *(0.125, 0.15625, 0.1953125, 0.19921875, 0.15625, 0.09375, 0.1015625),
+        *(0.0859375, 0.125, 0.125, 0.09375, 0.046875),
+    ],
+)
 @given(
     st.sampled_from([FixedWindow, WeightedCounter]),
     st.integers(2, 12),
     st.floats(0.0, 1.99),
-    st.lists(st.floats(0.0, 0.2), min_size=5, max_size=60),
+    st.lists(st.floats(0.0, 0.2) | st.floats(0.0, 0.01), min_size=5, max_size=60),
 )
 def test_the_servers_own_count_is_never_ruled_out(model, count, origin, gaps):
     """Whatever a fixed or weighted server of COUNT/2s answered (with its
