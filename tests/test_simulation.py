@@ -272,9 +272,9 @@ def test_fixed_and_weighted_counters_at_every_phase(kind, retry_after, phase):
     phase here). That count is read, then lowered to what the server accepts
     when the server's windows are read (`counters.read`) or spaced evenly
     (`learning._lowered`). Under a 30/2s client, at every phase: every job
-    accepted once, at most 3 429s (2 against a fixed window that sends
-    Retry-After; 4 where the burst straddled a reset and no Retry-After
-    came), and a rerun from the ledger sends none (one, against a
+    accepted once, at most 3 429s (4 where the burst straddled a reset; 2
+    at every phase against a fixed window that sends Retry-After), and a
+    rerun from the ledger sends none (one, against a
     weighted counter whose first run gave no sign it needed spacing) and ends
     within 1.25 x the ideal under 10/2s."""
     server = Server(
