@@ -10,9 +10,10 @@ and refused at bound COUNT from both sides, a Retry-After names when the count
 drops below COUNT again, and a phase that none fits is not the server's.
 
 An arrival is only known to fall between a request's send and its answer: a
-request whose round trip spans a reset may have been counted on either side, so
-its own bound is not read, and the counts around that reset are taken loosely
-(by as many such requests) - a count read too high costs one more 429 to
+request whose round trip spans a reset may have been counted on either side,
+and before or after requests whose round trips overlap its own. Each is read at
+the count that explains most, and the counts around a reset are taken loosely
+(by as many such requests): a count read too high costs one more 429 to
 correct, one read too low is never corrected.
 
 A sliding log of COUNT/W holds a fixed window of COUNT/W at any phase, so a fixed
@@ -34,7 +35,7 @@ _GRID = 100
 # The log read: the requests of the last this many windows up to the latest
 # refusal, and no more than `_MOST` of them (a review waits for `read`).
 _SPAN = 4
-_MOST = 200
+_MOST = 150
 
 
 class Counting(Enum):
@@ -69,31 +70,50 @@ class Counter:
 def read(requests: Sequence[Request], window: Window) -> Counter | None:
     """The reading of an aligned counter of `window`'s length, with a count no
     higher than `window`'s, that explains the requests of `requests` (ascending
-    arrivals) up to its latest refusal: of the phases and countings that do,
-    the one with the highest count, a fixed window's if both are as high. None
-    if none explains them, or nothing was refused."""
+    arrivals) from `_SPAN` windows before its latest refusal: of the phases and
+    countings that do, the one with the highest count, a fixed window's if both
+    are as high. None if none explains them, or nothing was refused."""
     seconds = window.seconds
     refused = [n for n, r in enumerate(requests) if r.refused]
     if not refused:
         return None
     latest = refused[-1]
     since = requests[latest].at - _SPAN * seconds
-    kept = [r for r in requests[: latest + 1] if r.at >= since][-_MOST:]
+    kept = [r for r in requests if r.at >= since][-_MOST:]
     # A refusal whose windows began before a request left out is not read: the
     # requests that filled them are not all there.
-    left_out = latest + 1 - len(kept)
+    left_out = len(requests) - len(kept)
     cut = requests[left_out - 1].at + 2 * seconds if left_out else -math.inf
     # Just after an arrival, a fixed window's partition of the log changes.
     phases = {k * seconds / _GRID for k in range(_GRID)}
     phases |= {math.nextafter(r.at % seconds, math.inf) for r in kept}
+    unordered = _unordered(kept)
     best: Counter | None = None
     for counting in Counting:
         for phase in sorted(phases):
-            log = _Log(kept, seconds, phase, counting, cut)
+            log = _Log(kept, seconds, phase, counting, cut, unordered)
             count = log.count(window.count)
             if count is not None and (best is None or count > best.window.count):
                 best = Counter(counting, Window(count, seconds), phase % seconds)
     return best
+
+
+def _unordered(requests: Sequence[Request]) -> list[tuple[int, int]]:
+    """For each request: how many accepted requests estimated to arrive after it
+    may have come before it, and how many estimated before it may have come
+    after (their round trips overlap)."""
+    ahead = [0] * len(requests)
+    behind = [0] * len(requests)
+    reach = max((r.within for r in requests), default=0.0)
+    for n, r in enumerate(requests):
+        for m in range(n + 1, len(requests)):
+            later = requests[m]
+            if later.at - r.at > r.within + reach:
+                break  # estimates ascend: none after this overlaps
+            if later.at - later.within < r.at + r.within:
+                ahead[n] += not later.refused
+                behind[m] += not r.refused
+    return list(zip(ahead, behind, strict=True))
 
 
 class _Log:
@@ -106,8 +126,10 @@ class _Log:
         phase: float,
         counting: Counting,
         cut: float,
+        unordered: Sequence[tuple[int, int]] = (),
     ) -> None:
         self._requests = requests
+        self._unordered = unordered or [(0, 0)] * len(requests)
         self._seconds = seconds
         self._phase = phase
         self._weighted = counting is Counting.WEIGHTED
@@ -132,18 +154,24 @@ class _Log:
         low, high = 1, most
         told: list[tuple[float, _State]] = []
         counts: dict[int, int] = {}
-        for r in self._requests:
-            index = self._index(r.at)
-            state = self._state(r, index, counts)
-            certain = self._index(r.at - r.within) == self._index(r.at + r.within)
+        for r, (ahead, behind) in zip(self._requests, self._unordered, strict=True):
+            # It came somewhere between these two moments, perhaps in either of
+            # two windows, and perhaps after (or before) requests whose round
+            # trips overlap its own.
+            early = self._state(r.at - r.within, counts, r.within)
+            late = early
+            if self._weighted or self._index(r.at + r.within) != early.index:
+                late = self._state(r.at + r.within, counts, r.within)
             if not r.refused:
+                seen = min(early.count - early.fewer, late.count - late.fewer)
+                low = max(low, math.floor(seen - behind) + 1)
+                index = self._index(r.at)
                 counts[index] = counts.get(index, 0) + 1
-                if certain:
-                    low = max(low, math.floor(state.count - state.fewer) + 1)
-            elif certain and r.at >= self._cut:
-                high = min(high, math.floor(state.count + state.more))
-                if r.wait is not None:
-                    told.append((r.wait, state))
+            elif r.at >= self._cut:
+                seen = max(early.count + early.more, late.count + late.more)
+                high = min(high, math.floor(seen + ahead))
+                if r.wait is not None and early.index == late.index:
+                    told.append((r.wait, self._state(r.at, counts, r.within)))
             if high < low:
                 return None
         for count in range(high, low - 1, -1):
@@ -151,9 +179,12 @@ class _Log:
                 return count
         return None
 
-    def _state(self, r: Request, index: int, counts: dict[int, int]) -> _State:
+    def _state(self, moment: float, counts: dict[int, int], within: float) -> _State:
+        """What the counter had counted at `moment`, from `counts` (the requests
+        before it, in their windows as estimated)."""
+        index = self._index(moment)
         previous, current = counts.get(index - 1, 0), counts.get(index, 0)
-        elapsed = (r.at - self._phase) / self._seconds - index
+        elapsed = (moment - self._phase) / self._seconds - index
         # Counted before the reset, though they may have come after it; or after
         # it, though they may have come before.
         more: float = self._loose.get((index, False), 0)
@@ -168,9 +199,16 @@ class _Log:
             fewer += self._loose.get((index - 1, True), 0) + grid
         else:
             previous = 0  # a fixed window forgets the previous one
-        within = r.within / self._seconds
         return _State(
-            count, more, fewer, elapsed, within, previous, current, self._weighted
+            count,
+            more,
+            fewer,
+            index,
+            elapsed,
+            within / self._seconds,
+            previous,
+            current,
+            self._weighted,
         )
 
 
@@ -184,6 +222,7 @@ class _State:
     count: float
     more: float
     fewer: float
+    index: int
     elapsed: float
     within: float
     previous: int

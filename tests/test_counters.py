@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from batchrun.counters import Counting, Request, _Log, read
+from batchrun.counters import Counting, Request, _fits, _Log, _State, read
 from batchrun.limiters import FixedWindow, WeightedCounter
 from batchrun.limits import Rule, Window
 
@@ -132,3 +132,85 @@ def test_the_servers_own_count_is_never_ruled_out(model, count, origin, gaps):
     if any(r.refused for r in log):
         assert counter is not None
         assert counter.window.count == count
+
+
+def test_a_refusal_whose_round_trip_spans_a_reset_still_bounds_the_count():
+    """15 accepted, then one refused: on whichever side of a reset it came, a
+    window of 30 would have let it through. A round trip of 2 ms that could
+    span a reset must not leave the refusal unread (30/2s, then lowered by one
+    a 429 at a time)."""
+    log = [Request(0.05 * n, False, within=0.001) for n in range(15)]
+    counter = read([*log, Request(0.75, True, within=0.001)], Window(30, 2.0))
+    assert counter is not None
+    assert counter.window == Window(15, 2.0)
+
+
+def test_a_request_estimated_after_a_refusal_may_have_come_before_it():
+    """A fixed 2/2s server: accepted at 0.1 s and 0.2715 s, refused at 0.2739 s.
+    The second acceptance's slow round trip puts its estimate (0.3347 s) after
+    the refusal's (0.2696 s): read in that order, a reset between them gives
+    1/2s, for good. Its round trip overlaps the refusal's: it may have come
+    first, so the refusal may have come at 2."""
+    log = [
+        Request(0.1, False, within=0.01),
+        Request(0.2696, True, within=0.01),
+        Request(0.3347, False, within=0.149),
+    ]
+    counter = read(log, Window(8, 2.0))
+    assert counter is not None
+    assert counter.window == Window(2, 2.0)
+
+
+def test_a_weighted_refusal_is_read_at_the_earliest_it_may_have_come():
+    """A weighted 4/2s server (windows from 0): 4 accepted in the first window;
+    at 2.2 s one more (weight 3.6); refused at 2.3 s (4.4), whose slow answer
+    puts the estimate at 2.9 s, where the weight would be 3.2. Read at the
+    estimate alone, the server's own count is ruled out."""
+    log = [Request(t, False, within=0.01) for t in (1.0, 1.1, 1.2, 1.3)]
+    log += [Request(2.2, False, within=0.01), Request(2.9, True, within=0.6)]
+    assert _Log(log, 2.0, 0.0, Counting.WEIGHTED, -math.inf).count(4) == 4
+    tight = [Request(r.at, r.refused) for r in log]
+    assert _Log(tight, 2.0, 0.0, Counting.WEIGHTED, -math.inf).count(4) is None
+
+
+def test_a_refusal_whose_window_lost_requests_to_the_span_is_not_read():
+    """A fixed 9/2s server from 0: 9 accepted by 0.9 s, refused at 1.0 s; 9 more
+    from 8.0 s, refused at 8.9 s. Only the last four windows are read: 0.1-0.8 s
+    are left out, so the refusal at 1.0 s would seem to come at 1 (9/2s read
+    as 1/2s); it is not read."""
+    first = [Request(0.1 * n, False) for n in range(1, 10)]
+    later = [Request(8.0 + 0.1 * n, False) for n in range(9)]
+    log = [*first, Request(1.0, True), *later, Request(8.9, True)]
+    counter = read(log, Window(12, 2.0))
+    assert counter is not None
+    assert counter.window == Window(9, 2.0)
+
+
+def refused_at(
+    *, current: int, elapsed: float, within: float, weighted: bool
+) -> _State:
+    """A counter's state as a refusal found it: `current` counted in its window,
+    `elapsed` (a share) into it, give or take `within` (a share)."""
+    count = float(current)
+    return _State(count, 0.0, 0.0, 0, elapsed, within, 0, current, weighted)
+
+
+def test_a_weighted_counter_past_its_count_has_room_later_in_the_next_window():
+    """10 counted in a window of 10 s where the count is 5 (it once allowed
+    more): in the next window the weight of 10 drops below 5 halfway through,
+    6 s after a refusal 0.9 into this one; a Retry-After of 6 fits that, and
+    not a fixed window's reset (1 s)."""
+    weighted = refused_at(current=10, elapsed=0.9, within=0.0, weighted=True)
+    fixed = refused_at(current=10, elapsed=0.9, within=0.0, weighted=False)
+    assert _fits(6.0, weighted, 10.0, 5)
+    assert not _fits(6.0, fixed, 10.0, 5)
+
+
+def test_a_slow_round_trip_widens_what_a_retry_after_may_name():
+    """A fixed window of 2 s, refused halfway through: room in 1 s. A
+    Retry-After of 3 is too late for that, unless the refusal may have come a
+    second earlier (a round trip of 2 s)."""
+    sure = refused_at(current=10, elapsed=0.5, within=0.0, weighted=False)
+    slow = refused_at(current=10, elapsed=0.5, within=0.5, weighted=False)
+    assert not _fits(3.0, sure, 2.0, 10)
+    assert _fits(3.0, slow, 2.0, 10)
