@@ -23,10 +23,11 @@ the safe count settles it, for at most one more 429. A burst refused after N
 fits a leaky bucket as well (nginx `limit_req`: N at once, then one more as each
 drains, at the rule's own rate or a Retry-After's), which no window reading paces
 near its speed: that reading is tried first of all (`_leaky`), unless a
-Retry-After speaks for a window. Spaced evenly and still refused, the count was
-read too high (a burst that straddled a fixed or weighted counter's reset) and is
-lowered (`_lowered`); a longer window is read only as a quota, or when the log
-covers half of it.
+Retry-After speaks for a window. Refused although the rule held, the log is read
+as a fixed window or weighted counter of unknown phase (`counters.read`): a burst
+that straddled its reset read the count too high. Spaced evenly and still
+refused, the count is lowered (`_lowered`); a longer window is read only as a
+quota, or when the log covers half of it.
 Invariant: a lesson only ever adds a window or lowers a count, so the rule it gives
 never allows more than the rule it came from; the one looser reading, a leaky
 bucket's burst, stands only with a window reading to fall back to.
@@ -618,9 +619,9 @@ class Learner:
         counter = _counter(log.sent, rule)
         shortest = rule.shortest
         past = safer is not None and not safer.stated and _past(log.sent, safer.rule)
-        # Whether the log, read as it was estimated, needs no lower count (to
-        # keep a fallback standing, it must: a reading loosened by the arrivals'
-        # leeway explains far more).
+        # Only the log read as estimated (no leeway) keeps a fallback standing
+        # at the rule's own count: loosened by the round trips, that count
+        # explains far more, and the fallback would seldom be taken.
         strict = _counter(log.sent, rule, leeway=False) if past else counter
         counted = strict is not None and strict.window == shortest
         if past and not counted:
