@@ -87,7 +87,11 @@ def test_a_host_killed_mid_run_leaves_the_other_inside_the_rule(tmp_path, redis_
         code, err = finish(other)
     assert code == 0, err
     arrivals = server.state.sandbox.arrivals
-    assert {a.status for a in arrivals} == {200}
+    # What the killed host had in flight (8 workers at most) dropped its
+    # connection (0); nothing was refused.
+    statuses = Counter(a.status for a in arrivals)
+    assert set(statuses) <= {200, 0}
+    assert statuses[0] <= 8
     mine = Counter(a.idempotency_key for a in arrivals if a.idempotency_key)
     assert max(mine.values()) == 1
     assert max_in_window(server.state.sandbox, LimitKey.RUN_QUERY, 1.0) <= 10
