@@ -179,6 +179,10 @@ class KeyLog:
                 return True
         return False
 
+    def spacing(self) -> None:
+        """The key is told to space its requests evenly from now (`unspaced`)."""
+        self.unspaced = max(_arrival(s) for s in self.sent if s.refused is False)
+
     def rearm(self) -> None:
         """Forget what the server was seen to accept: after a lesson its state is
         unknown, so the key proves its budget again, one request at a time."""
@@ -235,7 +239,7 @@ def infer(
     requests that an exact log of this rule already holds to (it counts in a way
     the log does not match) and only a different pace can help.
     """
-    answered = [s for s in log if s.end is not None and s.refused is not None]
+    answered = _answered(log)
     latest = _latest_refusal(answered)
     if latest is None:
         return None
@@ -307,6 +311,11 @@ def _agrees(refusal: Sent, arrivals: list[float], seconds: float, fit: Fit) -> b
     predicted = arrivals[oldest] + seconds - moment
     early = math.inf if fit is Fit.FIXED else 0.1 * seconds + 0.05
     return -early <= refusal.wait - predicted <= 1.0 + 0.1 * seconds
+
+
+def _answered(log: Sequence[Sent]) -> list[Sent]:
+    """The requests of `log` that have an answer, 2xx or 429."""
+    return [s for s in log if s.end is not None and s.refused is not None]
 
 
 def _leeway(entry: Sent) -> float:
@@ -617,39 +626,32 @@ class Learner:
         # rule's own count, it is the rule counted another way, which spacing
         # evenly answers; at a lower one, a burst read the rule too high.
         counter = _counter(log.sent, rule)
-        shortest = rule.shortest
         past = safer is not None and not safer.stated and _past(log.sent, safer.rule)
         # Only the log read as estimated (no leeway) keeps a fallback standing
         # at the rule's own count: loosened by the round trips, that count
         # explains far more, and the fallback would seldom be taken.
         strict = _counter(log.sent, rule, leeway=False) if past else counter
-        counted = strict is not None and strict.window == shortest
+        counted = strict is not None and strict.window == rule.shortest
         if past and not counted:
             # The key went past what the safer reading allows (a bucket's burst,
             # a shorter window): that reading, which the fallback holds, answers.
             # (A statement, `--profile auto`'s B, is taken only if 429s still
             # come when spaced evenly: its A may be the rule, counted another way.)
             return Lesson(Rule(rule.windows), "a request was refused again")
-        why = "429s came although requests kept to the rule"
-        if counter is not None and not counted:
-            lower = tuple(counter.window if w == shortest else w for w in rule.windows)
-            weighted = counter.counting is counters.Counting.WEIGHTED
-            if weighted:
-                log.unspaced = max(_arrival(s) for s in log.sent if s.refused is False)
-            why += (
-                f": read as a {counter.counting.value} of {counter.window} that "
-                f"starts {durations.compact(counter.phase)} into each"
-            )
-            return Lesson(Rule(lower), why, spread=weighted)
-        log.unspaced = max(_arrival(s) for s in log.sent if s.refused is False)
-        plain = Rule(rule.windows)  # spaced evenly, a burst is no longer read
-        return Lesson(plain, f"{why}: the server counts in another way", spread=True)
+        lesson = None if counted or counter is None else _counted(counter, rule)
+        if lesson is None:
+            why = "429s came although requests kept to the rule"
+            plain = Rule(rule.windows)  # spaced evenly, a burst is no longer read
+            lesson = Lesson(plain, f"{why}: the server counts in another way", True)
+        if lesson.spread:
+            log.spacing()
+        return lesson
 
 
 def _latest_refusal(log: Sequence[Sent]) -> tuple[float, list[float]] | None:
     """When the latest refusal in `log` arrived, and every accepted arrival
     (ascending); None if nothing was refused."""
-    answered = [s for s in log if s.end is not None and s.refused is not None]
+    answered = _answered(log)
     refusal = max((_arrival(s) for s in answered if s.refused), default=None)
     if refusal is None:
         return None
@@ -703,6 +705,20 @@ def _heard(log: Sequence[Sent], rule: Rule) -> list[float]:
     return sorted(heard)
 
 
+def _counted(counter: counters.Counter, rule: Rule) -> Lesson:
+    """`rule` with its shortest window's count lowered to `counter`'s: paced
+    exactly for a fixed window, spaced evenly for a weighted counter."""
+    shortest = rule.shortest
+    lower = tuple(counter.window if w == shortest else w for w in rule.windows)
+    why = (
+        f"429s came although requests kept to the rule: read as a "
+        f"{counter.counting.value} of {counter.window} that starts "
+        f"{durations.compact(counter.phase)} into each"
+    )
+    weighted = counter.counting is counters.Counting.WEIGHTED
+    return Lesson(Rule(lower), why, spread=weighted)
+
+
 def _counter(
     log: Sequence[Sent], rule: Rule, *, leeway: bool = True
 ) -> counters.Counter | None:
@@ -711,7 +727,7 @@ def _counter(
     send and its answer (`leeway`) or where `_arrival` estimates it; None if
     none does. (A longer window is read only as a quota, `infer`: a log seldom
     covers it.)"""
-    answered = [s for s in log if s.end is not None and s.refused is not None]
+    answered = _answered(log)
     requests = [
         counters.Request(
             _arrival(s), bool(s.refused), s.wait, _leeway(s) if leeway else 0.0
@@ -855,7 +871,7 @@ def _refused_amid_acceptances(log: Sequence[Sent], rule: Rule) -> bool:
     """Whether some refusal came with accepted requests within the rule's window
     (whatever its Retry-After: a server that counts another way computes it
     another way too)."""
-    answered = [s for s in log if s.end is not None and s.refused is not None]
+    answered = _answered(log)
     most, _ = _bounds(answered, rule.longest, fit=Fit.NONE)
     return most > 0
 
