@@ -1,5 +1,5 @@
 """`python -m batchrun`."""
 
-from batchrun.cli import main
+from batchrun.cli.commands import main
 
 main()

@@ -26,7 +26,7 @@ import limits.storage
 import limits.strategies
 import pyrate_limiter
 
-from batchrun.limits import Rule
+from batchrun.core.limits import Rule
 
 Acquire = Callable[[], Awaitable[None]]
 KEY = "run-query"

@@ -25,7 +25,7 @@ from bench.throughput import batchrun_command, fast_server, stats
 _READ = """
 import sys, time
 from pathlib import Path
-from batchrun.jobs import read_jobs
+from batchrun.jobs.job import read_jobs
 started = time.perf_counter()
 jobs = read_jobs(Path(sys.argv[1]))
 print(len(jobs), time.perf_counter() - started)
@@ -33,8 +33,8 @@ print(len(jobs), time.perf_counter() - started)
 _SCAN = """
 import sys, time
 from pathlib import Path
-from batchrun.jobfile import Problem
-from batchrun.jobs import scan
+from batchrun.jobs.jobfile import Problem
+from batchrun.jobs.job import scan
 started = time.perf_counter()
 count = sum(not isinstance(item, Problem) for item in scan(Path(sys.argv[1])))
 print(count, time.perf_counter() - started)

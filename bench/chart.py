@@ -17,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from batchrun.limits import parse_rule
+from batchrun.core.limits import parse_rule
 
 
 def trailing(times: list[float], seconds: float) -> tuple[list[float], list[int]]:

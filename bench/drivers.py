@@ -20,18 +20,18 @@ import aiometer
 import anyio
 import httpx
 
-from batchrun.clock import MachineClock
-from batchrun.endpoints import JobType
-from batchrun.events import JobFinished, JobRequeued, JobSent
-from batchrun.jobs import Job
-from batchrun.journal import Journal
-from batchrun.ledger import MemoryLedger
-from batchrun.limits import LimitKey, Rule
-from batchrun.results import ResultsFile
-from batchrun.runner import Settings
-from batchrun.sqlite_ledger import SqliteLedger
-from batchrun.state import RunStore
-from batchrun.submission import Target, open_run
+from batchrun.cli.submission import Target, open_run
+from batchrun.core.clock import MachineClock
+from batchrun.core.events import JobFinished, JobRequeued, JobSent
+from batchrun.core.limits import LimitKey, Rule
+from batchrun.jobs.endpoints import JobType
+from batchrun.jobs.job import Job
+from batchrun.ledgers.sqlite_ledger import SqliteLedger
+from batchrun.pacing.ledger import MemoryLedger
+from batchrun.run.journal import Journal
+from batchrun.run.runner import Settings
+from batchrun.store.results import ResultsFile
+from batchrun.store.state import RunStore
 from bench.anchors import Acquire, aiometer_rate
 
 PATH = "/teams/acme/data/run-query"

@@ -25,11 +25,11 @@ import limits.storage
 import limits.strategies
 import redis
 
-from batchrun.ledger import MemoryLedger
-from batchrun.limits import parse_rule
-from batchrun.redis_ledger import RedisLedger
-from batchrun.slots import Grant, Pace
-from batchrun.sqlite_ledger import SqliteLedger
+from batchrun.core.limits import Pace, parse_rule
+from batchrun.ledgers.redis_ledger import RedisLedger
+from batchrun.ledgers.sqlite_ledger import SqliteLedger
+from batchrun.pacing.ledger import MemoryLedger
+from batchrun.pacing.slots import Grant
 
 WIDE = parse_rule("1000000/1s")
 

@@ -19,12 +19,12 @@ import limits.storage
 import limits.strategies
 from aiometer._impl.meters import RateLimitMeter
 
-from batchrun import sqlite_ledger as ledger_module
-from batchrun.clock import MachineClock
-from batchrun.ledger import MemoryLedger
-from batchrun.limits import LimitKey, Rule, parse_rule
-from batchrun.pacer import Pacer
-from batchrun.slots import Grant, Pace
+from batchrun.core.clock import MachineClock
+from batchrun.core.limits import LimitKey, Pace, Rule, parse_rule
+from batchrun.ledgers import sqlite_ledger as ledger_module
+from batchrun.pacing.ledger import MemoryLedger
+from batchrun.pacing.pacer import Pacer
+from batchrun.pacing.slots import Grant
 from bench import anchors
 
 WIDE = parse_rule("1000000/1s")
@@ -54,7 +54,7 @@ def memory_ledger(grants: int) -> float:
 
 
 def sqlite_ledger_class() -> Any:
-    """batchrun.sqlite_ledger.SqliteLedger if the lead's work has landed, else None."""
+    """SqliteLedger (batchrun.ledgers.sqlite_ledger), if it has landed, else None."""
     return getattr(ledger_module, "SqliteLedger", None)
 
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import anyio
 
-from batchrun.limits import LimitKey, Rule, limit_table, parse_override
-from batchrun.sandbox import create_app
-from batchrun.serving import running
-from batchrun.slots import eta
+from batchrun.core.limits import LimitKey, Rule, limit_table, parse_override
+from batchrun.pacing.slots import eta
+from batchrun.sandbox.app import create_app
+from batchrun.sandbox.serving import running
 from bench import anchors, drivers
 from tests.oracles import most_in_window
 
@@ -71,7 +71,7 @@ class Run:
 
 def run_once(tool: str, shape: str, count: int) -> Run:
     """Drive `count` jobs of `shape` through `tool` against a fresh sandbox,
-    served by `batchrun.sandbox.running`."""
+    served by `batchrun.sandbox.app.running`."""
     rules = limit_table(overrides=[parse_override(f"run-query={shape}")])
     app = create_app(rules=rules)
     with running(app) as url:

@@ -36,13 +36,12 @@ from tempfile import TemporaryDirectory
 import anyio
 import httpx
 
-from batchrun import slots
-from batchrun.clock import LoopClock
-from batchrun.ledger import MemoryLedger
-from batchrun.limiters import LimiterKind
-from batchrun.limits import LimitKey, parse_rule
-from batchrun.pacer import Pacer
-from batchrun.slots import Pace
+from batchrun.core.clock import LoopClock
+from batchrun.core.limits import LimitKey, Pace, parse_rule
+from batchrun.pacing import slots
+from batchrun.pacing.ledger import MemoryLedger
+from batchrun.pacing.limiters import LimiterKind
+from batchrun.pacing.pacer import Pacer
 from bench.stock import Server, nginx_server
 from tests.simulation import Server as Model
 from tests.simulation import simulate

@@ -1,8 +1,8 @@
 """Measurement 5: start-up wall time of the installed `batchrun` command.
 
 Best of `repeat` runs each of `batchrun --help` and `batchrun validate` on a 10-row
-file, with `python -c pass` and `python -c "import batchrun.cli"` beside them to
-show how much is the interpreter and how much is importing.
+file, with `python -c pass` and `python -c "import batchrun.cli.commands"` beside
+them to show how much is the interpreter and how much is importing.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ def measure(repeat: int, say: Callable[[str], None]) -> dict[str, Any]:
         write_jobs(ten, 10)
         commands = {
             "python -c pass": [sys.executable, "-c", "pass"],
-            "python -c 'import batchrun.cli'": [
+            "python -c 'import batchrun.cli.commands'": [
                 sys.executable,
                 "-c",
-                "import batchrun.cli",
+                "import batchrun.cli.commands",
             ],
             "batchrun --help": [batchrun_command(), "--help"],
             "batchrun validate (10 rows)": [batchrun_command(), "validate", str(ten)],

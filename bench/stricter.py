@@ -39,7 +39,7 @@ from typing import Any
 import anyio
 import httpx
 
-from batchrun.limits import parse_rule
+from batchrun.core.limits import parse_rule
 from bench import anchors, oracle
 from bench.stock import Arrival, Server, express_server, limits_server, nginx_server
 
@@ -368,11 +368,14 @@ def _arguments() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def main() -> None:
-    from bench.run import say
+def _say(text: str) -> None:
+    """A progress line, time-stamped (as `python -m bench` prints them)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
+
+def main() -> None:
     args = _arguments()
-    rows = measure(args.timeout, say, args.scenario, args.tool)
+    rows = measure(args.timeout, _say, args.scenario, args.tool)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
     print(table(rows))

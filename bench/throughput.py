@@ -30,7 +30,7 @@ from typing import Any
 
 import anyio
 
-from batchrun.limits import limit_table, parse_override
+from batchrun.core.limits import limit_table, parse_override
 from bench import drivers
 
 RULE = "run-query=100000/1s"

@@ -18,9 +18,9 @@ import pytest
 import redis
 import trustme
 
-from batchrun.limits import limit_table
-from batchrun.sandbox import Sandbox, create_app
-from batchrun.serving import running
+from batchrun.core.limits import limit_table
+from batchrun.sandbox.app import Sandbox, create_app
+from batchrun.sandbox.serving import running
 
 # Read at import: `clean_environ` strips BATCHRUN_* from every test.
 REQUIRE_REDIS = os.environ.get("BATCHRUN_REQUIRE_REDIS") == "1"

@@ -7,12 +7,12 @@ from typing import Any
 
 import httpx
 
-from batchrun.clock import LoopClock
-from batchrun.events import Event
-from batchrun.ledger import MemoryLedger
-from batchrun.results import JobResult
-from batchrun.runner import Settings
-from batchrun.submission import Target, open_run
+from batchrun.cli.submission import Target, open_run
+from batchrun.core.clock import LoopClock
+from batchrun.core.events import Event
+from batchrun.pacing.ledger import MemoryLedger
+from batchrun.run.runner import Settings
+from batchrun.store.results import JobResult
 
 BASE = "https://api.example.test"
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Container
 
-from batchrun.limits import LimitKey
-from batchrun.sandbox import Sandbox
+from batchrun.core.limits import LimitKey
+from batchrun.sandbox.app import Sandbox
 
 
 def max_in_window(

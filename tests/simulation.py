@@ -2,7 +2,7 @@
 
 The real `Runner`, `Pacer` and `MemoryLedger` send jobs to `_Server`, a fake Sender:
 each request travels a seeded random latency, arrives somewhere in between, is judged
-there by a `batchrun.limiters` model, and comes back done (200) or refused (429, with a
+there by a `batchrun.pacing.limiters` model, and comes back done (200) or refused (429, with a
 whole-seconds Retry-After as the sandbox sends, or none). `simulate` returns every
 arrival, the makespan, the 429s per key and the ideal makespan under the SERVER's
 counting, so a figure or a property ("for random stricter servers the run finishes
@@ -25,18 +25,17 @@ import anyio
 import trio
 import trio.testing
 
-from batchrun.clock import LoopClock
-from batchrun.endpoints import JobType
-from batchrun.events import Status, Tally
-from batchrun.faults import NOISE_DIGITS
-from batchrun.jobs import Job
-from batchrun.ledger import MemoryLedger
-from batchrun.limiters import Limiter, LimiterKind, make_limiter
-from batchrun.limits import LimitKey, Rule, parse_rule
-from batchrun.outcome import Kind, Outcome
-from batchrun.pacer import Pacer
-from batchrun.runner import Runner, Settings
-from batchrun.slots import Pace
+from batchrun.api.outcome import Kind, Outcome
+from batchrun.core.clock import LoopClock
+from batchrun.core.events import Status, Tally
+from batchrun.core.limits import LimitKey, Pace, Rule, parse_rule
+from batchrun.jobs.endpoints import JobType
+from batchrun.jobs.job import Job
+from batchrun.pacing.ledger import MemoryLedger
+from batchrun.pacing.limiters import Limiter, LimiterKind, make_limiter
+from batchrun.pacing.pacer import Pacer
+from batchrun.run.runner import Runner, Settings
+from batchrun.sandbox.faults import NOISE_DIGITS
 from tests.fakes import ListRecorder, ListSink
 
 KEY = LimitKey.RUN_QUERY

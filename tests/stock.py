@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from batchrun.serving import running
+from batchrun.sandbox.serving import running
 
 Strategy = Literal["moving-window", "fixed-window", "sliding-window-counter"]
 TOO_MANY = {

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from batchrun.breaker import TRIP_AFTER, Breaker
-from batchrun.cli import app
-from batchrun.outcome import Kind, Outcome
-from batchrun.serving import running
+from batchrun.api.breaker import TRIP_AFTER, Breaker
+from batchrun.api.outcome import Kind, Outcome
+from batchrun.cli.commands import app
+from batchrun.sandbox.serving import running
 
 runner = CliRunner()
 UNAUTHORIZED = Outcome(Kind.FAILED, 401, error="HTTP 401 Unauthorized")

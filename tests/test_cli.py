@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from batchrun.cli import app
-from batchrun.errors import StateError
+from batchrun.cli.commands import app
+from batchrun.core.errors import StateError
 
 runner = CliRunner()
 TOKEN = "tok-3f9a-SECRET"
@@ -231,9 +231,9 @@ def test_typer_usage_errors_exit_2(tmp_path):
 
 def test_failed_jobs_exit_1(tmp_path):
     """Jobs the server refuses with a 4xx fail, and submit exits 1."""
-    from batchrun.limits import limit_table
-    from batchrun.sandbox import create_app
-    from batchrun.serving import running
+    from batchrun.core.limits import limit_table
+    from batchrun.sandbox.app import create_app
+    from batchrun.sandbox.serving import running
 
     with running(create_app(rules=limit_table())) as url:
         result = runner.invoke(
@@ -255,9 +255,9 @@ def test_token_is_never_shown(tmp_path):
 
 def test_token_comes_from_the_environment(tmp_path):
     """BATCHRUN_TOKEN is sent as the bearer token."""
-    from batchrun.limits import limit_table
-    from batchrun.sandbox import create_app
-    from batchrun.serving import running
+    from batchrun.core.limits import limit_table
+    from batchrun.sandbox.app import create_app
+    from batchrun.sandbox.serving import running
 
     server = create_app(rules=limit_table())
     with running(server) as url:
@@ -284,7 +284,7 @@ def test_token_comes_from_the_environment(tmp_path):
 )
 def test_plain_http_to_a_remote_host_warns(url, warned):
     """http:// to a host that is not loopback warns that the token travels in clear."""
-    from batchrun.arguments import check_base_url
+    from batchrun.cli.arguments import check_base_url
 
     said: list[str] = []
     check_base_url(url, said.append)
@@ -419,7 +419,7 @@ def test_sandbox_on_a_busy_port_exits_2():
 
 def test_internal_errors_print_a_message_not_a_traceback(monkeypatch, capsys):
     """An unexpected exception becomes one line on stderr and exit 70 (a bug)."""
-    import batchrun.cli as cli
+    import batchrun.cli.commands as cli
 
     def broken():
         msg = "boom"
@@ -436,7 +436,7 @@ def test_internal_errors_print_a_message_not_a_traceback(monkeypatch, capsys):
 
 def test_ctrl_c_exits_130(monkeypatch, capsys):
     """Ctrl-C outside a run exits 130, as a shell reports a SIGINT."""
-    import batchrun.cli as cli
+    import batchrun.cli.commands as cli
 
     def interrupted():
         raise KeyboardInterrupt
@@ -469,7 +469,7 @@ def test_deadline_without_failures_exits_75(tmp_path):
 
 def test_no_color_flag_reaches_the_progress_view(tmp_path, monkeypatch):
     """submit --no-color opens the progress view without colour."""
-    from batchrun.progress import open_progress as real
+    from batchrun.cli.progress import open_progress as real
 
     seen = {}
 
@@ -477,7 +477,7 @@ def test_no_color_flag_reaches_the_progress_view(tmp_path, monkeypatch):
         seen.update(options)
         return real(stream, **options)
 
-    monkeypatch.setattr("batchrun.submission.open_progress", spy)
+    monkeypatch.setattr("batchrun.cli.submission.open_progress", spy)
     result = runner.invoke(
         app, ["submit", str(jobs_file(tmp_path)), *FAST, "--no-color"]
     )
@@ -541,8 +541,8 @@ def test_a_refused_submit_is_stamped_too(tmp_path):
 def test_a_long_wait_writes_a_waiting_line(tmp_path, monkeypatch):
     """While a run only waits for a slot, the log says so once per quiet spell
     (QUIET shortened here from 50 s)."""
-    monkeypatch.setattr("batchrun.submission.QUIET", 0.2)
-    monkeypatch.setattr("batchrun.progress.QUIET", 0.2)
+    monkeypatch.setattr("batchrun.cli.submission.QUIET", 0.2)
+    monkeypatch.setattr("batchrun.cli.progress.QUIET", 0.2)
     path = jobs_file(tmp_path, [f"q{i},run-query,t1," for i in range(2)])
     args = ["submit", str(path), "--sandbox", "--limit", "run-query=1/1s"]
     result = runner.invoke(app, args)
@@ -556,7 +556,7 @@ import atexit, sys
 heavy = ("httpx", "starlette", "uvicorn", "redis")
 atexit.register(lambda: print("loaded:", [m for m in heavy if m in sys.modules]))
 sys.argv = ["batchrun", *sys.argv[1:]]
-from batchrun.cli import main
+from batchrun.cli.commands import main
 main()
 """
 
@@ -638,7 +638,7 @@ def test_cron_line_keeps_the_token_out_and_says_where_it_goes(tmp_path, monkeypa
 def test_a_state_error_inside_an_exception_group_exits_74(monkeypatch, tmp_path):
     """An error raised in a run's task group is unwrapped at the edge: its message
     and exit code, not "internal error" and 1."""
-    import batchrun.submission as submission
+    import batchrun.cli.submission as submission
 
     def grouped(job, *, say):
         msg = "/x/ledger.db is damaged (file is not a database). Move it aside."
@@ -660,7 +660,7 @@ def test_a_state_error_inside_an_exception_group_exits_74(monkeypatch, tmp_path)
 def test_an_internal_error_in_an_exception_group_exits_70(monkeypatch, capsys):
     """A bug in a task group is reported leaf by leaf, exit 70, even beside a
     BatchrunError."""
-    import batchrun.cli as cli
+    import batchrun.cli.commands as cli
 
     def broken():
         boom, damaged, group = "boom", "x.db is damaged", "group"
@@ -678,7 +678,7 @@ def test_an_internal_error_in_an_exception_group_exits_70(monkeypatch, capsys):
 
 def test_ctrl_c_inside_an_exception_group_exits_130(monkeypatch):
     """A Ctrl-C that reaches the edge inside a task group's group is a Ctrl-C."""
-    import batchrun.cli as cli
+    import batchrun.cli.commands as cli
 
     def interrupted():
         group = "group"

@@ -7,7 +7,7 @@ import email.utils
 import httpx
 import pytest
 
-from batchrun.client import (
+from batchrun.api.client import (
     BODY_LIMIT,
     RETRY_AFTER_CAP,
     Client,
@@ -17,13 +17,13 @@ from batchrun.client import (
     parse_retry_after,
     tls_context,
 )
-from batchrun.endpoints import JobType
-from batchrun.errors import UsageError
-from batchrun.faults import Faults
-from batchrun.jobs import Job
-from batchrun.limits import limit_table
-from batchrun.outcome import Kind
-from batchrun.sandbox import create_app
+from batchrun.api.outcome import Kind
+from batchrun.core.errors import UsageError
+from batchrun.core.limits import limit_table
+from batchrun.jobs.endpoints import JobType
+from batchrun.jobs.job import Job
+from batchrun.sandbox.app import create_app
+from batchrun.sandbox.faults import Faults
 
 
 @pytest.mark.parametrize(

@@ -16,17 +16,17 @@ import anyio
 import pytest
 import trio.testing
 
-from batchrun.client import asgi_transport
-from batchrun.clock import MachineClock, boot_id
-from batchrun.endpoints import JobType
-from batchrun.events import Status
-from batchrun.jobs import Job
-from batchrun.ledger import Ledger, MemoryLedger
-from batchrun.limits import LimitKey, limit_table, parse_override, parse_rule
-from batchrun.runner import Settings
-from batchrun.sandbox import Sandbox, create_app
-from batchrun.sqlite_ledger import SqliteLedger
-from batchrun.submission import Target, open_run
+from batchrun.api.client import asgi_transport
+from batchrun.cli.submission import Target, open_run
+from batchrun.core.clock import MachineClock, boot_id
+from batchrun.core.events import Status
+from batchrun.core.limits import LimitKey, limit_table, parse_override, parse_rule
+from batchrun.jobs.endpoints import JobType
+from batchrun.jobs.job import Job
+from batchrun.ledgers.sqlite_ledger import SqliteLedger
+from batchrun.pacing.ledger import Ledger, MemoryLedger
+from batchrun.run.runner import Settings
+from batchrun.sandbox.app import Sandbox, create_app
 from tests.fakes import ListRecorder, ListSink
 from tests.oracles import max_in_window
 from tests.test_learning import Latency

@@ -7,9 +7,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from batchrun import config
-from batchrun.cli import app
-from batchrun.errors import UsageError
+from batchrun.cli import config
+from batchrun.cli.commands import app
+from batchrun.core.errors import UsageError
 
 runner = CliRunner()
 TOKEN = "tok-3f9a-SECRET"
@@ -175,7 +175,7 @@ def test_a_command_takes_the_files_profile_and_limits(project, user_file):
 
 def submitted(monkeypatch, *args):
     """What `submit jobs.csv` would run, caught before it sends anything."""
-    from batchrun import submission
+    from batchrun.cli import submission
 
     caught = []
 
@@ -255,7 +255,7 @@ def test_config_shows_sources_and_never_the_token(project, monkeypatch):
 def test_the_sandbox_ignores_the_clients_profile(project, monkeypatch):
     """The sandbox is the server: a client's profile = "auto" does not reach it
     (it would refuse auto)."""
-    from batchrun import serving
+    from batchrun.sandbox import serving
 
     (project / "batchrun.toml").write_text('profile = "auto"\n')
     monkeypatch.setattr(serving, "serve", lambda *args, **kwargs: None)

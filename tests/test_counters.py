@@ -8,9 +8,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from batchrun.counters import Counting, Request, _fits, _Log, _State, read
-from batchrun.limiters import FixedWindow, WeightedCounter
-from batchrun.limits import Rule, Window
+from batchrun.core.limits import Rule, Window
+from batchrun.pacing.counters import Counting, Request, _fits, _Log, _State, read
+from batchrun.pacing.limiters import FixedWindow, WeightedCounter
 
 # A fixed 4/2s server whose windows start at odd seconds: 4 of a burst of 8 were
 # counted in [-1, 1), 4 in [1, 3); the 9th was refused, and so was a request

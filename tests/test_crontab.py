@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from batchrun.crontab import CronJob, command, crontab_line
-from batchrun.errors import UsageError
+from batchrun.cli.crontab import CronJob, command, crontab_line
+from batchrun.core.errors import UsageError
 
 
 def job(**changes):

@@ -7,8 +7,8 @@ import sqlite3
 
 import pytest
 
-from batchrun.database import Database, explain, open_database, write_transaction
-from batchrun.errors import DiskFull, StateError
+from batchrun.core.errors import DiskFull, StateError
+from batchrun.store.database import Database, explain, open_database, write_transaction
 
 SCHEMA = ("CREATE TABLE t (x INTEGER);",)
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchrun.hints import Hints, read_hints
-from batchrun.limits import Window
+from batchrun.api.hints import Hints, read_hints
+from batchrun.core.limits import Window
 
 NOW = 1_795_429_376.0  # 2026-11-23, the capture day of the fixtures
 CAP = 900.0

@@ -21,15 +21,15 @@ import respx
 import trio.testing
 from typer.testing import CliRunner
 
-from batchrun.cli import app
-from batchrun.client import BODY_LIMIT, RETRY_AFTER_CAP
-from batchrun.endpoints import JobType
-from batchrun.events import JobRequeued, JobSent, Status
-from batchrun.jobs import Job
-from batchrun.limits import LimitKey, limit_table, parse_rule
-from batchrun.results import JobResult, ResultsFile
-from batchrun.sandbox import create_app
-from batchrun.serving import running
+from batchrun.api.client import BODY_LIMIT, RETRY_AFTER_CAP
+from batchrun.cli.commands import app
+from batchrun.core.events import JobRequeued, JobSent, Status
+from batchrun.core.limits import LimitKey, limit_table, parse_rule
+from batchrun.jobs.endpoints import JobType
+from batchrun.jobs.job import Job
+from batchrun.sandbox.app import create_app
+from batchrun.sandbox.serving import running
+from batchrun.store.results import JobResult, ResultsFile
 from tests.fakes import BASE, ListSink, make_runner
 
 QUERY = f"{BASE}/teams/t1/data/run-query"
@@ -298,8 +298,8 @@ def test_a_whole_submit_leaves_the_token_nowhere(tmp_path):
 
 def test_an_internal_error_mid_run_shows_no_token(tmp_path, monkeypatch, capsys):
     """An unexpected exception mid-run prints one line with no token, no traceback."""
-    import batchrun.cli
-    import batchrun.results
+    import batchrun.cli.commands
+    import batchrun.store.results
 
     def broken(self, result):
         msg = "disk on fire"
@@ -308,7 +308,7 @@ def test_an_internal_error_mid_run_shows_no_token(tmp_path, monkeypatch, capsys)
     path = jobs_file(tmp_path, ["a,run-query,t1,"])
     server = create_app(rules=limit_table())
     monkeypatch.setenv("BATCHRUN_TOKEN", TOKEN)
-    monkeypatch.setattr(batchrun.results.ResultsFile, "write", broken)
+    monkeypatch.setattr(batchrun.store.results.ResultsFile, "write", broken)
     with running(server) as url:
         monkeypatch.setattr(
             sys,
@@ -324,7 +324,7 @@ def test_an_internal_error_mid_run_shows_no_token(tmp_path, monkeypatch, capsys)
             ],
         )
         with pytest.raises(SystemExit) as info:
-            batchrun.cli.main()
+            batchrun.cli.commands.main()
     out, err = capsys.readouterr()
     assert info.value.code == 70  # a bug: never 1, "some jobs failed"
     assert len(server.state.sandbox.arrivals) == 1

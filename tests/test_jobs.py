@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchrun import jobfile
-from batchrun.endpoints import JobType
-from batchrun.errors import JobsFileError
-from batchrun.jobfile import Problem
-from batchrun.jobs import Job, read_jobs, scan, summarize
+from batchrun.core.errors import JobsFileError
+from batchrun.jobs import jobfile
+from batchrun.jobs.endpoints import JobType
+from batchrun.jobs.job import Job, read_jobs, scan, summarize
+from batchrun.jobs.jobfile import Problem
 
 HEADER = "id,type,team_id,payload\n"
 MIB = 2**20

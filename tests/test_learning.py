@@ -14,23 +14,11 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchrun.client import asgi_transport
-from batchrun.clock import LoopClock
-from batchrun.endpoints import JobType
-from batchrun.events import RuleLearned
-from batchrun.jobs import Job
-from batchrun.learning import (
-    Fallback,
-    Learner,
-    Lesson,
-    Sent,
-    candidates,
-    infer,
-    recalled,
-    stored,
-)
-from batchrun.ledger import MemoryLedger
-from batchrun.limits import (
+from batchrun.api.client import asgi_transport
+from batchrun.cli.submission import Target, open_run
+from batchrun.core.clock import LoopClock
+from batchrun.core.events import RuleLearned
+from batchrun.core.limits import (
     LimitKey,
     Profile,
     Rule,
@@ -40,10 +28,22 @@ from batchrun.limits import (
     parse_override,
     parse_rule,
 )
-from batchrun.runner import Settings
-from batchrun.sandbox import create_app
-from batchrun.slots import eta
-from batchrun.submission import Target, open_run
+from batchrun.jobs.endpoints import JobType
+from batchrun.jobs.job import Job
+from batchrun.pacing.learning import (
+    Fallback,
+    Learner,
+    Lesson,
+    Sent,
+    candidates,
+    infer,
+    recalled,
+    stored,
+)
+from batchrun.pacing.ledger import MemoryLedger
+from batchrun.pacing.slots import eta
+from batchrun.run.runner import Settings
+from batchrun.sandbox.app import create_app
 from tests.fakes import ListRecorder, ListSink
 
 WINDOWS = candidates(parse_rule("30/2s"))

@@ -16,12 +16,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchrun import sqlite_ledger as ledger_module
-from batchrun.database import open_database
-from batchrun.ledger import MemoryLedger
-from batchrun.limits import parse_rule
-from batchrun.slots import Grant, Pace, Usage, Wait, earliest_slot
-from batchrun.sqlite_ledger import SqliteLedger
+from batchrun.core.limits import Pace, parse_rule
+from batchrun.ledgers import sqlite_ledger as ledger_module
+from batchrun.ledgers.sqlite_ledger import SqliteLedger
+from batchrun.pacing.ledger import MemoryLedger
+from batchrun.pacing.slots import Grant, Usage, Wait, earliest_slot
+from batchrun.store.database import open_database
 
 RULES = {"a": parse_rule("2/1s+3/3s"), "b": parse_rule("1/0.5s")}
 HOLD = 1.0

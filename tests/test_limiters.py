@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchrun.limiters import LimiterKind, make_limiter
-from batchrun.limits import LimitKey, Rule, Window, parse_rule
-from batchrun.sandbox import Sandbox
+from batchrun.core.limits import LimitKey, Rule, Window, parse_rule
+from batchrun.pacing.limiters import LimiterKind, make_limiter
+from batchrun.sandbox.app import Sandbox
 
 _windows = st.builds(Window, st.integers(1, 5), st.sampled_from([0.5, 1.0, 2.0, 4.0]))
 rules = st.lists(_windows, min_size=1, max_size=2).map(lambda ws: Rule(tuple(ws)))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from batchrun.errors import StateError, UsageError
-from batchrun.limits import (
+from batchrun.core.errors import StateError, UsageError
+from batchrun.core.limits import (
     LimitKey,
     Profile,
     Rule,

@@ -8,16 +8,16 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from batchrun.cli import app
-from batchrun.clock import MachineClock
-from batchrun.events import Status
-from batchrun.jobs import scan
-from batchrun.limits import parse_rule
-from batchrun.paths import StatePaths, client_fingerprint
-from batchrun.results import JobResult
-from batchrun.slots import Grant, Pace
-from batchrun.sqlite_ledger import SqliteLedger
-from batchrun.state import RunStore
+from batchrun.cli.commands import app
+from batchrun.core.clock import MachineClock
+from batchrun.core.events import Status
+from batchrun.core.limits import Pace, parse_rule
+from batchrun.jobs.job import scan
+from batchrun.ledgers.sqlite_ledger import SqliteLedger
+from batchrun.pacing.slots import Grant
+from batchrun.store.paths import StatePaths, client_fingerprint
+from batchrun.store.results import JobResult
+from batchrun.store.state import RunStore
 
 runner = CliRunner()
 URL = "https://api.example.test"
@@ -424,7 +424,7 @@ def test_status_show_takes_a_number_or_all(tmp_path):
 
 def test_status_json_says_whether_a_run_is_active(tmp_path):
     """status --json: `active` while a run holds the file's lock, not after."""
-    from batchrun.runlock import RunLock
+    from batchrun.store.runlock import RunLock
 
     path, store_path = failed_run(tmp_path, 1)
 
@@ -442,7 +442,7 @@ def test_status_json_says_whether_a_run_is_active(tmp_path):
 
 def test_the_lock_probe_off_linux(tmp_path, monkeypatch):
     """Without /proc/locks, a shared lock probe tells a held lock from a free one."""
-    from batchrun import runlock
+    from batchrun.store import runlock
 
     monkeypatch.setattr(runlock, "_PROC_LOCKS", tmp_path / "no-proc-locks")
     assert runlock.is_held(tmp_path) is False

@@ -13,15 +13,14 @@ import trio.testing
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from batchrun.clock import LoopClock
-from batchrun.events import SlotWait
-from batchrun.ledger import MemoryLedger
-from batchrun.limiters import make_limiter
-from batchrun.limits import LimitKey, Rule, Window, parse_rule
-from batchrun.pacer import Pacer
-from batchrun.slots import (
+from batchrun.core.clock import LoopClock
+from batchrun.core.events import SlotWait
+from batchrun.core.limits import LimitKey, Pace, Rule, Window, parse_rule
+from batchrun.pacing.ledger import MemoryLedger
+from batchrun.pacing.limiters import make_limiter
+from batchrun.pacing.pacer import Pacer
+from batchrun.pacing.slots import (
     Grant,
-    Pace,
     Usage,
     earliest_slot,
     eta,
@@ -303,7 +302,7 @@ def kept(ledger: MemoryLedger) -> dict[str, object]:
 async def test_spaced_evenly_stays_kept_after_a_later_lesson():
     """A key that was switched to spread stays spread in the ledger when a
     later lesson (a header, a settled reading) says nothing of pace."""
-    from batchrun.learning import Lesson
+    from batchrun.pacing.learning import Lesson
 
     ledger = MemoryLedger()
     pacer = Pacer(rules={KEY: parse_rule("30/2s")}, ledger=ledger, clock=LoopClock())
@@ -316,7 +315,7 @@ async def test_spaced_evenly_stays_kept_after_a_later_lesson():
 async def test_a_lesson_does_not_shorten_a_wait_the_server_asked_for():
     """A backoff guess ends when a rule is learned; a hold until the server's
     stated reset (or a Retry-After) does not."""
-    from batchrun.learning import Lesson
+    from batchrun.pacing.learning import Lesson
 
     pacer = Pacer(
         rules={KEY: parse_rule("30/2s")}, ledger=MemoryLedger(), clock=LoopClock()
@@ -328,7 +327,7 @@ async def test_a_lesson_does_not_shorten_a_wait_the_server_asked_for():
 
 
 async def test_a_lesson_ends_a_backoff_guess():
-    from batchrun.learning import Lesson
+    from batchrun.pacing.learning import Lesson
 
     pacer = Pacer(
         rules={KEY: parse_rule("30/2s")}, ledger=MemoryLedger(), clock=LoopClock()

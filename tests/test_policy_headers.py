@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchrun.hints import read_hints
-from batchrun.limiters import Quota
-from batchrun.limits import Window
-from batchrun.policy_headers import HeaderStyle, policy_headers
+from batchrun.api.hints import read_hints
+from batchrun.core.limits import Window
+from batchrun.pacing.limiters import Quota
+from batchrun.sandbox.policy_headers import HeaderStyle, policy_headers
 
 QUOTAS = (
     Quota(Window(10, 60.0), 3, 12.0),

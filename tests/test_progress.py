@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from batchrun import durations
-from batchrun.board import Board, next_slot
-from batchrun.events import (
+from batchrun.cli.board import Board, next_slot
+from batchrun.cli.progress import QUIET, log_tag, open_progress, stamped
+from batchrun.core import durations
+from batchrun.core.events import (
     JobFinished,
     JobRequeued,
     JobSent,
@@ -22,9 +23,8 @@ from batchrun.events import (
     SlotWait,
     Status,
 )
-from batchrun.limits import LimitKey, parse_rule
-from batchrun.progress import QUIET, log_tag, open_progress, stamped
-from batchrun.slots import Pace, eta
+from batchrun.core.limits import LimitKey, Pace, parse_rule
+from batchrun.pacing.slots import eta
 
 RQ, INVITE = LimitKey.RUN_QUERY, LimitKey.INVITE
 STAMP = "2024-05-01 12:00:00"

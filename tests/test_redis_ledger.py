@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchrun.errors import StateError, UsageError
-from batchrun.limits import Rule, Window, parse_rule
-from batchrun.redis_ledger import RedisLedger, redacted
-from batchrun.slots import Grant, Pace, Usage, Wait, earliest_slot
+from batchrun.core.errors import StateError, UsageError
+from batchrun.core.limits import Pace, Rule, Window, parse_rule
+from batchrun.ledgers.redis_ledger import RedisLedger, redacted
+from batchrun.pacing.slots import Grant, Usage, Wait, earliest_slot
 from tests.conftest import REDIS_PASSWORD, RedisServer, free_port, redis_process
 
 # "c": a leaky bucket's reading, which the script keeps as extra windows.

@@ -10,15 +10,15 @@ import pytest
 import respx
 import trio.testing
 
-from batchrun.endpoints import JobType
-from batchrun.errors import LedgerLost
-from batchrun.events import JobRequeued, JobSent, RunFinished, Status, Tally
-from batchrun.jobs import Job
-from batchrun.journal import Journal
-from batchrun.ledger import MemoryLedger
-from batchrun.limits import LimitKey, parse_rule
-from batchrun.results import ResultsFile
-from batchrun.state import RunStore
+from batchrun.core.errors import LedgerLost
+from batchrun.core.events import JobRequeued, JobSent, RunFinished, Status, Tally
+from batchrun.core.limits import LimitKey, parse_rule
+from batchrun.jobs.endpoints import JobType
+from batchrun.jobs.job import Job
+from batchrun.pacing.ledger import MemoryLedger
+from batchrun.run.journal import Journal
+from batchrun.store.results import ResultsFile
+from batchrun.store.state import RunStore
 from tests.fakes import BASE, ListRecorder, ListSink, make_runner
 
 QUERY = f"{BASE}/teams/t1/data/run-query"
@@ -434,7 +434,7 @@ async def test_stop_ends_the_waits_and_lets_requests_in_flight_finish():
 def test_a_queue_hands_out_its_retry_even_if_the_clock_stepped_back():
     """Checked as due at 10 s, taken at 9 s (the wall clock stepped back): the
     retry is handed out, not lost."""
-    from batchrun.runner import _Queue, _Try
+    from batchrun.run.runner import _Queue, _Try
 
     queue = _Queue(iter([]))
     retry = _Try(query("a"), attempts=1)

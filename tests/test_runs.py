@@ -10,8 +10,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from batchrun.cli import app
-from batchrun.paths import StatePaths, client_fingerprint
+from batchrun.cli.commands import app
+from batchrun.store.paths import StatePaths, client_fingerprint
 from tests.test_cli import jobs_file
 
 runner = CliRunner()

@@ -16,13 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from starlette.applications import Starlette
 
-from batchrun.errors import UsageError
-from batchrun.faults import Faults, parse_faults
-from batchrun.limiters import LimiterKind
-from batchrun.limits import LimitKey, Rule, Window, parse_rule
-from batchrun.policy_headers import HeaderStyle
-from batchrun.sandbox import Arrival, Sandbox, create_app
-from batchrun.serving import Dropped, running, serve
+from batchrun.core.errors import UsageError
+from batchrun.core.limits import LimitKey, Rule, Window, parse_rule
+from batchrun.pacing.limiters import LimiterKind
+from batchrun.sandbox.app import Arrival, Sandbox, create_app
+from batchrun.sandbox.faults import Faults, parse_faults
+from batchrun.sandbox.policy_headers import HeaderStyle
+from batchrun.sandbox.serving import Dropped, running, serve
 from tests.oracles import max_in_window, most_in_window
 
 pytestmark = pytest.mark.anyio

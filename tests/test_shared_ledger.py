@@ -10,15 +10,15 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from batchrun.cli import app
-from batchrun.limits import limit_table, parse_override, parse_rule
-from batchrun.paths import StatePaths, client_fingerprint
-from batchrun.redis_ledger import RedisLedger
-from batchrun.sandbox import create_app
-from batchrun.serving import running
-from batchrun.shared_ledger import open_shared_ledger
-from batchrun.slots import Grant, Pace
-from batchrun.sqlite_ledger import SqliteLedger
+from batchrun.cli.commands import app
+from batchrun.core.limits import Pace, limit_table, parse_override, parse_rule
+from batchrun.ledgers.redis_ledger import RedisLedger
+from batchrun.ledgers.shared_ledger import open_shared_ledger
+from batchrun.ledgers.sqlite_ledger import SqliteLedger
+from batchrun.pacing.slots import Grant
+from batchrun.sandbox.app import create_app
+from batchrun.sandbox.serving import running
+from batchrun.store.paths import StatePaths, client_fingerprint
 from tests.conftest import REDIS_PASSWORD, RedisServer, redis_process
 
 runner = CliRunner()

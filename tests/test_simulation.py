@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchrun.clock import wall_time
-from batchrun.events import Status
-from batchrun.learning import recalled as recalled_lesson
-from batchrun.ledger import MemoryLedger
-from batchrun.limiters import LimiterKind
-from batchrun.limits import Rule, Window, parse_rule
-from batchrun.slots import eta
+from batchrun.core.clock import wall_time
+from batchrun.core.events import Status
+from batchrun.core.limits import Rule, Window, parse_rule
+from batchrun.pacing.learning import recalled as recalled_lesson
+from batchrun.pacing.ledger import MemoryLedger
+from batchrun.pacing.limiters import LimiterKind
+from batchrun.pacing.slots import eta
 from tests.simulation import KEY, Server, ideal, scenarios, simulate
 
 

@@ -9,19 +9,19 @@ import stat
 
 import pytest
 
-from batchrun.endpoints import JobType
-from batchrun.errors import JobsFileError, RunLocked, StateError
-from batchrun.events import Status
-from batchrun.jobfile import Problem
-from batchrun.jobs import Job, scan
-from batchrun.journal import Journal
-from batchrun.limits import LimitKey, parse_rule
-from batchrun.paths import StatePaths, client_fingerprint
-from batchrun.results import JobResult, ResultsFile
-from batchrun.runlock import RunLock
-from batchrun.slots import Grant, Pace, Wait
-from batchrun.sqlite_ledger import SqliteLedger
-from batchrun.state import RunStore, check_jobs_file
+from batchrun.core.errors import JobsFileError, RunLocked, StateError
+from batchrun.core.events import Status
+from batchrun.core.limits import LimitKey, Pace, parse_rule
+from batchrun.jobs.endpoints import JobType
+from batchrun.jobs.job import Job, scan
+from batchrun.jobs.jobfile import Problem
+from batchrun.ledgers.sqlite_ledger import SqliteLedger
+from batchrun.pacing.slots import Grant, Wait
+from batchrun.run.journal import Journal
+from batchrun.store.paths import StatePaths, client_fingerprint
+from batchrun.store.results import JobResult, ResultsFile
+from batchrun.store.runlock import RunLock
+from batchrun.store.state import RunStore, check_jobs_file
 
 RQ = LimitKey.RUN_QUERY
 

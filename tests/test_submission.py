@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from batchrun.cli import app
+from batchrun.cli.commands import app
 from tests.test_cli import FAST, jobs_file
 
 runner = CliRunner()

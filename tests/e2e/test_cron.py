@@ -11,10 +11,10 @@ import subprocess
 import pytest
 from typer.testing import CliRunner
 
-from batchrun.cli import app
-from batchrun.limits import limit_table, parse_override
-from batchrun.sandbox import create_app
-from batchrun.serving import running
+from batchrun.cli.commands import app
+from batchrun.core.limits import limit_table, parse_override
+from batchrun.sandbox.app import create_app
+from batchrun.sandbox.serving import running
 
 pytestmark = pytest.mark.e2e
 TOKEN = "tok-cron-7e1d-SECRET"

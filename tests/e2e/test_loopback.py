@@ -13,11 +13,11 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from batchrun.cli import app
-from batchrun.limits import LimitKey, limit_table, parse_override, parse_rule
-from batchrun.sandbox import create_app
-from batchrun.serving import running
-from batchrun.slots import Pace, eta
+from batchrun.cli.commands import app
+from batchrun.core.limits import LimitKey, Pace, limit_table, parse_override, parse_rule
+from batchrun.pacing.slots import eta
+from batchrun.sandbox.app import create_app
+from batchrun.sandbox.serving import running
 from tests.oracles import max_in_window
 
 pytestmark = pytest.mark.e2e

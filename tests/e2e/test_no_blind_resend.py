@@ -13,11 +13,11 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from batchrun.cli import app
-from batchrun.faults import Faults
-from batchrun.limits import LimitKey, limit_table, parse_override
-from batchrun.sandbox import create_app
-from batchrun.serving import running
+from batchrun.cli.commands import app
+from batchrun.core.limits import LimitKey, limit_table, parse_override
+from batchrun.sandbox.app import create_app
+from batchrun.sandbox.faults import Faults
+from batchrun.sandbox.serving import running
 from tests.e2e.test_flaky import clean_env
 
 # Without the fix the two runs retry for about 20 s: room to fail on the asserts.

@@ -19,11 +19,11 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from batchrun import runlock
-from batchrun.cli import app
-from batchrun.limits import limit_table, parse_override
-from batchrun.sandbox import create_app
-from batchrun.serving import running
+from batchrun.cli.commands import app
+from batchrun.core.limits import limit_table, parse_override
+from batchrun.sandbox.app import create_app
+from batchrun.sandbox.serving import running
+from batchrun.store import runlock
 
 pytestmark = pytest.mark.e2e
 RULE = "run-query=100/1s"

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from batchrun.cli import app
+from batchrun.cli.commands import app
 from bench import stock
 from tests.stock import Server, limits_server
 

@@ -13,12 +13,12 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from batchrun.cli import app
-from batchrun.limiters import LimiterKind
-from batchrun.limits import limit_table, parse_override
-from batchrun.policy_headers import HeaderStyle
-from batchrun.sandbox import create_app
-from batchrun.serving import running
+from batchrun.cli.commands import app
+from batchrun.core.limits import limit_table, parse_override
+from batchrun.pacing.limiters import LimiterKind
+from batchrun.sandbox.app import create_app
+from batchrun.sandbox.policy_headers import HeaderStyle
+from batchrun.sandbox.serving import running
 
 pytestmark = pytest.mark.e2e
 runner = CliRunner()

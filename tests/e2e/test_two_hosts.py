@@ -16,9 +16,9 @@ from collections import Counter
 
 import pytest
 
-from batchrun.limits import LimitKey, limit_table, parse_override
-from batchrun.sandbox import create_app
-from batchrun.serving import running
+from batchrun.core.limits import LimitKey, limit_table, parse_override
+from batchrun.sandbox.app import create_app
+from batchrun.sandbox.serving import running
 from tests.oracles import max_in_window
 
 pytestmark = pytest.mark.e2e

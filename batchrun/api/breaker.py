@@ -1,0 +1,57 @@
+"""The run's circuit breaker: answers that say every request will fail the same way.
+
+`TRIP_AFTER` requests in a row refused with 401 or 403 (the token is missing,
+wrong or lacks the rights), or that never reached the server (the host is down,
+unknown or refuses connections), stop the run: every other job would end the same
+way, at the paced rate, using the budget. Any other answer resets the count.
+"""
+
+from __future__ import annotations
+
+from batchrun.api.outcome import Outcome
+
+# Consecutive requests failing the same way that stop a run.
+TRIP_AFTER = 5
+_REFUSED = (401, 403)
+
+
+class Breaker:
+    """Counts requests in a row that failed the same way; says why when it trips."""
+
+    def __init__(self, *, trip_after: int = TRIP_AFTER) -> None:
+        self._trip_after = trip_after
+        self._cause: str | None = None
+        self._count = 0
+        self.tripped: str | None = None
+
+    def answered(self, outcome: Outcome) -> str | None:
+        """Count `outcome`; the reason the run should stop, the first time it trips."""
+        cause = _cause(outcome)
+        if cause is None:
+            self._cause, self._count = None, 0
+            return None
+        self._count = self._count + 1 if cause == self._cause else 1
+        self._cause = cause
+        if self._count < self._trip_after or self.tripped is not None:
+            return None
+        self.tripped = _why(cause, self._count, outcome)
+        return self.tripped
+
+
+def _cause(outcome: Outcome) -> str | None:
+    if outcome.status in _REFUSED:
+        return "refused"
+    return None if outcome.reached else "unreached"
+
+
+def _why(cause: str, count: int, outcome: Outcome) -> str:
+    if cause == "refused":
+        return (
+            f"the last {count} requests were refused ({outcome.error}): the token "
+            "(BATCHRUN_TOKEN or --token) is missing, wrong, expired or lacks the "
+            "rights. Fix it, then run again with --retry-failed."
+        )
+    return (
+        f"the last {count} requests never reached the server ({outcome.error}): "
+        "check --base-url and the network, then run the same command to resume."
+    )

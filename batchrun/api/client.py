@@ -1,0 +1,321 @@
+"""One request per job, and what its answer means: the only module that uses httpx.
+
+`Client.send` never raises for anything the network or the server does: every
+answer, timeout, broken connection or refused certificate becomes an `Outcome` the
+runner can act on. Whatever the server sends, an Outcome stays small and safe to
+store: at most `BODY_LIMIT` bytes of body are read, a body is kept as JSON only if it
+is strict, storable JSON (else as text), and the token never appears in it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ssl
+import time
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from typing import Any, Self, cast
+
+import anyio
+import httpx
+
+from batchrun import __version__
+from batchrun.api.hints import Hints, read_hints
+from batchrun.api.outcome import Kind, Outcome
+from batchrun.core import strict_json
+from batchrun.core.errors import UsageError
+from batchrun.jobs.job import Job
+
+# Longest Retry-After honoured; a server asking for more is capped, with a note.
+RETRY_AFTER_CAP = 900.0
+# Bodies longer than this are kept truncated in the results, with a note; the rest
+# is not read, so a huge answer costs no memory.
+BODY_LIMIT = 64 * 1024
+# A token shorter than this would match ordinary text, so it is not searched for.
+_SHORTEST_SECRET = 8
+_REDACTED = "[token]"
+
+
+def idempotency_key(scope: str, job_id: str) -> str:
+    """A key stable for one jobs file and job id, so every attempt carries the same."""
+    digest = hashlib.sha256(f"{scope}\0{job_id}".encode()).hexdigest()
+    return f"batchrun-{digest[:32]}"
+
+
+def asgi_transport(app: Any) -> httpx.AsyncBaseTransport:
+    """A transport that calls an ASGI app in process (the built-in sandbox)."""
+    return _InProcess(app=app)
+
+
+class _InProcess(httpx.ASGITransport):
+    """An app that breaks off its answer looks like a dropped connection."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await super().handle_async_request(request)
+        except Exception as exc:
+            msg = f"connection dropped ({type(exc).__name__})"
+            raise httpx.RemoteProtocolError(msg, request=request) from exc
+
+
+def tls_context(ca_bundle: Path | None) -> ssl.SSLContext:
+    """The certificates a client trusts: httpx's default store, plus `ca_bundle`.
+
+    Raises:
+        UsageError: when the bundle is missing, unreadable or holds no certificate.
+    """
+    # httpx's own default (certifi, or SSL_CERT_FILE/SSL_CERT_DIR), so adding a
+    # bundle never drops a CA that a run without one would trust.
+    context = httpx.create_ssl_context()
+    if ca_bundle is not None:
+        try:
+            context.load_verify_locations(cafile=ca_bundle)
+        except ssl.SSLError as exc:
+            msg = (
+                f"cannot use CA bundle {ca_bundle}: it holds no PEM certificate "
+                f"({exc.reason}). --ca-bundle takes a PEM file of CA certificates."
+            )
+            raise UsageError(msg) from None
+        except OSError as exc:
+            msg = (
+                f"cannot use CA bundle {ca_bundle}: {exc.strerror or exc}. "
+                "--ca-bundle takes a readable PEM file of CA certificates."
+            )
+            raise UsageError(msg) from None
+    return context
+
+
+class Client:
+    """Sends jobs to one base URL with one token, over a bounded connection pool.
+
+    TLS certificates are always verified; `ca_bundle` adds CAs to trust (a private
+    CA). `timeout` bounds each whole exchange, from sending to the last body byte.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        token: str | None,
+        scope: str,
+        timeout: float = 30.0,
+        connections: int = 8,
+        transport: httpx.AsyncBaseTransport | None = None,
+        ca_bundle: Path | None = None,
+    ) -> None:
+        headers = {"User-Agent": f"batchrun/{__version__}"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._secret = token if token and len(token) >= _SHORTEST_SECRET else None
+        self._scope = scope
+        self._timeout = timeout
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=timeout,
+            transport=transport,
+            # True is httpx's default store, the same as tls_context(None).
+            verify=True if ca_bundle is None else tls_context(ca_bundle),
+            limits=httpx.Limits(max_connections=connections),
+            follow_redirects=False,
+        )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._http.aclose()
+
+    async def send(self, job: Job) -> Outcome:
+        """Make the job's request once and classify the answer."""
+        headers = {"Idempotency-Key": idempotency_key(self._scope, job.id)}
+        request = self._http.build_request(
+            job.endpoint.method, job.path, json=job.payload, headers=headers
+        )
+        try:
+            # httpx times each phase (connect, each read); a server dripping its
+            # answer byte by byte must still end within the timeout, as a whole.
+            with anyio.fail_after(self._timeout):
+                response, raw, cut = await self._exchange(request)
+        except httpx.ConnectTimeout:
+            error = "timeout (ConnectTimeout: no connection was made)"
+            return Outcome(
+                Kind.TRANSIENT, error=error, maybe_processed=False, reached=False
+            )
+        except TimeoutError:
+            error = f"timeout (no complete answer within {self._timeout:g} s)"
+            return Outcome(Kind.TRANSIENT, error=error)
+        except httpx.TimeoutException as exc:
+            error = f"timeout ({type(exc).__name__})"
+            return Outcome(
+                Kind.TRANSIENT, error=error, maybe_processed=not _unsent(exc)
+            )
+        except httpx.TransportError as exc:
+            return _transport_failure(exc, self._secret)
+        return _classify(response, raw, cut=cut, secret=self._secret)
+
+    async def _exchange(
+        self, request: httpx.Request
+    ) -> tuple[httpx.Response, bytes, bool]:
+        """Send; stop reading the answer once past BODY_LIMIT; say if it was cut."""
+        response = await self._http.send(request, stream=True)
+        chunks: list[bytes] = []
+        size = 0
+        stream = cast(AsyncGenerator[bytes, None], response.aiter_bytes())
+        try:
+            async for chunk in stream:
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > BODY_LIMIT:
+                    break
+        finally:
+            # Shielded: a timeout must still close the stream. An answer left
+            # unread closes its connection rather than returning it to the pool.
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+                await response.aclose()
+        return response, b"".join(chunks), size > BODY_LIMIT
+
+
+def classify(response: httpx.Response) -> Outcome:
+    """Turn an answer into an Outcome: 2xx done, 429 requeue, 5xx retry, else fail."""
+    return _classify(response, response.content, cut=False, secret=None)
+
+
+def _classify(
+    response: httpx.Response, raw: bytes, *, cut: bool, secret: str | None
+) -> Outcome:
+    body, note = _body(raw, cut=cut, secret=secret)
+    headers = {name.lower(): value for name, value in response.headers.items()}
+    hints = read_hints(headers, now=time.time(), cap=RETRY_AFTER_CAP)
+    note = _joined(*hints.notes, note)
+    status = response.status_code
+    if 200 <= status < 300:
+        return Outcome(Kind.DONE, status, body, note=note, hints=hints)
+    if status == 429:
+        return Outcome(
+            Kind.RATE_LIMITED,
+            status,
+            body,
+            _delay(hints),
+            "HTTP 429",
+            note,
+            hints=hints,
+            maybe_processed=False,
+        )
+    error = f"HTTP {status} {response.reason_phrase}".strip()
+    kind = Kind.TRANSIENT if status >= 500 or status == 408 else Kind.FAILED
+    # A 503 that says when to come back is the server turning the request away
+    # unprocessed (RFC 9110 section 15.6.4); any other 5xx may have done the work.
+    declined = status == 503 and hints.retry_after is not None
+    return Outcome(
+        kind,
+        status,
+        body,
+        error=error,
+        note=note,
+        hints=hints,
+        maybe_processed=not declined,
+    )
+
+
+def _delay(hints: Hints) -> float | None:
+    """How long a 429 says to wait: Retry-After, else the reset of a quota the
+    server says is spent."""
+    if hints.retry_after is not None:
+        return hints.retry_after
+    return hints.reset if hints.remaining == 0 else None
+
+
+def parse_retry_after(
+    value: str | None, *, now: float | None = None
+) -> tuple[float | None, str | None]:
+    """Seconds to wait from a Retry-After value (delta-seconds or HTTP date).
+
+    Returns `(None, note)` for a malformed value, and caps absurd ones with a note.
+    """
+    if value is None:
+        return None, None
+    moment = time.time() if now is None else now
+    hints = read_hints({"retry-after": value}, now=moment, cap=RETRY_AFTER_CAP)
+    return hints.retry_after, _joined(*hints.notes)
+
+
+def _body(raw: bytes, *, cut: bool, secret: str | None) -> tuple[Any, str | None]:
+    """The body to keep: strict JSON parsed, else text; never the token."""
+    notes: list[str] = []
+    if secret and secret.encode() in raw:
+        raw = raw.replace(secret.encode(), _REDACTED.encode())
+        notes.append("the token was echoed in the body and is replaced by [token]")
+    if cut or len(raw) > BODY_LIMIT:
+        size = f"more than {BODY_LIMIT}" if cut else str(len(raw))
+        notes.append(f"body of {size} bytes truncated to {BODY_LIMIT}")
+        return raw[:BODY_LIMIT].decode("utf-8", "replace"), _joined(*notes)
+    if not raw:
+        return None, _joined(*notes)
+    try:
+        return _strict_json(raw), _joined(*notes)
+    except (ValueError, RecursionError):
+        return raw.decode("utf-8", "replace"), _joined(*notes)
+
+
+def _strict_json(raw: bytes) -> Any:
+    """JSON that any reader of the results file accepts, or ValueError (a body
+    that is not UTF-8 included); RecursionError when nested too deeply."""
+    text = raw.decode("utf-8")
+    value = strict_json.loads(text)
+    if not strict_json.surely_encodable(text):
+        strict_json.check_encodable(value)
+    return value
+
+
+def _transport_failure(exc: httpx.TransportError, secret: str | None) -> Outcome:
+    """A connection error is retried, unless the certificate was refused: that
+    answer would be the same on every attempt."""
+    refused = _certificate_error(exc)
+    if refused is not None:
+        why = refused.verify_message or refused.reason or "certificate rejected"
+        error = (
+            f"TLS certificate not trusted: {why}. If the API uses a private CA, "
+            "pass it with --ca-bundle."
+        )
+        return Outcome(Kind.FAILED, error=error)
+    unsent = _unsent(exc)
+    # No connection was made: the server never saw the request (the breaker
+    # counts these as an unreachable host; a pool timeout is ours, not its).
+    reached = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+    error = _describe(exc, secret)
+    return Outcome(
+        Kind.TRANSIENT, error=error, maybe_processed=not unsent, reached=reached
+    )
+
+
+def _unsent(exc: httpx.TransportError) -> bool:
+    """True when the request provably never left: no connection was made, or no
+    pooled connection came free, so not a byte of it reached the server."""
+    return isinstance(
+        exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout
+    )
+
+
+def _certificate_error(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _describe(exc: httpx.TransportError, secret: str | None) -> str:
+    detail = str(exc).strip()
+    if secret:
+        detail = detail.replace(secret, _REDACTED)
+    name = type(exc).__name__
+    return f"{name}: {detail}" if detail else name
+
+
+def _joined(*notes: str | None) -> str | None:
+    return "; ".join(n for n in notes if n) or None

@@ -1,0 +1,230 @@
+"""What a run looks like as numbers: counts per key, ETAs and summary rows.
+
+`Board` is built from the runner's events and read by both views in `progress.py`;
+it knows no terminal. ETAs come from the limits (`slots.eta` over the jobs not yet
+sent and each key's recent sends), never from the past rate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from batchrun.core import durations
+from batchrun.core.events import (
+    Event,
+    JobFinished,
+    JobRequeued,
+    JobSent,
+    RuleLearned,
+    RunFinished,
+    RunStarted,
+    SlotWait,
+    Status,
+    Tally,
+)
+from batchrun.core.limits import LimitKey, Pace, Rule
+from batchrun.pacing.slots import eta
+
+_FAILURES_RECENT = 3
+NONE = "—"
+_COLUMNS = ("endpoint", "done", "failed", "left", "429s", "retries")
+
+
+@dataclass(slots=True, kw_only=True)
+class KeyCounts(Tally):
+    rule: Rule
+    sends: deque[float]
+    in_flight: int = 0
+    # From the last SlotWait: None waits for an answer; -inf once a request left.
+    slot: float | None = -math.inf
+    # Set once the server showed a stricter limit than the rule (RuleLearned).
+    learned: str | None = None
+    spread: bool = False
+
+    @property
+    def unsent(self) -> int:
+        return max(0, self.left - self.in_flight)
+
+
+def overall(states: Iterable[Tally]) -> Tally:
+    total = Tally()
+    for state in states:
+        total.add(state)
+    return total
+
+
+class Board:
+    """Counts per key, kept from the events; each sink shows one."""
+
+    def __init__(self) -> None:
+        self.keys: dict[LimitKey, KeyCounts] = {}
+        self.pace = Pace.EXACT
+        self.started: float | None = None
+        self.finished: RunFinished | None = None
+        self.failures = 0
+        self.recent: deque[str] = deque(maxlen=_FAILURES_RECENT)
+
+    def apply(self, event: Event) -> KeyCounts | None:
+        """Count `event`; return the state of its key, if the run has jobs of it."""
+        if isinstance(event, RunStarted):
+            self._start(event)
+            return None
+        if isinstance(event, RunFinished):
+            self.finished = event
+            return None
+        state = self.keys.get(event.key)
+        if state is not None:
+            _count(state, event)
+            if isinstance(event, JobFinished) and event.status is not Status.DONE:
+                self.failures += 1
+                self.recent.append(failure_text(event))
+        return state
+
+    def _start(self, event: RunStarted) -> None:
+        self.started = event.at
+        self.pace = event.pace
+        self.keys = {
+            key: KeyCounts(
+                total=total,
+                rule=rule,
+                sends=deque(event.used.get(key, ()), maxlen=rule.deepest),
+            )
+            for key, total in event.totals.items()
+            if total > 0 and (rule := event.rules.get(key)) is not None
+        }
+
+    def etas(self, now: float) -> dict[LimitKey, float]:
+        """Seconds from `now` until each key's last unsent job may leave."""
+        return {key: _eta(s, self.pace, now) for key, s in list(self.keys.items())}
+
+    def eta(self, now: float) -> float:
+        """Seconds from `now` until the run's last job may leave."""
+        return max(self.etas(now).values(), default=0.0)
+
+    def elapsed(self, now: float) -> float:
+        if self.started is None:
+            return 0.0
+        end = self.finished.at if self.finished is not None else now
+        return end - self.started
+
+
+def _count(
+    state: KeyCounts,
+    event: JobSent | JobRequeued | JobFinished | SlotWait | RuleLearned,
+) -> None:
+    match event:
+        case JobSent():
+            state.in_flight += 1
+            state.sends.append(event.at)
+            state.slot = -math.inf
+        case JobRequeued():
+            state.in_flight = max(0, state.in_flight - 1)
+            if event.rate_limited:
+                # The key cools down for the delay: no slot opens before then.
+                state.slot = max(state.slot or -math.inf, event.at + event.delay)
+            state.rate_limited += event.rate_limited
+            state.retried += not event.rate_limited
+        case JobFinished():
+            state.in_flight = max(0, state.in_flight - 1)
+            state.done += event.status is Status.DONE
+            state.failed += event.status is Status.FAILED
+            state.unknown += event.status is Status.UNKNOWN
+        case SlotWait():
+            state.slot = event.until
+        case RuleLearned():
+            state.rule = event.rule
+            state.learned = event.evidence
+            state.spread = event.spread
+
+
+def _eta(state: KeyCounts, pace: Pace, now: float) -> float:
+    count = state.unsent
+    if count == 0:
+        return 0.0
+    pace = Pace.SPREAD if state.spread else pace
+    # The next slot the pacer named (another process's use, a cool-down, a
+    # Retry-After) comes first: the ETA is never sooner than the "next slot".
+    start = now if state.slot is None else max(now, state.slot)
+    moment = eta(count, state.rule, now=start, pace=pace, recent=state.sends)
+    return max(0.0, moment - now)
+
+
+def learned_text(event: RuleLearned) -> str:
+    """A line saying what the server showed about a key's limit, and what now."""
+    pace = ", spaced evenly" if event.spread else ""
+    if event.kept:
+        return f"{event.key}: {event.rule}{pace}, {event.evidence}"
+    return (
+        f"{event.key}: the server allows less than the rule; now {event.rule}{pace} "
+        f"({event.evidence})"
+    )
+
+
+def rule_text(state: KeyCounts) -> str:
+    """A key's rule as a view shows it, marked when learned from the server."""
+    if state.learned is None:
+        return str(state.rule)
+    return f"{state.rule} (learned{', spread' if state.spread else ''})"
+
+
+def failure_text(event: JobFinished) -> str:
+    status = f"HTTP {event.http_status}" if event.http_status else "unknown error"
+    reason = event.error or status
+    attempts = "attempt" if event.attempts == 1 else "attempts"
+    if event.status is Status.UNKNOWN:
+        return (
+            f"job {event.job_id} ({event.key}) unknown after {event.attempts} "
+            f"{attempts}: {reason}; it may have been processed, so it is not "
+            "resent (check, then --retry-unknown)"
+        )
+    return (
+        f"job {event.job_id} ({event.key}) failed after {event.attempts} "
+        f"{attempts}: {reason}"
+    )
+
+
+def next_slot(state: KeyCounts, now: float) -> str:
+    if state.left <= 0:
+        return NONE
+    if state.slot is None:
+        return "on answer"
+    if state.slot <= now:
+        return "now"
+    return durations.spoken(state.slot - now)
+
+
+def ended_text(state: KeyCounts) -> str:
+    """How a key's ended jobs came out: done, failed, and unknown if any."""
+    unknown = f", {state.unknown} unknown" if state.unknown else ""
+    return f"{state.done} done, {state.failed} failed{unknown}"
+
+
+def tally(counts: Tally) -> str:
+    return (
+        f"{counts.done}/{counts.total} done, {counts.failed} failed, "
+        f"{counts.rate_limited} 429s, {counts.retried} retries"
+    )
+
+
+def summary_rows(board: Board) -> list[tuple[str, ...]]:
+    """The summary table, header first; an `unknown` column only when a job is."""
+    named = [*board.keys.items(), ("total", overall(board.keys.values()))]
+    unknown = named[-1][1].unknown > 0
+    header = _COLUMNS[:3] + ("unknown",) * unknown + _COLUMNS[3:]
+    rows = [header]
+    for name, c in named:
+        counts = (c.done, c.failed, *(c.unknown,) * unknown, c.left)
+        rows.append((str(name), *map(str, (*counts, c.rate_limited, c.retried))))
+    return rows
+
+
+def closing_lines(board: Board, now: float) -> list[str]:
+    c = overall(board.keys.values())
+    elapsed = durations.spoken(board.elapsed(now))
+    # Whether it stopped early, and how to resume, is said once, with the exit code
+    # (submission.py): not here as well.
+    unknown = f"{c.unknown} unknown, " if c.unknown else ""
+    return [f"{c.done} done, {c.failed} failed, {unknown}{c.left} left in {elapsed}."]

@@ -1,0 +1,320 @@
+"""What `status` and `plan` report: a run's standing, and how long what is left takes.
+
+Both read the run store and the client's ledger; neither sends anything. Durations
+come from the limits (`slots.eta` over the jobs left and the ledger's recent use),
+the same rule the pacer grants by.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from batchrun.core.clock import MachineClock, wall_time
+from batchrun.core.errors import UsageError
+from batchrun.core.limits import LimitKey, Pace, Rule, read_table
+from batchrun.jobs.job import read_jobs
+from batchrun.ledgers.shared_ledger import open_shared_ledger
+from batchrun.pacing.learning import Lesson, recalled
+from batchrun.pacing.ledger import Ledger
+from batchrun.pacing.slots import eta
+from batchrun.store.paths import StatePaths
+from batchrun.store.results import last_result
+from batchrun.store.runlock import is_held
+from batchrun.store.state import Failure, JobRecord, JobState, RunStore
+
+_SETTLED = {JobState.DONE, JobState.FAILED, JobState.UNKNOWN}
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPlan:
+    """One endpoint: jobs left, the rule in force, the budget in use now, and the
+    time left; `learned` says why, if the rule was learned from the server."""
+
+    key: LimitKey
+    jobs: int
+    rule: Rule
+    used: list[tuple[str, int]]
+    seconds: float
+    learned: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """Where a jobs file's latest run stands."""
+
+    store: Path | None
+    states: dict[LimitKey, dict[JobState, int]] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)
+    keys: list[KeyPlan] = field(default_factory=list)
+    activity: Activity | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Activity:
+    """Whether a run is working on the file now, where its results go, and when
+    it started and last wrote its store (Unix times; None: not known)."""
+
+    active: bool
+    results: str | None
+    started_at: float | None
+    last_activity: float | None
+
+
+def _activity(store_path: Path, store: RunStore) -> Activity:
+    # With WAL, a run's writes land in the -wal file first.
+    written = [p.stat().st_mtime for p in _store_files(store_path) if p.exists()]
+    started = store.get_meta("started_at")
+    return Activity(
+        active=is_held(store_path.parent),
+        results=store.get_meta("results"),
+        started_at=None if started is None else float(started),
+        last_activity=max(written, default=None),
+    )
+
+
+def _store_files(store_path: Path) -> list[Path]:
+    return [store_path, store_path.with_name(f"{store_path.name}-wal")]
+
+
+def status(
+    jobs_file: Path,
+    paths: StatePaths,
+    names: Sequence[str] = (),
+    *,
+    ledger_url: str | None = None,
+    shown: int | None = 20,
+) -> Status:
+    """The latest run of `jobs_file` (in the store of one of `names`, if given: an
+    API's, then a legacy client's), with its first `shown` failures (None: all);
+    the budget in use is read from the ledger of the run's client at `ledger_url`
+    (None: SQLite in `paths`).
+
+    Raises:
+        UsageError: when the file has no run (exit 2), saying why that may be.
+    """
+    found = _store_path(paths, jobs_file, names)
+    if found is None:
+        raise UsageError(_no_run(jobs_file, paths, names))
+    with RunStore(found, read_only=True) as store:
+        client = store.get_meta("client") or found.stem
+        states: dict[LimitKey, dict[JobState, int]] = {}
+        for (key, state), n in sorted(store.counts().items()):
+            states.setdefault(key, {})[state] = n
+        rules = read_table(store.get_meta("rules") or "{}")
+        pace = Pace(store.get_meta("pace") or Pace.EXACT)
+        fallback = read_table(store.get_meta("fallback") or "{}")
+        failures = store.failures(shown)
+        activity = _activity(found, store)
+    pending = {
+        k: s.get(JobState.PENDING, 0) + s.get(JobState.IN_FLIGHT, 0)
+        for k, s in states.items()
+    }
+    budget = _Budget(paths, client, ledger_url, fallback)
+    keys = _plans(pending, rules, pace, budget)
+    return Status(found, states, failures, keys, activity)
+
+
+@dataclass(frozen=True, slots=True)
+class Shown:
+    """One job: where it stands in the latest run, and its last results line."""
+
+    store: Path
+    job: JobRecord
+    result: dict[str, Any] | None
+
+
+def show(
+    jobs_file: Path,
+    job_id: str,
+    paths: StatePaths,
+    names: Sequence[str],
+    results: Path,
+) -> Shown:
+    """Job `job_id` of the latest run of `jobs_file`, and its line in `results`.
+
+    Raises:
+        UsageError: when the file has no run, or its run no such job (exit 2).
+    """
+    found = _store_path(paths, jobs_file, names)
+    if found is None:
+        raise UsageError(_no_run(jobs_file, paths, names))
+    with RunStore(found, read_only=True) as store:
+        job = store.job(job_id)
+    if job is None:
+        msg = f"{jobs_file}: its run has no job {job_id!r}. Check the id's spelling."
+        raise UsageError(msg)
+    return Shown(found, job, last_result(results, job_id))
+
+
+def _no_run(jobs_file: Path, paths: StatePaths, names: Sequence[str]) -> str:
+    if not jobs_file.is_file():
+        return f"{jobs_file}: no such file, and no run of it in {paths.root}."
+    whose = " for this --base-url" if names else ""
+    return (
+        f"{jobs_file}: no run yet{whose} in {paths.root} (runs with --sandbox are "
+        f"not kept). `batchrun submit {jobs_file}` starts one."
+    )
+
+
+def plan(
+    jobs_file: Path,
+    rules: dict[LimitKey, Rule],
+    pace: Pace,
+    paths: StatePaths,
+    client: str,
+    *,
+    ledger_url: str | None = None,
+    fallback: dict[LimitKey, Rule] | None = None,
+    names: Sequence[str] = (),
+) -> list[KeyPlan]:
+    """How long the jobs of `jobs_file` not yet settled (in the run of one of
+    `names`, else the latest) take under `rules` now, or under what was learned
+    of a key's limit under these rules."""
+    jobs = read_jobs(jobs_file)
+    settled: set[str] = set()
+    found = _store_path(paths, jobs_file, names)
+    if found is not None:
+        with RunStore(found, read_only=True) as store:
+            settled = store.ids_in(_SETTLED)
+    left = Counter(job.key for job in jobs if job.id not in settled)
+    budget = _Budget(paths, client, ledger_url, fallback or {})
+    return _plans(dict(left), rules, pace, budget)
+
+
+@dataclass(frozen=True, slots=True)
+class _Budget:
+    """Where a client's budget in use, and what was learned of its limits, are
+    read: its ledger."""
+
+    paths: StatePaths
+    client: str
+    ledger_url: str | None = field(repr=False)  # may hold a password
+    # --profile auto: the rule a key is planned by until the server settles it.
+    fallback: dict[LimitKey, Rule] = field(default_factory=dict)
+
+
+def _plans(
+    left: dict[LimitKey, int],
+    rules: dict[LimitKey, Rule],
+    pace: Pace,
+    budget: _Budget,
+) -> list[KeyPlan]:
+    now = MachineClock().now()
+    with _ledger(budget, now) as ledger:
+        return [
+            _plan(key, n, _in_force(key, rules[key], ledger, budget), pace, ledger, now)
+            for key, n in sorted(left.items())
+            if n and key in rules
+        ]
+
+
+@contextmanager
+def _ledger(
+    budget: _Budget, now: float | None = None, *, read_only: bool = True
+) -> Iterator[Ledger]:
+    """The client's ledger, read at `now` (default: the time it is opened)."""
+    at = MachineClock().now() if now is None else now
+    ledger = open_shared_ledger(
+        budget.ledger_url,
+        state=budget.paths,
+        client=budget.client,
+        hold=0.0,
+        now=lambda: at,
+        read_only=read_only,
+    )
+    try:
+        yield ledger
+    finally:
+        ledger.close()
+
+
+def _in_force(key: LimitKey, rule: Rule, ledger: Ledger, budget: _Budget) -> Lesson:
+    """The rule a run of `key` would pace by: what was learned of it, if anything
+    under this very rule, else `rule` (as a lesson of no evidence)."""
+    text = ledger.recall(key.value)
+    lesson = recalled(rule, text, time_scale=1.0, now=wall_time())
+    if lesson is not None:
+        return lesson
+    return Lesson(budget.fallback.get(key, rule), "")
+
+
+def _plan(
+    key: LimitKey, jobs: int, force: Lesson, pace: Pace, ledger: Ledger, now: float
+) -> KeyPlan:
+    rule = force.rule
+    pace = Pace.SPREAD if force.spread else pace
+    usage = ledger.usage(key.value, rule)
+    used = [
+        (
+            str(w),
+            usage.in_flight + sum(1 for t in usage.finished if t > now - w.seconds),
+        )
+        for w in rule.windows
+    ]
+    moment = eta(jobs, rule, now=now, pace=pace, recent=usage.finished)
+    learned = force.evidence or None
+    return KeyPlan(key, jobs, rule, used, max(0.0, moment - now), learned)
+
+
+def _store_path(
+    paths: StatePaths, jobs_file: Path, names: Sequence[str]
+) -> Path | None:
+    folder = paths.run_folder(jobs_file)
+    if names:
+        found = [folder / f"{name}.db" for name in names]
+        return next((path for path in found if path.exists()), None)
+    stores = sorted(folder.glob("*.db"), key=lambda p: p.stat().st_mtime)
+    return stores[-1] if stores else None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLimit:
+    """One key's limit for a client: the rule given (profile or --limit), the rule
+    a run paces by, and, if that was learned from the server, when and why."""
+
+    key: LimitKey
+    given: Rule
+    rule: Rule
+    spread: bool
+    learned: str | None
+
+
+def limits(
+    rules: dict[LimitKey, Rule],
+    paths: StatePaths,
+    client: str,
+    *,
+    ledger_url: str | None = None,
+    fallback: dict[LimitKey, Rule] | None = None,
+) -> list[KeyLimit]:
+    """Each key's limit for `client`, as the next run would pace it (or plan it,
+    under --profile auto until the server settles which statement holds)."""
+    budget = _Budget(paths, client, ledger_url, fallback or {})
+    rules = {key: rules[key] for key in LimitKey if key in rules}
+    with _ledger(budget) as ledger:
+        found = [
+            (key, _in_force(key, rule, ledger, budget)) for key, rule in rules.items()
+        ]
+    return [
+        KeyLimit(key, rules[key], force.rule, force.spread, force.evidence or None)
+        for key, force in found
+    ]
+
+
+def forget(
+    keys: list[LimitKey], paths: StatePaths, client: str, *, ledger_url: str | None
+) -> list[LimitKey]:
+    """Forget what was learned of `keys`' limits for `client`, so that the next
+    run starts from the rule given again; return the keys that had a lesson."""
+    forgotten = []
+    with _ledger(_Budget(paths, client, ledger_url), read_only=False) as ledger:
+        for key in keys:
+            if ledger.recall(key.value) not in (None, "{}"):
+                ledger.remember(key.value, "{}")
+                forgotten.append(key)
+    return forgotten

@@ -1,0 +1,289 @@
+"""What `validate`, `status`, `plan` and `config` print: lines, or JSON for scripts.
+
+Pure rendering of values computed elsewhere (`jobs.Summary`, `overview.Status`,
+`overview.KeyPlan`); the CLI only echoes what these return.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from batchrun.core import durations
+
+if TYPE_CHECKING:
+    # Types only: `status` and `plan` import overview when they run, so that
+    # `--help` and `validate` do not load SQLite.
+    from batchrun.cli.config import InForce
+    from batchrun.cli.overview import KeyLimit, KeyPlan, Shown, Status
+    from batchrun.core.errors import JobsFileError
+    from batchrun.core.limits import LimitKey
+    from batchrun.jobs.job import Summary
+    from batchrun.store.state import Failure
+
+_TEAMS_SHOWN = 10
+_UNKNOWN_HINT = (
+    "the server may or may not have processed these; check, then resend "
+    "them with --retry-unknown (--retry-failed does not)"
+)
+
+
+def summary_lines(jobs_file: Path, summary: Summary) -> list[str]:
+    """`validate`: how many valid jobs of each type, and the busiest teams."""
+    per_type = ", ".join(f"{kind.value} {n}" for kind, n in summary.per_type.items())
+    lines = [f"{jobs_file}: {summary.total} valid job(s): {per_type or 'none'}"]
+    if summary.per_team:
+        teams = sorted(summary.per_team.items(), key=lambda item: (-item[1], item[0]))
+        shown = ", ".join(f"{team} {n}" for team, n in teams[:_TEAMS_SHOWN])
+        more = (
+            f" and {len(teams) - _TEAMS_SHOWN} more"
+            if len(teams) > _TEAMS_SHOWN
+            else ""
+        )
+        lines.append(f"  {len(teams)} team(s): {shown}{more}")
+    return lines
+
+
+def summary_json(jobs_file: Path, summary: Summary) -> dict[str, object]:
+    """`validate --json` of a good file: the counts per type and per team."""
+    return {
+        "file": str(jobs_file),
+        "valid": True,
+        "jobs": summary.total,
+        "per_type": {kind.value: n for kind, n in summary.per_type.items()},
+        "per_team": dict(sorted(summary.per_team.items())),
+    }
+
+
+def problems_json(error: JobsFileError) -> dict[str, object]:
+    """`validate --json` of a bad file: every problem kept, by line (0: the file)."""
+    return {
+        "file": error.path,
+        "valid": False,
+        "invalid_rows": error.total,
+        "problems": [{"line": line, "reason": why} for line, why in error.problems],
+    }
+
+
+def plan_json(jobs_file: Path, plans: list[KeyPlan]) -> dict[str, object]:
+    """`plan --json`: `plan_lines` as one object; `eta_seconds` is the longest."""
+    return {
+        "file": str(jobs_file),
+        "keys": [_plan_json(p) for p in plans],
+        "eta_seconds": round(max((p.seconds for p in plans), default=0.0), 3),
+    }
+
+
+def status_lines(jobs_file: Path, found: Status) -> list[str]:
+    """`status`: counts per endpoint and state, failures, then the time left."""
+    lines = []
+    for key, states in found.states.items():
+        counts = ", ".join(f"{n} {state.value}" for state, n in states.items())
+        lines.append(f"{key.value}: {counts}")
+    for failure in found.failures:
+        lines.append(
+            f"  {failure.state}: {failure.id} ({failure.type}): {failure.error}"
+        )
+    more = _ended_badly(found) - len(found.failures)
+    if more > 0:
+        lines.append(f"  … and {more} more (--show all lists every one)")
+    if any(failure.state == "unknown" for failure in found.failures):
+        lines.append(f"  unknown: {_UNKNOWN_HINT}")
+    return lines + _activity_lines(found) + plan_lines(found.keys)
+
+
+def _ended_badly(found: Status) -> int:
+    """How many jobs of the run are failed or unknown."""
+    bad = ("failed", "unknown")
+    return sum(n for s in found.states.values() for st, n in s.items() if st in bad)
+
+
+def _activity_lines(found: Status) -> list[str]:
+    act = found.activity
+    if act is None:
+        return []
+    lines = ["a run is working on it now" if act.active else "no run is working on it"]
+    if act.started_at is not None:
+        lines.append(f"latest run started {_when(act.started_at)}")
+    if act.last_activity is not None:
+        lines.append(f"last activity {_when(act.last_activity)}")
+    if act.results is not None:
+        lines.append(f"results: {act.results}")
+    return lines
+
+
+def _when(stamp: float) -> str:
+    return datetime.fromtimestamp(stamp).astimezone().strftime("%Y-%m-%d %H:%M:%S %z")
+
+
+def plan_lines(plans: list[KeyPlan]) -> list[str]:
+    """`plan`: per endpoint, the jobs left, the rule, the budget in use and the time."""
+    lines = []
+    for item in plans:
+        used = ", ".join(f"{n} of {window}" for window, n in item.used)
+        learned = " (learned)" if item.learned else ""
+        lines.append(
+            f"{item.jobs:,} {item.key.value} jobs at {item.rule}{learned}: "
+            f"{durations.spoken(item.seconds)} (in use now: {used})"
+        )
+    if len(plans) > 1:
+        longest = max(item.seconds for item in plans)
+        lines.append(f"all: {durations.spoken(longest)}")
+    return lines
+
+
+def status_json(jobs_file: Path, found: Status) -> dict[str, object]:
+    """`status --json`: the same as `status_lines`, as one object."""
+    return {
+        "file": str(jobs_file),
+        "states": {
+            k.value: {s.value: n for s, n in v.items()} for k, v in found.states.items()
+        },
+        "failures": [_failure_json(f) for f in found.failures],
+        "failures_total": _ended_badly(found),
+        **_activity_json(found),
+        "keys": [_plan_json(p) for p in found.keys],
+    }
+
+
+def _activity_json(found: Status) -> dict[str, object]:
+    act = found.activity
+    return {
+        "active": act is not None and act.active,
+        "results": None if act is None else act.results,
+        "started_at": None if act is None else act.started_at,
+        "last_activity": None if act is None else act.last_activity,
+    }
+
+
+def _plan_json(plan: KeyPlan) -> dict[str, object]:
+    return {
+        "key": plan.key.value,
+        "jobs_left": plan.jobs,
+        "rule": plan.rule.grammar,
+        "burst": plan.rule.burst,
+        "learned": plan.learned,
+        "in_use": dict(plan.used),
+        "eta_seconds": round(plan.seconds, 3),
+    }
+
+
+def _failure_json(failure: Failure) -> dict[str, str]:
+    return {
+        "id": failure.id,
+        "type": failure.type,
+        "state": failure.state,
+        "error": failure.error,
+    }
+
+
+def limits_lines(
+    found: list[KeyLimit], asked: list[LimitKey], forgotten: list[LimitKey]
+) -> list[str]:
+    """`limits`: what --forget did (of the keys `asked`, those `forgotten`), then
+    per key the rule in force and, if learned, when and why."""
+    lines = [f"Forgot what was learned of {key.value}'s limit." for key in forgotten]
+    if asked and not forgotten:
+        names = ", ".join(key.value for key in asked)
+        lines.append(f"Nothing was learned of {names}: nothing to forget.")
+    for item in found:
+        if item.learned is None and item.rule != item.given:
+            until = f"until the server shows {item.given} holds (--profile auto)"
+            lines.append(f"{item.key.value}: {item.rule}, {until}")
+            continue
+        if item.learned is None:
+            lines.append(f"{item.key.value}: {item.rule}")
+            continue
+        spread = ", evenly spaced" if item.spread else ""
+        lines.append(f"{item.key.value}: {item.rule}{spread} (given {item.given})")
+        lines.append(f"  {item.learned}")
+    if any(item.learned for item in found):
+        lines.append("`batchrun limits --forget KEY` starts KEY from its given rule.")
+    return lines
+
+
+def limits_json(found: list[KeyLimit]) -> dict[str, object]:
+    """`limits --json`: the same as `limits_lines`, as one object."""
+    return {
+        item.key.value: {
+            "rule": item.rule.grammar,
+            "burst": item.rule.burst,
+            "given": str(item.given),
+            "spread": item.spread,
+            "learned": item.learned,
+        }
+        for item in found
+    }
+
+
+def show_json(shown: Shown) -> dict[str, object]:
+    """`show --json`: the job's state in the run store and its last results line."""
+    job = shown.job
+    return {
+        "id": job.id,
+        "line": job.line,
+        "type": job.type,
+        "state": job.state.value,
+        "attempts": job.attempts,
+        "http_status": job.http_status,
+        "error": job.error,
+        "result": shown.result,
+    }
+
+
+def show_lines(shown: Shown) -> list[str]:
+    """`show`: one field a line, then the results line's response, if any."""
+    fields = show_json(shown)
+    result = fields.pop("result")
+    lines = [
+        f"{name}: {'' if value is None else value}" for name, value in fields.items()
+    ]
+    if isinstance(result, dict):
+        lines.append(f"response: {json.dumps(result.get('response'))}")
+        finished = result.get("finished_at")
+        if isinstance(finished, int | float):
+            lines.append(
+                f"finished: {datetime.fromtimestamp(finished):%Y-%m-%d %H:%M:%S}"
+            )
+    else:
+        lines.append("response: (no line in the results file)")
+    return lines
+
+
+def config_lines(
+    settings: list[InForce],
+    limits: list[InForce],
+    token: str | None,
+    files: tuple[Path, ...],
+) -> list[str]:
+    """`config`: each setting in force and where it came from; never the token."""
+    lines = [_config_row(row) for row in settings]
+    lines.append("limits:")
+    lines += [f"  {_config_row(row)}" for row in limits]
+    said = f"set in {token} (never shown)" if token else "not set (BATCHRUN_TOKEN)"
+    lines.append(f"{'token':<12} {said}")
+    read = ", ".join(f"{p}{'' if p.is_file() else ' (none)'}" for p in files)
+    lines.append(f"config files: {read}")
+    lines.append("A flag given to a command wins over all of these.")
+    return lines
+
+
+def _config_row(row: InForce) -> str:
+    return f"{row.key:<12} {row.value:<30} {row.source}"
+
+
+def config_json(
+    settings: list[InForce],
+    limits: list[InForce],
+    token: str | None,
+    files: tuple[Path, ...],
+) -> dict[str, object]:
+    """`config --json`: the same, for scripts (the token: where it is set, if so)."""
+    return {
+        "settings": {r.key: {"value": r.value, "source": r.source} for r in settings},
+        "limits": {r.key: {"value": r.value, "source": r.source} for r in limits},
+        "token": {"set": token is not None, "source": token},
+        "files": [{"path": str(p), "found": p.is_file()} for p in files],
+    }

@@ -1,0 +1,154 @@
+"""What the runner reports while it works: frozen event values and the sink protocol.
+
+The runner emits; sinks (the Rich view, plain log lines, tests) only listen. Events
+carry no token and no payload, so no sink can leak either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from batchrun.core.limits import LimitKey, Pace, Rule
+
+
+class Status(StrEnum):
+    """Where a job ends up."""
+
+    DONE = "done"
+    FAILED = "failed"
+    # The request may or may not have been processed; resent only when asked.
+    UNKNOWN = "unknown"
+
+
+@dataclass(slots=True)
+class Tally:
+    """What a run (or one key of it) achieved, as counts."""
+
+    total: int = 0
+    done: int = 0
+    failed: int = 0
+    rate_limited: int = 0
+    retried: int = 0
+    unknown: int = 0
+
+    @property
+    def ended(self) -> int:
+        return self.done + self.failed + self.unknown
+
+    @property
+    def left(self) -> int:
+        return self.total - self.ended
+
+    def add(self, other: Tally) -> None:
+        """Count `other` in too."""
+        self.total += other.total
+        self.done += other.done
+        self.failed += other.failed
+        self.rate_limited += other.rate_limited
+        self.retried += other.retried
+        self.unknown += other.unknown
+
+
+@dataclass(frozen=True, slots=True)
+class RunStarted:
+    """A run begins: how many jobs each key has to send, under which rule, and the
+    moments of the requests that already fill its windows (other processes,
+    earlier runs: the client's ledger), so that an ETA counts the whole budget."""
+
+    at: float
+    totals: Mapping[LimitKey, int]
+    rules: Mapping[LimitKey, Rule]
+    pace: Pace
+    used: Mapping[LimitKey, Sequence[float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSent:
+    """A request left: `attempt` counts from 1."""
+
+    at: float
+    key: LimitKey
+    job_id: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequeued:
+    """A job will be tried again after `delay` s; `reason` is "429" or the error."""
+
+    at: float
+    key: LimitKey
+    job_id: str
+    delay: float
+    rate_limited: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobFinished:
+    """A job reached its end: done, or failed or unknown with `error`."""
+
+    at: float
+    key: LimitKey
+    job_id: str
+    status: Status
+    attempts: int
+    http_status: int | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SlotWait:
+    """The next request of `key` may not leave before `until` (None: an answer)."""
+
+    at: float
+    key: LimitKey
+    until: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RuleLearned:
+    """The server showed it allows less than `key`'s rule: it now paces by `rule`
+    (and evenly, if `spread`), because of `evidence`; `kept`: an earlier run (or
+    another process of the client) learned it, and the ledger kept it."""
+
+    at: float
+    key: LimitKey
+    rule: Rule
+    spread: bool
+    evidence: str
+    kept: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RunFinished:
+    """A run ended; `stopped` is True when it stopped early with jobs left."""
+
+    at: float
+    done: int
+    failed: int
+    left: int
+    rate_limited: int
+    retried: int
+    stopped: bool
+    unknown: int = 0
+
+
+Event = (
+    RunStarted
+    | JobSent
+    | JobRequeued
+    | JobFinished
+    | SlotWait
+    | RuleLearned
+    | RunFinished
+)
+
+
+class EventSink(Protocol):
+    """Anything that listens to a run's events. `emit` must not block or raise."""
+
+    def emit(self, event: Event) -> None: ...

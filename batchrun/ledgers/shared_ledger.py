@@ -1,0 +1,45 @@
+"""The ledger every process of a client draws on, chosen by `--ledger URL`.
+
+Invariant: one choice for `submit`, `status` and `plan` alike, so they read the
+budget where it is written: no URL means the SQLite file in the state folder (every
+process on this machine); `redis://` or `rediss://` means Redis (every machine that
+points at it). A Redis that cannot be used is an error, never a silent fallback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from batchrun.ledgers.sqlite_ledger import SqliteLedger
+from batchrun.pacing.ledger import Ledger, MemoryLedger
+from batchrun.store.paths import StatePaths
+
+
+def open_shared_ledger(
+    url: str | None,
+    *,
+    state: StatePaths,
+    client: str,
+    hold: float,
+    now: Callable[[], float],
+    read_only: bool = False,
+) -> Ledger:
+    """The client's ledger: Redis at `url` if given, else SQLite in `state`.
+
+    `read_only` (status, plan) writes nothing: a SQLite ledger not yet made reads
+    as an empty one, instead of being created.
+
+    Raises:
+        StateError: the ledger cannot be reached or used (exit 74).
+        UsageError: `url` is not a redis:// or rediss:// URL.
+    """
+    if url is None:
+        if read_only and not state.ledger.exists():
+            return MemoryLedger()
+        return SqliteLedger(
+            state.ledger, client=client, hold=hold, now=now, read_only=read_only
+        )
+    # Imported here: only runs that share their budget through Redis load redis-py.
+    from batchrun.ledgers.redis_ledger import RedisLedger
+
+    return RedisLedger(url, client=client, hold=hold, now=now)

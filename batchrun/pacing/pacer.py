@@ -1,0 +1,219 @@
+"""The pacer: grants send slots per key, first come first served, never polling.
+
+The slot itself is `slots.earliest_slot` (the sliding-window rule, stated there),
+checked and recorded atomically by a `Ledger`; the pacer only orders the senders of
+each key and sleeps until the computed slot, or until an answer of the key arrives
+when in-flight requests fill a window.
+
+After a 429 the key cools down (`cool_down`), and then is half-open, as a circuit
+breaker is: it grants one probe and nothing more until the probe's answer, so a
+server that still refuses costs one 429, not a burst of them. Likewise, while a
+window holds more requests than the server has yet been seen to accept in it
+(`learning.KeyLog.careful`), the key has one request in flight at most.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import anyio
+
+from batchrun.core.clock import Clock, wall_time
+from batchrun.core.events import EventSink, SlotWait
+from batchrun.core.limits import LimitKey, Pace, Rule
+from batchrun.pacing.learning import Learner, Lesson, recalled, stored
+from batchrun.pacing.ledger import Ledger
+from batchrun.pacing.slots import Grant, Wait, earliest_slot
+
+
+@dataclass(slots=True)
+class _Cooling:
+    """A key's cool-down episode: when it began and ends, and its probe."""
+
+    began: float = -math.inf
+    until: float = -math.inf
+    half_open: bool = False
+    probe: int | None = None
+    # The server named its end (Retry-After): then no lesson shortens it.
+    asked: bool = False
+
+
+class Pacer:
+    """Grants send slots per key, first come first served, as early as the rule allows.
+
+    Waiting is one sleep until the computed slot, or until an answer of the key
+    arrives when in-flight requests fill a window; never polling.
+    """
+
+    def __init__(
+        self,
+        *,
+        rules: Mapping[LimitKey, Rule],
+        ledger: Ledger,
+        clock: Clock,
+        pace: Pace = Pace.EXACT,
+        sink: EventSink | None = None,
+        time_scale: float = 1.0,
+    ) -> None:
+        self._rules = dict(rules)
+        self._given = dict(rules)  # what lessons tighten, kept with them
+        self._ledger = ledger
+        self._clock = clock
+        self._paces = dict.fromkeys(self._rules, pace)
+        self._sink = sink
+        # fast_acquire: an uncontended turn costs no trip through the event loop.
+        self._turns = {key: anyio.Lock(fast_acquire=True) for key in self._rules}
+        # Made only while a sender sleeps on the key (at most one: turns are FIFO).
+        self._answers: dict[LimitKey, anyio.Event] = {}
+        self._cooling = {key: _Cooling() for key in self._rules}
+        self.learner = Learner(time_scale=time_scale)
+        self._time_scale = time_scale
+
+    @property
+    def rules(self) -> Mapping[LimitKey, Rule]:
+        """The rule of every key this pacer grants slots for."""
+        return self._rules
+
+    async def acquire(self, key: LimitKey) -> int:
+        """Wait for the next slot of `key`; return the ticket to `release` later."""
+        async with self._turns[key]:
+            while True:
+                wait = self._try(key)
+                if isinstance(wait, Grant):
+                    return wait.ticket
+                self._emit(SlotWait(self._clock.now(), key, wait.until))
+                await self._sleep(key, wait.until)
+
+    def release(self, key: LimitKey, ticket: int, *, sent: bool = True) -> None:
+        """Record the answer of a granted request, waking a sender waiting on it;
+        `sent=False`: it never reached the server, and takes no room in the windows.
+
+        The answer of a half-open key's probe closes the circuit: the key sends at
+        its rule again, unless the answer was a 429 and `cool_down` follows. A probe
+        that never reached the server proves nothing: another goes.
+        """
+        self._ledger.release(ticket, self._clock.now(), sent=sent)
+        cooling = self._cooling[key]
+        if cooling.probe == ticket:
+            cooling.probe = None
+            cooling.half_open = not sent
+        answer = self._answers.pop(key, None)
+        if answer is not None:
+            answer.set()
+
+    def cool_down(self, key: LimitKey, until: float, *, asked: bool = False) -> None:
+        """Grant no slot of `key` before `until` (after a 429 from the server), then
+        one probe. A cool-down that starts while another runs extends that episode.
+        `asked`: the server named `until` (Retry-After), not a backoff guess."""
+        cooling = self._cooling[key]
+        now = self._clock.now()
+        if now >= cooling.until:
+            cooling.began, cooling.asked = now, False
+        cooling.until = max(cooling.until, until)
+        cooling.asked = cooling.asked or asked
+        cooling.half_open = True
+
+    def learn(
+        self,
+        key: LimitKey,
+        lesson: Lesson,
+        *,
+        kept: Lesson | None = None,
+        keep: bool = True,
+    ) -> None:
+        """Pace `key` by the lesson's rule from now on (and evenly, if it says so),
+        and keep it (or `kept`, joined with a safer rule that still stands), with
+        the safer reading it falls back to if it has one, in the ledger for later
+        runs and other processes (`keep`)."""
+        self._rules[key] = lesson.rule
+        if lesson.spread:
+            self._paces[key] = Pace.SPREAD
+        cooling = self._cooling[key]
+        if not cooling.asked:
+            # A backoff was a guess at when the server has room again; the rule
+            # learned says it better (a probe still goes first, half-open).
+            cooling.until = min(cooling.until, self._clock.now())
+        if keep:
+            kept = kept or lesson
+            # Spaced evenly once is spaced evenly for good, whatever comes after.
+            spread = self._paces[key] is Pace.SPREAD
+            kept = Lesson(kept.rule, kept.evidence, spread, kept.fallback)
+            given, scale = self._given[key], self._time_scale
+            text = stored(kept, given=given, time_scale=scale, at=wall_time())
+            self._ledger.remember(key.value, text)
+
+    def recall(self, keys: Iterable[LimitKey]) -> list[tuple[LimitKey, Lesson]]:
+        """Pace `keys` by what the ledger kept from earlier runs; say what."""
+        found = []
+        for key in keys:
+            text = self._ledger.recall(key.value)
+            rule = self._rules[key]
+            scale = self._time_scale
+            lesson = recalled(rule, text, time_scale=scale, now=wall_time())
+            if lesson is not None:
+                self.learn(key, lesson, keep=False)
+                found.append((key, lesson))
+        return found
+
+    def used(self, key: LimitKey) -> list[float]:
+        """The moments of the requests of `key` that fill its windows now, as the
+        ledger holds them (every process of the client); one in flight counts as
+        sent now."""
+        usage = self._ledger.usage(key.value, self._rules[key])
+        now = self._clock.now()
+        return sorted([*usage.finished, *[now] * usage.in_flight])
+
+    def full(self, key: LimitKey) -> bool:
+        """Whether the client's own record (the ledger) leaves `key` no slot now:
+        then its rule already waits, and a server's "none remaining" adds nothing."""
+        usage = self._ledger.usage(key.value, self._rules[key])
+        slot = earliest_slot(usage, self._rules[key], self._paces[key])
+        return slot is None or slot > self._clock.now()
+
+    def pace(self, key: LimitKey) -> Pace:
+        """How `key` is paced now."""
+        return self._paces[key]
+
+    def hold(self, key: LimitKey, until: float) -> None:
+        """Grant no slot of `key` before `until`, as a server that says its budget
+        is spent until then asks; unlike a 429's cool-down, no probe follows."""
+        cooling = self._cooling[key]
+        cooling.until = max(cooling.until, until)
+        cooling.asked = True  # the server named it: no lesson shortens it
+
+    def cooling(self, key: LimitKey) -> tuple[float, float]:
+        """When the key's latest cool-down began, and when it ends (or ended)."""
+        cooling = self._cooling[key]
+        return cooling.began, cooling.until
+
+    def _try(self, key: LimitKey) -> Grant | Wait:
+        now = self._clock.now()
+        cooling = self._cooling[key]
+        if now < cooling.until:
+            return Wait(cooling.until)
+        if cooling.probe is not None:
+            return Wait(None)  # half-open: the probe's answer decides
+        if self.learner.in_flight(key) and self.learner.careful(
+            key, self._rules[key], now
+        ):
+            return Wait(None)  # past what the server has been seen to accept
+        grant = self._ledger.reserve(key, self._rules[key], self._paces[key], now)
+        if cooling.half_open and isinstance(grant, Grant):
+            cooling.probe = grant.ticket
+        return grant
+
+    async def _sleep(self, key: LimitKey, until: float | None) -> None:
+        # An answer of this key may open a slot sooner (or the ledger may name a
+        # moment only as a bound, e.g. another process's request timing out).
+        delay = math.inf if until is None else until - self._clock.now()
+        answer = self._answers.get(key)
+        if answer is None:
+            answer = self._answers[key] = anyio.Event()
+        with anyio.move_on_after(delay):
+            await answer.wait()
+
+    def _emit(self, event: SlotWait) -> None:
+        if self._sink is not None:
+            self._sink.emit(event)

@@ -1,0 +1,130 @@
+"""The results file: one JSON line per job that reached its end, written as it ends.
+
+A line is flushed as soon as its job finishes, so a crash loses no finished result.
+When a job is tried again in a later run (e.g. after it failed), its newer line comes
+later in the file: readers take the last line of each id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import IO, Any, Self
+
+from batchrun.api.outcome import Kind, Outcome
+from batchrun.core.errors import UsageError
+from batchrun.core.events import Status
+from batchrun.jobs.job import Job
+from batchrun.store.database import explain
+
+_UNKNOWN_NOTE = (
+    "the server may have processed this request: check, then resend it with "
+    "--retry-unknown"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """The end of one job: how it ended, after how many attempts, with what answer."""
+
+    id: str
+    type: str
+    status: Status
+    attempts: int
+    http_status: int | None
+    response: Any = None
+    error: str | None = None
+    note: str | None = None
+    finished_at: float = 0.0
+
+    @classmethod
+    def of(
+        cls,
+        job: Job,
+        attempts: int,
+        outcome: Outcome,
+        at: float,
+        *,
+        status: Status | None = None,
+    ) -> JobResult:
+        """The end of `job` after `attempts`, as its last `outcome` left it:
+        done or failed, unless `status` says otherwise (unknown)."""
+        done = outcome.kind is Kind.DONE
+        return cls(
+            id=job.id,
+            type=job.type.value,
+            status=status or (Status.DONE if done else Status.FAILED),
+            attempts=attempts,
+            http_status=outcome.status,
+            response=outcome.body,
+            error=outcome.error,
+            note=_noted(outcome.note, status),
+            finished_at=at,
+        )
+
+
+def _noted(note: str | None, status: Status | None) -> str | None:
+    if status is not Status.UNKNOWN:
+        return note
+    return f"{note}; {_UNKNOWN_NOTE}" if note else _UNKNOWN_NOTE
+
+
+_FIELDS = tuple(f.name for f in fields(JobResult))
+
+
+def default_results_path(jobs_path: Path) -> Path:
+    """`jobs.csv` → `jobs.results.jsonl`, beside the jobs file."""
+    return jobs_path.with_name(f"{jobs_path.stem}.results.jsonl")
+
+
+def last_result(path: Path, job_id: str) -> dict[str, Any] | None:
+    """The last line of the results file at `path` for `job_id` (a later run's line
+    wins), or None; unreadable lines (a run killed mid-write) are skipped."""
+    found = None
+    with (
+        contextlib.suppress(FileNotFoundError),
+        path.open(encoding="utf-8", errors="replace") as file,
+    ):
+        for text in file:
+            with contextlib.suppress(ValueError):
+                line = json.loads(text)
+                if isinstance(line, dict) and line.get("id") == job_id:
+                    found = line
+    return found
+
+
+class ResultsFile:
+    """Appends results as JSON lines to a file, flushing each one."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._file: IO[str] = path.open("a", encoding="utf-8")
+        except OSError as exc:
+            msg = f"cannot write results to {path}: {exc.strerror}. Choose --results."
+            raise UsageError(msg) from None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        # Each line was flushed as written, and a failed write already raised.
+        with contextlib.suppress(OSError):
+            self._file.close()
+
+    def write(self, result: JobResult) -> None:
+        """Append one result and flush it to the operating system.
+
+        Raises:
+            StateError: the line cannot be written (`DiskFull` when no space is left).
+        """
+        # Not dataclasses.asdict: that deep-copies the response body first.
+        fields = {name: getattr(result, name) for name in _FIELDS}
+        line = json.dumps(fields, ensure_ascii=False, default=str)
+        try:
+            self._file.write(line + "\n")
+            self._file.flush()
+        except OSError as exc:
+            raise explain(exc, self.path) from None

@@ -1,0 +1,386 @@
+"""The run store: the SQLite file that holds one jobs file's jobs and their states.
+
+A job moves `pending → in_flight → done | failed`, back to `pending` when requeued,
+or to `unknown` when a run died while an unsafe request (an invite) was in flight.
+`in_flight` is written before a request leaves and the outcome right after the
+answer, so a run killed at any moment loses nothing: the next run resends in-flight
+safe jobs and leaves unsafe ones `unknown` until asked (`--retry-unknown`).
+
+The store's schema has a version (`PRAGMA user_version`): `_MIGRATIONS[n]` takes a
+store from version n to n + 1, so a store written by an earlier build is brought up
+to date when opened, and one written by a later build is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Self
+
+from batchrun.core.errors import JobsFileError
+from batchrun.core.limits import LimitKey
+from batchrun.jobs.endpoints import ENDPOINTS, JobType
+from batchrun.jobs.job import Job, Summary, scan
+from batchrun.jobs.jobfile import Problem
+from batchrun.store.database import open_database, write_transaction
+from batchrun.store.results import JobResult
+
+# Each entry takes the store from its index to the next version.
+_MIGRATIONS = (
+    """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, line INTEGER NOT NULL, type TEXT NOT NULL,
+    key TEXT NOT NULL, team_id TEXT, payload TEXT NOT NULL, digest TEXT NOT NULL,
+    state TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+    http_status INTEGER, error TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (key, state, line);
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+""",
+)
+_PAGE = 500
+_BATCH = 1000
+_SHOWN = JobsFileError.shown
+
+
+class JobState(StrEnum):
+    """Where a job stands in its run."""
+
+    PENDING = "pending"
+    IN_FLIGHT = "in_flight"
+    DONE = "done"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed or unknown job and why."""
+
+    id: str
+    type: str
+    error: str
+    state: str = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """One job as the run store holds it (`batchrun show`)."""
+
+    id: str
+    line: int
+    type: str
+    state: JobState
+    attempts: int
+    http_status: int | None
+    error: str | None
+
+
+class RunStore:
+    """The jobs of one file for one client, and where each stands."""
+
+    def __init__(self, path: Path | str, *, read_only: bool = False) -> None:
+        self._db = open_database(path, _MIGRATIONS, read_only=read_only)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def sync(self, rows: Iterable[Job | Problem], *, path: str, restart: bool) -> None:
+        """Take in the jobs file: new rows queue, changed done rows are refused.
+
+        One transaction: any bad row or conflict leaves the store as it was.
+        """
+        with write_transaction(self._db):
+            if restart:
+                self._db.execute("DELETE FROM jobs")
+            problems, total = self._take_in(rows)
+            if not total:
+                problems, total = self._conflicts()
+            if total:
+                raise JobsFileError(path, problems, total)
+            self._merge()
+
+    def check(self, rows: Iterable[Job | Problem], *, path: str) -> Summary:
+        """`validate`: find every bad row as `sync` does (duplicate ids by SQLite,
+        so memory does not grow with the file), keep nothing, and count the jobs.
+
+        Raises:
+            JobsFileError: naming the first bad rows and counting all of them.
+        """
+        with write_transaction(self._db):
+            problems, total = self._take_in(rows, staged=_identity)
+            if total:
+                raise JobsFileError(path, problems, total)
+            per_type = self._db.execute(
+                "SELECT type, count(*) FROM incoming WHERE type IS NOT NULL "
+                "GROUP BY type ORDER BY min(line)"
+            )
+            per_team = self._db.execute(
+                "SELECT team_id, count(*) FROM incoming WHERE team_id IS NOT NULL "
+                "GROUP BY team_id"
+            )
+            self._db.execute("DELETE FROM incoming")
+        types = {JobType(kind): n for kind, n in per_type}
+        return Summary(sum(types.values()), types, dict(per_team))
+
+    def _take_in(
+        self,
+        rows: Iterable[Job | Problem],
+        *,
+        staged: Callable[[Job], tuple[object, ...]] | None = None,
+    ) -> tuple[list[tuple[int, str]], int]:
+        """Stage `rows` in the temporary table `incoming`; return the bad rows
+        (the first of them, and how many), duplicate ids included."""
+        self._db.execute(
+            "CREATE TEMP TABLE IF NOT EXISTS incoming (id TEXT, line INT, "
+            "type TEXT, key TEXT, team_id TEXT, payload TEXT, digest TEXT)"
+        )
+        self._db.execute("CREATE INDEX IF NOT EXISTS incoming_id ON incoming (id)")
+        self._db.execute("DELETE FROM incoming")
+        problems, total = self._stage(rows, staged or _staged)
+        return self._duplicates(problems, total)
+
+    def _stage(
+        self,
+        rows: Iterable[Job | Problem],
+        staged: Callable[[Job], tuple[object, ...]],
+    ) -> tuple[list[tuple[int, str]], int]:
+        problems: list[tuple[int, str]] = []
+        total = 0
+        batch: list[tuple[object, ...]] = []
+        for row in rows:
+            if isinstance(row, Problem):
+                total += 1
+                if len(problems) < _SHOWN:
+                    problems.append((row.line, row.reason))
+                if row.id is not None:
+                    # A bad row still claims its id: a later row with it is named.
+                    batch.append((row.id, row.line, *(None,) * 5))
+                    if len(batch) >= _BATCH:
+                        self._insert_staged(batch)
+                continue
+            batch.append(staged(row))
+            if len(batch) >= _BATCH:
+                self._insert_staged(batch)
+        self._insert_staged(batch)
+        return problems, total
+
+    def _insert_staged(self, batch: list[tuple[object, ...]]) -> None:
+        self._db.executemany("INSERT INTO incoming VALUES (?, ?, ?, ?, ?, ?, ?)", batch)
+        batch.clear()
+
+    def _duplicates(
+        self, problems: list[tuple[int, str]], total: int
+    ) -> tuple[list[tuple[int, str]], int]:
+        """Add the rows whose id an earlier row already has, in line order."""
+        query = (
+            "FROM incoming i JOIN (SELECT id, min(line) AS first FROM incoming "
+            "GROUP BY id HAVING count(*) > 1) d ON i.id = d.id "
+            "WHERE i.line > d.first AND i.type IS NOT NULL"
+        )
+        more, rows = self._counted("i.line, i.id, d.first", query)
+        found = [
+            (line, f"duplicate id {job_id!r} (first on line {first})")
+            for line, job_id, first in rows
+        ]
+        return sorted(problems + found)[:_SHOWN], total + more
+
+    def _counted(self, columns: str, query: str) -> tuple[int, list[Any]]:
+        """How many rows `query` finds, and the first of them by line."""
+        [(count,)] = self._db.execute(f"SELECT count(*) {query}")
+        rows = self._db.execute(
+            f"SELECT {columns} {query} ORDER BY i.line LIMIT {_SHOWN}"
+        )
+        return count, rows
+
+    def _conflicts(self) -> tuple[list[tuple[int, str]], int]:
+        query = (
+            "FROM incoming i JOIN jobs j ON i.id = j.id "
+            "WHERE i.digest != j.digest AND j.state != 'pending'"
+        )
+        total, rows = self._counted("i.line, i.id, j.state", query)
+        problems = [
+            (
+                line,
+                f"job {job_id!r} is {state} from an earlier run but its row "
+                "changed; restore it, give it a new id, or use --restart",
+            )
+            for line, job_id, state in rows
+        ]
+        return problems, total
+
+    def _merge(self) -> None:
+        self._db.execute(
+            "DELETE FROM jobs WHERE state = 'pending' "
+            "AND id NOT IN (SELECT id FROM incoming)"
+        )
+        self._db.execute(
+            "INSERT INTO jobs (id, line, type, key, team_id, payload, digest, state) "
+            "SELECT id, line, type, key, team_id, payload, digest, 'pending' "
+            "FROM incoming WHERE true ON CONFLICT (id) DO UPDATE SET "
+            "line = excluded.line, type = excluded.type, key = excluded.key, "
+            "team_id = excluded.team_id, payload = excluded.payload, "
+            "digest = excluded.digest"
+        )
+        self._db.execute("DELETE FROM incoming")
+
+    def recover(self, *, retry_failed: bool, retry_unknown: bool) -> None:
+        """Settle what an earlier run left in flight, and requeue what is asked."""
+        unsafe = tuple(
+            t.value for t, end in ENDPOINTS.items() if not end.safe_to_repeat
+        )
+        marks = ",".join("?" * len(unsafe))
+        with write_transaction(self._db):
+            self._db.execute(
+                f"UPDATE jobs SET state = 'unknown' WHERE state = 'in_flight' "
+                f"AND type IN ({marks})",
+                unsafe,
+            )
+            self._db.execute(
+                "UPDATE jobs SET state = 'pending' WHERE state = 'in_flight'"
+            )
+            for flag, state in ((retry_failed, "failed"), (retry_unknown, "unknown")):
+                if flag:
+                    self._db.execute(
+                        "UPDATE jobs SET state = 'pending', attempts = 0 "
+                        "WHERE state = ?",
+                        (state,),
+                    )
+
+    def pending(self, key: LimitKey) -> Iterator[Job]:
+        """The key's pending jobs in file order, read a page at a time."""
+        after = -1
+        while True:
+            page = self._db.execute(
+                "SELECT id, type, team_id, payload, line FROM jobs WHERE key = ? "
+                "AND state = 'pending' AND line > ? ORDER BY line LIMIT ?",
+                (key.value, after, _PAGE),
+            )
+            for job_id, kind, team, payload, line in page:
+                yield Job(job_id, JobType(kind), team, json.loads(payload), line)
+            if len(page) < _PAGE:
+                return
+            after = page[-1][4]
+
+    def counts(self) -> dict[tuple[LimitKey, JobState], int]:
+        """How many jobs of each key stand in each state."""
+        rows = self._db.execute("SELECT key, state, count(*) FROM jobs GROUP BY 1, 2")
+        return {(LimitKey(k), JobState(s)): n for k, s, n in rows}
+
+    def failures(self, limit: int | None = 20) -> list[Failure]:
+        """The first failed and unknown jobs, in file order, with their errors
+        (`limit` None: all of them)."""
+        rows = self._db.execute(
+            "SELECT id, type, coalesce(error, ''), state FROM jobs "
+            "WHERE state IN ('failed', 'unknown') ORDER BY line LIMIT ?",
+            (-1 if limit is None else limit,),  # SQLite: a negative LIMIT is none
+        )
+        return [Failure(*row) for row in rows]
+
+    def job(self, job_id: str) -> JobRecord | None:
+        """The job `job_id` of this run, or None if the run has no such job."""
+        found = self._db.execute(
+            "SELECT id, line, type, state, attempts, http_status, error FROM jobs "
+            "WHERE id = ?",
+            (job_id,),
+        )
+        if not found:
+            return None
+        job, line, kind, state, attempts, http_status, error = found[0]
+        return JobRecord(job, line, kind, JobState(state), attempts, http_status, error)
+
+    def ids_in(self, states: Iterable[JobState]) -> set[str]:
+        """The ids of the jobs in any of `states`."""
+        wanted = [s.value for s in states]
+        marks = ",".join("?" * len(wanted))
+        rows = self._db.execute(f"SELECT id FROM jobs WHERE state IN ({marks})", wanted)
+        return {row[0] for row in rows}
+
+    def ended_among(self, jobs: Iterable[Job]) -> int:
+        """How many of `jobs` this store holds, unchanged, as sent before (done,
+        failed, unknown or in flight): whether it is the run of their file."""
+        found = 0
+        for job in jobs:
+            rows = self._db.execute(
+                "SELECT 1 FROM jobs WHERE id = ? AND digest = ? AND state != 'pending'",
+                (job.id, _staged(job)[6]),
+            )
+            found += bool(rows)
+        return found
+
+    def get_meta(self, name: str) -> str | None:
+        rows = self._db.execute("SELECT value FROM meta WHERE name = ?", (name,))
+        return str(rows[0][0]) if rows else None
+
+    def set_meta(self, name: str, value: str) -> None:
+        self._db.execute(
+            "INSERT INTO meta VALUES (?, ?) ON CONFLICT (name) DO UPDATE "
+            "SET value = excluded.value",
+            (name, value),
+        )
+
+    # The runner's Recorder: every change is committed before the runner goes on.
+
+    def started(self, job: Job, attempt: int) -> None:
+        self._db.execute(
+            "UPDATE jobs SET state = 'in_flight', attempts = ? WHERE id = ?",
+            (attempt, job.id),
+        )
+
+    def requeued(self, job: Job, *, maybe_processed: bool) -> None:
+        # An unsafe job whose request may have been processed stays in flight, so
+        # that a crash before its retry leaves it unknown rather than resent.
+        if maybe_processed and not job.endpoint.safe_to_repeat:
+            return
+        self._db.execute("UPDATE jobs SET state = 'pending' WHERE id = ?", (job.id,))
+
+    def finished(self, result: JobResult) -> None:
+        self._db.execute(
+            "UPDATE jobs SET state = ?, attempts = ?, http_status = ?, error = ? "
+            "WHERE id = ?",
+            (
+                result.status.value,
+                result.attempts,
+                result.http_status,
+                result.error,
+                result.id,
+            ),
+        )
+
+
+def _identity(job: Job) -> tuple[object, ...]:
+    """What `validate` stages of a job: all a check needs, no payload or digest."""
+    return (job.id, job.line, job.type.value, job.key.value, job.team_id, None, None)
+
+
+def _staged(job: Job) -> tuple[object, ...]:
+    payload = json.dumps(job.payload, sort_keys=True, separators=(",", ":"))
+    content = json.dumps([job.type.value, job.team_id, payload])
+    digest = hashlib.sha256(content.encode()).hexdigest()[:32]
+    return (
+        job.id,
+        job.line,
+        job.type.value,
+        job.key.value,
+        job.team_id,
+        payload,
+        digest,
+    )
+
+
+def check_jobs_file(path: Path) -> Summary:
+    """`validate`: the jobs of `path` counted, or JobsFileError naming every bad
+    row. Duplicate ids are found in a private temporary SQLite database (it spills
+    to a temporary file when large, and is gone when closed), not in memory."""
+    with RunStore("") as store:
+        return store.check(scan(path, check_duplicates=False), path=str(path))
