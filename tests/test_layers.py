@@ -28,7 +28,7 @@ WINGS: list[tuple[str, list[list[str]]]] = [
             ["errors", "clock", "strict_json"],
             ["durations"],
             ["limits"],
-            ["events"],
+            ["events", "responses"],
         ],
     ),
     (
@@ -40,7 +40,7 @@ WINGS: list[tuple[str, list[list[str]]]] = [
             ["pacer"],
         ],
     ),
-    ("jobs", [["endpoints", "jobfile"], ["job"]]),
+    ("jobs", [["endpoints", "jobfile"], ["job", "extract"]]),
     ("api", [["hints"], ["outcome"], ["breaker", "client"]]),
     (
         "store",
@@ -52,13 +52,13 @@ WINGS: list[tuple[str, list[list[str]]]] = [
         ],
     ),
     ("ledgers", [["sqlite_ledger", "redis_ledger"], ["shared_ledger"]]),
-    ("run", [["journal", "runner"]]),
+    ("run", [["halt"], ["journal", "runner"]]),
     ("sandbox", [["faults", "policy_headers", "serving"], ["app"]]),
     (
         "cli",
         [
             ["config", "crontab", "board"],
-            ["progress", "overview"],
+            ["progress", "overview", "metrics"],
             ["reports", "submission"],
             ["arguments"],
             ["commands"],

@@ -76,6 +76,18 @@ class JobSent:
 
 
 @dataclass(frozen=True, slots=True)
+class JobAnswered:
+    """An attempt ended after `latency` s: the server's HTTP status, or None when
+    no answer came (a timeout, a refused or dropped connection)."""
+
+    at: float
+    key: LimitKey
+    job_id: str
+    status: int | None
+    latency: float
+
+
+@dataclass(frozen=True, slots=True)
 class JobRequeued:
     """A job will be tried again after `delay` s; `reason` is "429" or the error."""
 
@@ -140,6 +152,7 @@ class RunFinished:
 Event = (
     RunStarted
     | JobSent
+    | JobAnswered
     | JobRequeued
     | JobFinished
     | SlotWait
