@@ -28,7 +28,8 @@ WINGS: list[tuple[str, list[list[str]]]] = [
             ["errors", "clock", "strict_json"],
             ["durations"],
             ["limits"],
-            ["events", "responses"],
+            ["events"],
+            ["responses"],
         ],
     ),
     (

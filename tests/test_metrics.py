@@ -3,8 +3,6 @@ prometheus_client's own parser, as node_exporter's textfile collector reads it."
 
 from __future__ import annotations
 
-import itertools
-
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchrun.cli.metrics import MetricsFile, last_success
@@ -37,13 +35,13 @@ def value(samples, name, **labels):
 
 
 class Wall:
-    """A wall clock that moves 10 s each time it is read."""
+    """A wall clock that moves only when the test says."""
 
     def __init__(self, start: float = 1_700_000_000.0) -> None:
-        self._times = itertools.count(start, 10.0)
+        self.now = start
 
     def __call__(self) -> float:
-        return next(self._times)
+        return self.now
 
 
 def _a_run(metrics: MetricsFile) -> None:
@@ -73,8 +71,10 @@ def test_an_ended_run_writes_every_count_the_issue_names(tmp_path):
     """Start, end, duration, exit code, jobs by outcome, answers by code, 429s,
     retries, latencies and the rule in force, each labelled with the jobs file."""
     path = tmp_path / "batchrun.prom"
-    metrics = MetricsFile(path, label="nightly.csv", wall=Wall())
+    wall = Wall()
+    metrics = MetricsFile(path, label="nightly.csv", wall=wall)
     _a_run(metrics)
+    wall.now += 10
     metrics.write(exit_code=1)
     s = read(path)
     assert value(s, "batchrun_run_start_timestamp_seconds") == 1_700_000_000.0
@@ -108,8 +108,10 @@ def test_an_ended_run_writes_every_count_the_issue_names(tmp_path):
 def test_a_run_in_progress_has_no_end_yet(tmp_path):
     """Mid-run the file says the run is working, how long so far, and no exit code."""
     path = tmp_path / "batchrun.prom"
-    metrics = MetricsFile(path, label="nightly.csv", wall=Wall())
+    wall = Wall()
+    metrics = MetricsFile(path, label="nightly.csv", wall=wall)
     _a_run(metrics)
+    wall.now += 10
     metrics.write()
     s = read(path)
     assert value(s, "batchrun_run_in_progress") == 1
@@ -123,16 +125,16 @@ def test_a_failed_run_keeps_the_last_success_of_an_earlier_one(tmp_path):
     """The success time survives failed runs, so "no success in 26 h" can fire."""
     path = tmp_path / "batchrun.prom"
     MetricsFile(path, label="nightly.csv", wall=Wall(1000.0)).write(exit_code=0)
-    assert last_success(path, "nightly.csv") == 1010.0
+    assert last_success(path, "nightly.csv") == 1000.0
     assert last_success(path, "other.csv") is None
     failed = MetricsFile(path, label="nightly.csv", wall=Wall(5000.0))
     failed.write()
     failed.write(exit_code=1)
     s = read(path)
-    assert value(s, "batchrun_last_success_timestamp_seconds") == 1010.0
+    assert value(s, "batchrun_last_success_timestamp_seconds") == 1000.0
     assert value(s, "batchrun_run_exit_code") == 1
     MetricsFile(path, label="nightly.csv", wall=Wall(9000.0)).write(exit_code=0)
-    assert last_success(path, "nightly.csv") == 9010.0
+    assert last_success(path, "nightly.csv") == 9000.0
 
 
 def test_an_unreadable_earlier_file_means_no_earlier_success(tmp_path):
@@ -153,3 +155,49 @@ def test_the_file_is_replaced_whole(tmp_path):
         metrics.write()
     metrics.write(exit_code=0)
     assert [p.name for p in tmp_path.iterdir()] == ["batchrun.prom"]
+
+
+class Ticks:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_run_writes_at_its_start_then_once_a_minute(tmp_path):
+    """Nothing before the run starts (a run refused for another's lock must not
+    touch the file), then at the start, then on a tick a minute later."""
+    path = tmp_path / "batchrun.prom"
+    clock = Ticks()
+    metrics = MetricsFile(path, label="nightly.csv", wall=Wall(), clock=clock)
+    metrics.tick()
+    assert not path.exists()
+    rules = {RQ: parse_rule("15/1m")}
+    metrics.emit(RunStarted(0.0, {RQ: 1}, rules, Pace.EXACT))
+    assert value(read(path), "batchrun_jobs", endpoint="run-query", outcome="left") == 1
+    metrics.emit(JobFinished(3.0, RQ, "a", Status.DONE, 1, 200, None))
+    clock.now = 59.0
+    metrics.tick()
+    assert value(read(path), "batchrun_jobs", endpoint="run-query", outcome="left") == 1
+    clock.now = 60.0
+    metrics.tick()
+    assert value(read(path), "batchrun_jobs", endpoint="run-query", outcome="done") == 1
+    metrics.close(0)
+    assert value(read(path), "batchrun_run_exit_code") == 0
+
+
+def test_a_file_that_cannot_be_written_is_said_once(tmp_path):
+    """A folder gone mid-run: one warning, and the run is not stopped by it."""
+    said: list[str] = []
+    path = tmp_path / "gone" / "batchrun.prom"
+    clock = Ticks()
+    metrics = MetricsFile(path, label="x", wall=Wall(), clock=clock, warn=said.append)
+    metrics.emit(RunStarted(0.0, {RQ: 1}, {RQ: parse_rule("15/1m")}, Pace.EXACT))
+    clock.now = 120.0
+    metrics.tick()
+    metrics.close(1)
+    assert len(said) == 1
+    assert said[0].startswith(f"cannot write the metrics file {path}: No such file")

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from batchrun.core.events import JobAnswered, JobFinished, JobSent, Status
 from batchrun.core.limits import LimitKey
 from batchrun.core.responses import Latencies, Responses
 
@@ -24,6 +25,16 @@ def test_codes_are_counted_per_endpoint_in_order():
     found.add(LimitKey.INVITE, 201, 0.1)
     assert found.keys[RQ].codes_text() == "200: 3, 400: 1, 429: 1, error: 1"
     assert found.keys[LimitKey.INVITE].codes_text() == "201: 1"
+
+
+def test_as_a_sink_it_counts_answers_only():
+    """Fed a run's events, it counts each JobAnswered and nothing else."""
+    found = Responses()
+    found.emit(JobSent(0.0, RQ, "a", 1))
+    found.emit(JobAnswered(1.0, RQ, "a", 200, 0.25))
+    found.emit(JobFinished(1.0, RQ, "a", Status.DONE, 1, 200, None))
+    assert found.keys[RQ].codes_text() == "200: 1"
+    assert found.keys[RQ].latency.max == 0.25
 
 
 def test_an_attempt_without_an_answer_adds_no_latency():

@@ -16,6 +16,7 @@ This is the only module that imports prometheus_client (the `metrics` extra).
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from batchrun.cli.board import Board, KeyCounts
 from batchrun.core.clock import wall_time
-from batchrun.core.events import Event
+from batchrun.core.events import Event, RunStarted
 from batchrun.core.responses import PERCENTILES, KeyResponses
 
 _PREFIX = "batchrun_"
@@ -34,20 +35,58 @@ EVERY = 60.0
 
 
 class MetricsFile:
-    """An event sink that writes the run it hears about to `path` when told."""
+    """An event sink that writes the run it hears about to `path`: when the run
+    starts, on a `tick` once `EVERY` seconds of `clock` passed, and on `close`.
+
+    A file that cannot be written is said once through `warn`, and the run goes
+    on: the metrics only describe it.
+    """
 
     def __init__(
-        self, path: Path, *, label: str, wall: Callable[[], float] = wall_time
+        self,
+        path: Path,
+        *,
+        label: str,
+        wall: Callable[[], float] = wall_time,
+        clock: Callable[[], float] = time.monotonic,
+        warn: Callable[[str], None] = lambda text: None,
     ) -> None:
         self.path = path
         self._label = label
         self._wall = wall
+        self._clock = clock
+        self._warn = warn
         self.board = Board()
         self._started = wall()
         self._last_success = last_success(path, label)
+        self._written: float | None = None
+        self._warned = False
 
     def emit(self, event: Event) -> None:
         self.board.apply(event)
+        if isinstance(event, RunStarted):
+            self._try_write()
+
+    def tick(self) -> None:
+        """Write the run so far if it was last written `EVERY` seconds ago."""
+        if self._written is not None and self._clock() - self._written >= EVERY:
+            self._try_write()
+
+    def close(self, exit_code: int) -> None:
+        """Write the ended run with its exit code."""
+        self._try_write(exit_code)
+
+    def _try_write(self, exit_code: int | None = None) -> None:
+        self._written = self._clock()
+        try:
+            self.write(exit_code)
+        except OSError as exc:
+            if not self._warned:
+                self._warned = True
+                self._warn(
+                    f"cannot write the metrics file {self.path}: "
+                    f"{exc.strerror or exc}. The run goes on without it."
+                )
 
     def write(self, exit_code: int | None = None) -> None:
         """Write the run so far; with `exit_code`, as ended.

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from batchrun.core import durations
+from batchrun.core.events import Event, JobAnswered
 from batchrun.core.limits import LimitKey
 
 # A bucket's upper bound is this much above its lower one.
@@ -107,6 +108,11 @@ class Responses:
     """Every endpoint's answers in a run."""
 
     keys: dict[LimitKey, KeyResponses] = field(default_factory=dict)
+
+    def emit(self, event: Event) -> None:
+        """As an event sink: count each `JobAnswered`."""
+        if isinstance(event, JobAnswered):
+            self.add(event.key, event.status, event.latency)
 
     def add(self, key: LimitKey, status: int | None, latency: float) -> None:
         """Count one attempt: its HTTP status (None: no answer) after `latency` s."""

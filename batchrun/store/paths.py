@@ -28,6 +28,13 @@ def client_fingerprint(base_url: str, token: str | None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def budget_fingerprint(name: str) -> str:
+    """Names a client by the budget it draws on (`--budget-key NAME`), whatever
+    its base URL and token: rotated or sibling tokens of one quota share it."""
+    text = f"budget\0{name}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def api_fingerprint(base_url: str) -> str:
     """Names an API (its base URL): the run store of a jobs file for it."""
     return hashlib.sha256(base_url.rstrip("/").encode()).hexdigest()[:16]
