@@ -72,7 +72,8 @@ def _finished(status: Status, n: int = 0) -> JobFinished:
 def test_the_watch_stops_once_with_the_reason():
     """The watch counts ended jobs (unknown ones as failed) and stops the run once."""
     stops: list[str] = []
-    watch = HaltWatch(HaltPolicy(count=2), stops.append)
+    watch = HaltWatch(HaltPolicy(count=2))
+    watch.stop = stops.append
     watch.emit(JobSent(0.0, LimitKey.INVITE, "j0", 1))
     watch.emit(_finished(Status.DONE))
     watch.emit(_finished(Status.UNKNOWN))
@@ -82,3 +83,10 @@ def test_the_watch_stops_once_with_the_reason():
     assert stops == ["2 job(s) failed in this run (--halt-after 2)"]
     assert watch.reason == stops[0]
     assert (watch.failed, watch.ended) == (2, 3)
+
+
+def test_a_watch_without_its_stop_is_a_bug_said_aloud():
+    """A watch nobody can act on must not pass silently."""
+    watch = HaltWatch(HaltPolicy(count=1))
+    with pytest.raises(RuntimeError, match="given its stop"):
+        watch.emit(_finished(Status.FAILED))

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchrun.core.events import JobAnswered, JobFinished, JobSent, Status
+from batchrun.core.events import JobAnswered, JobFinished, JobSent, Status, Tee
 from batchrun.core.limits import LimitKey
 from batchrun.core.responses import Latencies, Responses
 
@@ -124,3 +124,11 @@ def test_the_json_form_reads_back_the_same():
 def test_anything_else_reads_as_no_responses(value):
     """A store of an older batchrun (or a damaged value) shows no responses."""
     assert Responses.from_json(value).keys == {}
+
+
+def test_a_tee_hands_each_event_to_every_sink():
+    """Two sinks fed through a Tee count the same answers."""
+    first, second = Responses(), Responses()
+    tee = Tee(first, second)
+    tee.emit(JobAnswered(1.0, RQ, "a", 200, 0.25))
+    assert first.to_json() == second.to_json() != {}

@@ -165,3 +165,14 @@ class EventSink(Protocol):
     """Anything that listens to a run's events. `emit` must not block or raise."""
 
     def emit(self, event: Event) -> None: ...
+
+
+class Tee:
+    """An event sink that hands each event to several, in order."""
+
+    def __init__(self, *sinks: EventSink) -> None:
+        self._sinks = sinks
+
+    def emit(self, event: Event) -> None:
+        for sink in self._sinks:
+            sink.emit(event)

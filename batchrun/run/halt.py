@@ -8,8 +8,9 @@ whole night's quota on failures. As GNU parallel's `--halt soon,fail=N` (and
 A job counts as failed when it ended failed or unknown: both make the run exit 1.
 
 `HaltWatch` is an event sink: it counts `JobFinished` events and calls its `stop`
-once, with the reason, the moment the policy is met. The run then starts no new
-jobs, waits for those in flight, and exits 1 with the rest left for a resume.
+(set by whoever can stop the run) once, with the reason, the moment the policy is
+met. The run then starts no new jobs, waits for those in flight, and exits 1 with
+the rest left for a resume.
 """
 
 from __future__ import annotations
@@ -85,9 +86,10 @@ class HaltPolicy:
 class HaltWatch:
     """An event sink that calls `stop(reason)` once the policy is met."""
 
-    def __init__(self, policy: HaltPolicy, stop: Callable[[str], None]) -> None:
+    def __init__(self, policy: HaltPolicy) -> None:
         self._policy = policy
-        self._stop = stop
+        # What halts the run: set by its supervisor before the run starts.
+        self.stop: Callable[[str], None] = _unset
         self.failed = 0
         self.ended = 0
         # Set once the policy was met: why the run halted.
@@ -100,4 +102,9 @@ class HaltWatch:
         self.failed += event.status is not Status.DONE
         self.reason = self._policy.reason(failed=self.failed, ended=self.ended)
         if self.reason is not None:
-            self._stop(self.reason)
+            self.stop(self.reason)
+
+
+def _unset(reason: str) -> None:
+    msg = f"a HaltWatch must be given its stop before the run: {reason}"
+    raise RuntimeError(msg)
