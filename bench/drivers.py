@@ -29,7 +29,7 @@ from batchrun.jobs.job import Job
 from batchrun.ledgers.sqlite_ledger import SqliteLedger
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.run.journal import Journal
-from batchrun.run.runner import Settings
+from batchrun.run.settings import Settings
 from batchrun.store.results import ResultsFile
 from batchrun.store.state import RunStore
 from bench.anchors import Acquire, aiometer_rate

@@ -25,7 +25,7 @@ from batchrun.jobs.endpoints import JobType
 from batchrun.jobs.job import Job
 from batchrun.ledgers.sqlite_ledger import SqliteLedger
 from batchrun.pacing.ledger import Ledger, MemoryLedger
-from batchrun.run.runner import Settings
+from batchrun.run.settings import Settings
 from batchrun.sandbox.app import Sandbox, create_app
 from tests.fakes import ListRecorder, ListSink
 from tests.oracles import max_in_window

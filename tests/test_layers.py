@@ -52,7 +52,14 @@ WINGS: list[tuple[str, list[list[str]]]] = [
         ],
     ),
     ("ledgers", [["sqlite_ledger", "redis_ledger"], ["shared_ledger"]]),
-    ("run", [["journal", "runner"]]),
+    (
+        "run",
+        [
+            ["journal", "queues", "settings"],
+            ["lessons", "settlement"],
+            ["runner"],
+        ],
+    ),
     ("sandbox", [["faults", "policy_headers", "serving"], ["app"]]),
     (
         "cli",

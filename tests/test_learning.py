@@ -42,7 +42,7 @@ from batchrun.pacing.learning import (
 )
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.slots import eta
-from batchrun.run.runner import Settings
+from batchrun.run.settings import Settings
 from batchrun.sandbox.app import create_app
 from tests.fakes import ListRecorder, ListSink
 

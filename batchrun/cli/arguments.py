@@ -39,7 +39,7 @@ from batchrun.store.results import default_results_path
 if TYPE_CHECKING:
     from batchrun.cli.crontab import CronJob
     from batchrun.cli.submission import Target
-    from batchrun.run.runner import Settings
+    from batchrun.run.settings import Settings
 
 # --concurrency's default, which `config` shows too.
 CONCURRENCY = 8
@@ -188,7 +188,7 @@ def settings(
     limits: list[str] | None,
 ) -> Settings:
     """The runner's settings from submit's flags (backoff scaled with the windows)."""
-    from batchrun.run.runner import Settings
+    from batchrun.run.settings import Settings
 
     overrides = [parse_override(text) for text in limits or []]
     return Settings(

@@ -49,7 +49,9 @@ from batchrun.ledgers.shared_ledger import open_shared_ledger
 from batchrun.pacing.ledger import Ledger, MemoryLedger
 from batchrun.pacing.pacer import Pacer
 from batchrun.run.journal import Journal
-from batchrun.run.runner import Recorder, Runner, Settings
+from batchrun.run.runner import Runner
+from batchrun.run.settings import Settings
+from batchrun.run.settlement import Recorder
 from batchrun.store import runs
 from batchrun.store.generation import marker_of
 from batchrun.store.paths import StatePaths, client_fingerprint
