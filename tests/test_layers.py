@@ -55,9 +55,11 @@ WINGS: list[tuple[str, list[list[str]]]] = [
     (
         "run",
         [
-            ["journal", "queues", "settings"],
+            ["journal", "queues", "settings", "view", "exit_code"],
             ["lessons", "settlement"],
             ["runner"],
+            ["wiring", "supervisor"],
+            ["submission"],
         ],
     ),
     ("sandbox", [["faults", "policy_headers", "serving"], ["app"]]),
@@ -66,7 +68,7 @@ WINGS: list[tuple[str, list[list[str]]]] = [
         [
             ["config", "crontab", "board"],
             ["progress", "overview"],
-            ["reports", "submission"],
+            ["reports"],
             ["arguments"],
             ["commands"],
         ],

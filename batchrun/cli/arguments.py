@@ -38,8 +38,8 @@ from batchrun.store.results import default_results_path
 
 if TYPE_CHECKING:
     from batchrun.cli.crontab import CronJob
-    from batchrun.cli.submission import Target
     from batchrun.run.settings import Settings
+    from batchrun.run.wiring import Target
 
 # --concurrency's default, which `config` shows too.
 CONCURRENCY = 8
@@ -241,7 +241,7 @@ def target(
 ) -> Target:
     """Where submit sends: the in-process sandbox, or the checked --base-url
     (a missing token for a remote host is warned about, not refused)."""
-    from batchrun.cli.submission import Target
+    from batchrun.run.wiring import Target
 
     server.check()
     if server.sandbox:
@@ -265,7 +265,7 @@ def _sandbox_target(
 ) -> Target:
     """The sandbox served in process, through an ASGI transport."""
     from batchrun.api.client import asgi_transport
-    from batchrun.cli.submission import Target
+    from batchrun.run.wiring import Target
     from batchrun.sandbox import faults
     from batchrun.sandbox.app import create_app
 

@@ -364,7 +364,8 @@ def submit(
     verbose: _VerboseFlag = False,
 ) -> None:
     """Send every job of JOBS_FILE inside the rate limits; run it again to resume."""
-    from batchrun.cli.submission import Submission, submit
+    from batchrun.cli.progress import view
+    from batchrun.run.submission import Submission, submit
 
     say = _log_for(jobs_file)
     limit = _with_file_limits(ctx, limit)
@@ -401,8 +402,11 @@ def submit(
             retry_unknown=retry_unknown,
             restart=restart,
             ledger_url=ledger,
-            color=not no_color,
-            verbosity=arguments.verbosity(quiet, verbose),
+            view=view(
+                jobs_file,
+                color=not no_color,
+                verbosity=arguments.verbosity(quiet, verbose),
+            ),
             run_id=arguments.round_name(run_id),
         )
         raise typer.Exit(submit(job, say=say))

@@ -10,11 +10,12 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Protocol, TextIO
+from typing import TextIO
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -40,7 +41,6 @@ from batchrun.core import durations
 from batchrun.core.clock import Clock
 from batchrun.core.events import (
     Event,
-    EventSink,
     JobFinished,
     JobRequeued,
     RuleLearned,
@@ -49,32 +49,14 @@ from batchrun.core.events import (
     Status,
 )
 from batchrun.core.limits import LimitKey
+from batchrun.run.view import QUIET, ProgressSink, View
 
 # Enough to see a pattern in a cron mail; the results file holds every failure.
 _FAILURES_LISTED = 20
 _STAMP = "%Y-%m-%d %H:%M:%S"
 _VIEW_COLUMNS = "endpoint,rule,done,failed,429s,retries,sending,next slot,ETA"
-# A plain log quiet this long (a long wait for a slot or a cool-down) says what it
-# waits for; `tick()` is called often enough that a cron log gets a line a minute.
-QUIET = 50.0
 # Terminals that cannot move the cursor: a live view would be a blank screen there.
 _DUMB_TERMINALS = ("dumb", "unknown")
-
-
-class ProgressSink(EventSink, Protocol):
-    """An event sink that shows a run as it goes and sums it up on `close`."""
-
-    def close(self) -> None:
-        """Stop any live display and print the final summary; idempotent."""
-        ...
-
-    def note(self, text: str) -> None:
-        """Show a message (a signal's acknowledgement) without breaking the view."""
-        ...
-
-    def tick(self) -> None:
-        """Say what the run waits for, if nothing was said for `QUIET` seconds."""
-        ...
 
 
 def log_tag(jobs_file: Path) -> str:
@@ -129,6 +111,23 @@ def open_progress(
         tag=tag,
         verbosity=verbosity,
     )
+
+
+def view(jobs_file: Path, *, color: bool, verbosity: int) -> View:
+    """How `submit` shows its run: `open_progress` on stdout, its plain lines
+    tagged with the process and `jobs_file`."""
+
+    def opened(*, clock: Clock, notes: Callable[[str], None]) -> ProgressSink:
+        return open_progress(
+            sys.stdout,
+            clock=clock,
+            notes=notes,
+            color=color,
+            tag=log_tag(jobs_file),
+            verbosity=verbosity,
+        )
+
+    return opened
 
 
 def _no_color(color: bool) -> bool:
