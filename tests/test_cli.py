@@ -542,7 +542,7 @@ def test_a_long_wait_writes_a_waiting_line(tmp_path, monkeypatch):
     """While a run only waits for a slot, the log says so once per quiet spell
     (QUIET shortened here from 50 s)."""
     monkeypatch.setattr("batchrun.run.supervisor.QUIET", 0.2)
-    monkeypatch.setattr("batchrun.cli.progress.QUIET", 0.2)
+    monkeypatch.setattr("batchrun.cli.plain_log.QUIET", 0.2)
     path = jobs_file(tmp_path, [f"q{i},run-query,t1," for i in range(2)])
     args = ["submit", str(path), "--sandbox", "--limit", "run-query=1/1s"]
     result = runner.invoke(app, args)

@@ -67,7 +67,8 @@ WINGS: list[tuple[str, list[list[str]]]] = [
         "cli",
         [
             ["config", "crontab", "board"],
-            ["progress", "overview"],
+            ["plain_log", "overview"],
+            ["progress"],
             ["reports"],
             ["arguments"],
             ["commands"],

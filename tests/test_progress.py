@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from batchrun.cli.board import Board, next_slot
-from batchrun.cli.progress import log_tag, open_progress, stamped
+from batchrun.cli.plain_log import log_tag, stamped
+from batchrun.cli.progress import open_progress
 from batchrun.core import durations
 from batchrun.core.events import (
     JobFinished,

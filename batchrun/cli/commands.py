@@ -784,7 +784,7 @@ def _log_for(jobs_file: Path) -> Callable[[str], None]:
     carries the time, the process and the jobs file, as the plain progress does."""
     if sys.stderr.isatty():
         return _to_stderr
-    from batchrun.cli.progress import log_tag, stamped
+    from batchrun.cli.plain_log import log_tag, stamped
 
     tag = log_tag(jobs_file)
     return lambda text: _to_stderr(stamped(text, tag=tag, wall=datetime.now))
