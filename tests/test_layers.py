@@ -67,8 +67,8 @@ WINGS: list[tuple[str, list[list[str]]]] = [
         "cli",
         [
             ["config", "crontab", "board"],
-            ["plain_log", "overview"],
-            ["progress"],
+            ["plain_log", "overview", "defaults"],
+            ["progress", "targets"],
             ["reports"],
             ["arguments"],
             ["commands"],

@@ -23,8 +23,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from batchrun import __version__
-from batchrun.cli import arguments, config, reports
-from batchrun.core import durations
+from batchrun.cli import arguments, config, defaults, reports
 from batchrun.core.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -340,7 +339,7 @@ def submit(
     profile: _ProfileOpt = Profile.B,
     limit: _LimitOpt = None,
     pace: _PaceOpt = Pace.EXACT,
-    concurrency: _ConcurrencyOpt = arguments.CONCURRENCY,
+    concurrency: _ConcurrencyOpt = defaults.CONCURRENCY,
     max_attempts: _AttemptsOpt = 5,
     timeout: _TimeoutOpt = 30.0,
     results: _ResultsOpt = None,
@@ -364,50 +363,42 @@ def submit(
     verbose: _VerboseFlag = False,
 ) -> None:
     """Send every job of JOBS_FILE inside the rate limits; run it again to resume."""
-    from batchrun.cli.progress import view
-    from batchrun.run.submission import Submission, submit
+    from batchrun.run.submission import submit
 
     say = _log_for(jobs_file)
     limit = _with_file_limits(ctx, limit)
     with _reported(say):
-        arguments.check_time_scale(time_scale, sandbox=sandbox, base_url=base_url)
-        rules = arguments.rules(profile, limit, time_scale)
-        server_rules = arguments.server_rules(profile, limit, server_limit, time_scale)
-        server = arguments.Server(
-            sandbox,
-            server_rules,
-            inject,
-            server_limit,
-            server_counting,
-            server_headers,
-            server_burst,
-        )
-        state = StatePaths.resolve(state_dir)
-        results = arguments.results_path(jobs_file, results)
-        if str(jobs_file) == "-":
-            jobs_file = _from_stdin(results, state)
-        job = Submission(
-            jobs_file=jobs_file,
-            target=arguments.target(
-                base_url, token, timeout, server, ca_bundle, _to_stderr
-            ),
-            rules=rules,
-            settings=arguments.settings(
-                concurrency, max_attempts, time_scale, pace, profile, limit
-            ),
+        job = arguments.submission(
+            jobs_file,
+            base_url=base_url,
+            token=token,
+            profile=profile,
+            limit=limit,
+            pace=pace,
+            concurrency=concurrency,
+            max_attempts=max_attempts,
+            timeout=timeout,
             results=results,
-            state=state,
-            deadline=None if deadline is None else durations.parse(deadline),
+            sandbox=sandbox,
+            inject=inject,
+            server_limit=server_limit,
+            server_counting=server_counting,
+            server_headers=server_headers,
+            server_burst=server_burst,
+            time_scale=time_scale,
+            state_dir=state_dir,
+            ledger=ledger,
+            ca_bundle=ca_bundle,
+            deadline=deadline,
             retry_failed=retry_failed,
             retry_unknown=retry_unknown,
             restart=restart,
-            ledger_url=ledger,
-            view=view(
-                jobs_file,
-                color=not no_color,
-                verbosity=arguments.verbosity(quiet, verbose),
-            ),
-            run_id=arguments.round_name(run_id),
+            run_id=run_id,
+            no_color=no_color,
+            quiet=quiet,
+            verbose=verbose,
+            stdin=_from_stdin,
+            warn=_to_stderr,
         )
         raise typer.Exit(submit(job, say=say))
 
@@ -627,9 +618,9 @@ def config_command(ctx: typer.Context, as_json: _JsonFlag = False) -> None:
     """The settings in force with no flag (BATCHRUN_* variables, batchrun.toml,
     the user's config.toml, defaults) and where each came from; never the token."""
     found = ctx.obj if isinstance(ctx.obj, config.Config) else config.Config(())
-    rows = arguments.settings_in_force(found, os.environ)
+    rows = defaults.settings_in_force(found, os.environ)
     profile = Profile(next(row.value for row in rows if row.key == "profile"))
-    limits = arguments.limits_in_force(found, profile)
+    limits = defaults.limits_in_force(found, profile)
     token = "BATCHRUN_TOKEN" if os.environ.get("BATCHRUN_TOKEN") else None
     if as_json:
         shown = reports.config_json(rows, limits, token, found.files)
@@ -737,7 +728,7 @@ def _options(
     with _reported():
         found = config.load()
     ctx.obj = found
-    ctx.default_map = arguments.config_defaults(found, ctx.command)
+    ctx.default_map = defaults.config_defaults(found, ctx.command)
 
 
 def _with_file_limits(ctx: typer.Context, limit: list[str] | None) -> list[str]:
