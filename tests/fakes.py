@@ -62,7 +62,7 @@ def make_runner(
     ledger=None,
     **settings,
 ):
-    """An async context of a Runner (`submission.open_run`) over a respx router,
+    """An async context of a Runner (`wiring.open_run`) over a respx router,
     on the test's (virtual) clock."""
     target = Target(
         base_url=BASE,

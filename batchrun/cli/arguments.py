@@ -6,7 +6,7 @@ values (a results path, a round's name, the rules in force, the whole
 wrong. No Typer here: warnings go through the `warn` the caller gives. Where
 `submit` sends is `targets`'; what the config files make the defaults is
 `defaults`'. Modules that load httpx or Starlette are imported inside the
-functions that need them, as in `cli`, so `--help`, `validate` and `status`
+functions that need them, as in `commands`, so `--help`, `validate` and `status`
 start fast.
 """
 
