@@ -34,7 +34,8 @@ from batchrun.jobs.job import Job
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import Limiter, LimiterKind, make_limiter
 from batchrun.pacing.pacer import Pacer
-from batchrun.run.runner import Runner, Settings
+from batchrun.run.runner import Runner
+from batchrun.run.settings import Settings
 from batchrun.sandbox.faults import NOISE_DIGITS
 from tests.fakes import ListRecorder, ListSink
 
