@@ -349,6 +349,80 @@ def test_malformed_x_reset_is_ignored_with_a_note():
     )
 
 
+# --- the forms real APIs send ----------------------------------------------------
+
+
+def test_retry_after_ms_is_milliseconds_and_comes_first():
+    """OpenAI's and Azure's Retry-After-Ms gives the wait in milliseconds, finer
+    than the Retry-After beside it, so it is the one followed."""
+    found = hints(retry_after_ms="1500", retry_after="2")
+    assert (found.retry_after, found.notes) == (1.5, ())
+
+
+def test_retry_after_ms_malformed_falls_back_to_retry_after_with_a_note():
+    """A Retry-After-Ms that is no number is named, and Retry-After is followed."""
+    found = hints(retry_after_ms="soon", retry_after="2")
+    assert found.retry_after == 2.0
+    assert found.notes == (
+        "Retry-After-Ms 'soon' ignored: not a number of milliseconds",
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "remaining"),
+    [
+        pytest.param("3.0", 3, id="decimal-whole"),
+        pytest.param("2.5", 2, id="decimal-rounded-down"),
+        pytest.param("0.0", 0, id="decimal-zero"),
+    ],
+)
+def test_decimal_remaining_counts_are_read(value, remaining):
+    """A remaining count written as a decimal ("3.0") is read, rounded down."""
+    assert hints(x_ratelimit_remaining=value).remaining == remaining
+    assert hints(ratelimit=f"default;r={value};t=5").remaining == remaining
+
+
+@pytest.mark.parametrize(
+    "reset",
+    [
+        pytest.param("2026-11-23T10:23:26Z", id="utc-z"),
+        pytest.param("2026-11-23T10:23:26.000Z", id="fraction"),
+        pytest.param("2026-11-23T11:23:26+01:00", id="offset"),
+        pytest.param("2026-11-23 10:23:26Z", id="space"),
+    ],
+)
+def test_rfc3339_resets_are_read(reset):
+    """A reset written as an RFC 3339 date-time (as Anthropic's API writes it)
+    is the seconds until that moment."""
+    found = hints(x_ratelimit_remaining="0", x_ratelimit_reset=reset)
+    assert found.reset == pytest.approx(30.0)
+    assert found.notes == ()
+
+
+def test_rfc3339_reset_that_is_no_date_is_ignored_with_a_note():
+    """A date-time shape with a 30th of February is no date: ignored and named."""
+    found = hints(x_ratelimit_remaining="0", x_ratelimit_reset="2026-02-30T00:00:00Z")
+    assert found.reset is None
+    assert found.notes[0].endswith("not a number of seconds of 0 or more")
+
+
+def test_draft_11_token_policy_and_ratelimit_are_read():
+    """Draft 11 names a policy with a token, `qu` defaults to request, and the
+    RateLimit item of that name gives its remaining and reset."""
+    found = hints(
+        ratelimit_policy='default;q=100;w=60;pk=:cHJvamVjdA==:, "day";q=5000;w=86400',
+        ratelimit="default;r=0;t=30",
+    )
+    assert found.policy == (Window(100, 60), Window(5000, 86400))
+    assert (found.remaining, found.reset, found.notes) == (0, 30.0, ())
+
+
+def test_draft_11_policy_without_window_states_no_rule():
+    """Draft 11 makes `w` optional: a policy without it states no window to keep."""
+    found = hints(ratelimit_policy="default;q=100")
+    assert found.policy == ()
+
+
 # --- several sources --------------------------------------------------------------
 
 
@@ -374,6 +448,7 @@ def test_no_headers_no_hints():
 _NAMES = st.sampled_from(
     [
         "retry-after",
+        "retry-after-ms",
         "ratelimit",
         "ratelimit-policy",
         "ratelimit-limit",

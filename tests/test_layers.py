@@ -41,7 +41,7 @@ WINGS: list[tuple[str, list[list[str]]]] = [
         ],
     ),
     ("jobs", [["endpoints", "jobfile"], ["job"]]),
-    ("api", [["hints"], ["outcome"], ["breaker", "client"]]),
+    ("api", [["fields"], ["hints"], ["outcome"], ["breaker", "client"]]),
     (
         "store",
         [

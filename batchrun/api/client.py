@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import ssl
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from pathlib import Path
 from typing import Any, Self, cast
 
@@ -24,9 +24,12 @@ from batchrun.api.hints import Hints, read_hints
 from batchrun.api.outcome import Kind, Outcome
 from batchrun.core import strict_json
 from batchrun.core.errors import UsageError
+from batchrun.core.limits import LimitKey
 from batchrun.jobs.job import Job
 
-# Longest Retry-After honoured; a server asking for more is capped, with a note.
+# Longest Retry-After honoured for a key whose windows are all shorter; a key's
+# longest window raises it (`Client(waits=…)`): a 500/1h key told to wait 40 min
+# waits 40 min. A server asking for more is capped, with a note.
 RETRY_AFTER_CAP = 900.0
 # Bodies longer than this are kept truncated in the results, with a note; the rest
 # is not read, so a huge answer costs no memory.
@@ -90,6 +93,8 @@ class Client:
 
     TLS certificates are always verified; `ca_bundle` adds CAs to trust (a private
     CA). `timeout` bounds each whole exchange, from sending to the last body byte.
+    `waits` maps a limit key to its longest window: the longest server-named
+    wait honoured for its jobs, when longer than `RETRY_AFTER_CAP`.
     """
 
     def __init__(
@@ -102,8 +107,10 @@ class Client:
         connections: int = 8,
         transport: httpx.AsyncBaseTransport | None = None,
         ca_bundle: Path | None = None,
+        waits: Mapping[LimitKey, float] | None = None,
     ) -> None:
         headers = {"User-Agent": f"batchrun/{__version__}"}
+        self._waits = dict(waits or {})
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self._secret = token if token and len(token) >= _SHORTEST_SECRET else None
@@ -152,7 +159,8 @@ class Client:
             )
         except httpx.TransportError as exc:
             return _transport_failure(exc, self._secret)
-        return _classify(response, raw, cut=cut, secret=self._secret)
+        cap = max(RETRY_AFTER_CAP, self._waits.get(job.key, 0.0))
+        return _classify(response, raw, cut=cut, secret=self._secret, cap=cap)
 
     async def _exchange(
         self, request: httpx.Request
@@ -178,27 +186,31 @@ class Client:
 
 
 def classify(response: httpx.Response) -> Outcome:
-    """Turn an answer into an Outcome: 2xx done, 429 requeue, 5xx retry, else fail."""
-    return _classify(response, response.content, cut=False, secret=None)
+    """Turn an answer into an Outcome: 2xx done, 429 (or a 403 that says it is a
+    rate limit) requeue, 5xx retry, else fail."""
+    return _classify(
+        response, response.content, cut=False, secret=None, cap=RETRY_AFTER_CAP
+    )
 
 
 def _classify(
-    response: httpx.Response, raw: bytes, *, cut: bool, secret: str | None
+    response: httpx.Response, raw: bytes, *, cut: bool, secret: str | None, cap: float
 ) -> Outcome:
     body, note = _body(raw, cut=cut, secret=secret)
     headers = {name.lower(): value for name, value in response.headers.items()}
-    hints = read_hints(headers, now=time.time(), cap=RETRY_AFTER_CAP)
+    hints = read_hints(headers, now=time.time(), cap=cap)
     note = _joined(*hints.notes, note)
     status = response.status_code
     if 200 <= status < 300:
         return Outcome(Kind.DONE, status, body, note=note, hints=hints)
-    if status == 429:
+    if status == 429 or (status == 403 and _rate_limit_evidence(hints)):
+        error = "HTTP 429" if status == 429 else "HTTP 403 (a rate limit)"
         return Outcome(
             Kind.RATE_LIMITED,
             status,
             body,
             _delay(hints),
-            "HTTP 429",
+            error,
             note,
             hints=hints,
             maybe_processed=False,
@@ -217,6 +229,13 @@ def _classify(
         hints=hints,
         maybe_processed=not declined,
     )
+
+
+def _rate_limit_evidence(hints: Hints) -> bool:
+    """Whether a 403 says it is a rate limit, as GitHub's do: a wait named
+    (Retry-After), or a quota with none remaining. A 403 without either is a
+    refusal of the token or its rights, and fails."""
+    return hints.retry_after is not None or hints.remaining == 0
 
 
 def _delay(hints: Hints) -> float | None:

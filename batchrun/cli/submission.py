@@ -201,6 +201,7 @@ async def open_run(
         connections=settings.concurrency,
         transport=target.transport,
         ca_bundle=target.ca_bundle,
+        waits={key: rule.longest for key, rule in rules.items()},
     )
     pacer = Pacer(
         rules=rules,
