@@ -86,33 +86,6 @@ async def run_one(router, tmp_path, *, seconds=30.0, **settings):
     return result, path.read_bytes(), sink
 
 
-class _Kept:
-    """A recorder that only keeps the results."""
-
-    def __init__(self) -> None:
-        self.results: list[JobResult] = []
-
-    def started(self, job, attempt: int) -> None:
-        pass
-
-    def requeued(self, job, *, maybe_processed: bool) -> None:
-        pass
-
-    def finished(self, result: JobResult) -> None:
-        self.results.append(result)
-
-
-async def run_rule(router, rule: str):
-    """Run one run-query job under `rule`; (its result, the sink)."""
-    sink, recorder = ListSink(), _Kept()
-    rules = {LimitKey.RUN_QUERY: parse_rule(rule)}
-    async with make_runner(router, rules, sink, recorder=recorder) as runner:
-        job = Job("a", JobType.RUN_QUERY, "t1", {"q": 1})
-        await runner.run({LimitKey.RUN_QUERY: [job]}, {LimitKey.RUN_QUERY: 1})
-    [result] = recorder.results
-    return result, sink
-
-
 def strict_json(line: bytes):
     """Parse as a strict JSON reader would: no NaN or Infinity."""
 
@@ -120,40 +93,6 @@ def strict_json(line: bytes):
         raise ValueError(name)
 
     return json.loads(line, parse_constant=refuse)
-
-
-# -- Rate limits in other clothes ---------------------------------------------------
-
-
-async def test_a_rate_limit_403_waits_and_the_job_ends_done(tmp_path):
-    """A 403 with `X-RateLimit-Remaining: 0` waits for the reset like a 429,
-    and the retry ends the job done instead of failing it."""
-    router = respx.Router()
-    spent = {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "7"}
-    router.post(QUERY).side_effect = [
-        httpx.Response(403, headers=spent),
-        httpx.Response(200, json={"ok": 1}),
-    ]
-    result, sink = await run_rule(router, "100/1s")
-    assert (result.status, result.attempts) == (Status.DONE, 2)
-    [requeued] = sink.of(JobRequeued)
-    assert (requeued.rate_limited, requeued.delay) == (True, 7.0)
-
-
-async def test_a_retry_after_is_honoured_up_to_the_keys_longest_window():
-    """A 500/1h key told to wait 40 min tries again after 40 min, not at the
-    15 min cap of keys with shorter windows."""
-    router = respx.Router()
-    router.post(QUERY).side_effect = [
-        httpx.Response(429, headers={"Retry-After": "2400"}),
-        httpx.Response(200, json={"ok": 1}),
-    ]
-    result, sink = await run_rule(router, "500/1h")
-    assert result.status is Status.DONE
-    [requeued] = sink.of(JobRequeued)
-    assert requeued.delay == 2400.0
-    first, second = (event.at for event in sink.of(JobSent))
-    assert second - first >= 2400.0
 
 
 # -- Odd 429s ---------------------------------------------------------------------

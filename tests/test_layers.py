@@ -34,14 +34,14 @@ WINGS: list[tuple[str, list[list[str]]]] = [
     (
         "pacing",
         [
-            ["slots", "limiters"],
+            ["slots", "limiters", "arrival"],
             ["counters", "ledger"],
             ["learning"],
             ["pacer"],
         ],
     ),
     ("jobs", [["endpoints", "jobfile"], ["job"]]),
-    ("api", [["fields"], ["hints"], ["outcome"], ["breaker", "client"]]),
+    ("api", [["fields", "trace"], ["hints"], ["outcome"], ["breaker", "client"]]),
     (
         "store",
         [

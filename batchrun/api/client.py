@@ -13,6 +13,7 @@ import hashlib
 import ssl
 import time
 from collections.abc import AsyncGenerator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Self, cast
 
@@ -20,8 +21,9 @@ import anyio
 import httpx
 
 from batchrun import __version__
-from batchrun.api.hints import Hints, read_hints
-from batchrun.api.outcome import Kind, Outcome
+from batchrun.api.hints import read_hints
+from batchrun.api.outcome import Kind, Outcome, rate_limited_wait, says_rate_limited
+from batchrun.api.trace import ExchangeTrace
 from batchrun.core import strict_json
 from batchrun.core.errors import UsageError
 from batchrun.core.limits import LimitKey
@@ -134,10 +136,16 @@ class Client:
         await self._http.aclose()
 
     async def send(self, job: Job) -> Outcome:
-        """Make the job's request once and classify the answer."""
+        """Make the job's request once and classify the answer; say, when the
+        transport reports it, when the request left and the connect's round trip."""
+        trace = ExchangeTrace()
         headers = {"Idempotency-Key": idempotency_key(self._scope, job.id)}
         request = self._http.build_request(
-            job.endpoint.method, job.path, json=job.payload, headers=headers
+            job.endpoint.method,
+            job.path,
+            json=job.payload,
+            headers=headers,
+            extensions={"trace": trace},
         )
         try:
             # httpx times each phase (connect, each read); a server dripping its
@@ -160,7 +168,8 @@ class Client:
         except httpx.TransportError as exc:
             return _transport_failure(exc, self._secret)
         cap = max(RETRY_AFTER_CAP, self._waits.get(job.key, 0.0))
-        return _classify(response, raw, cut=cut, secret=self._secret, cap=cap)
+        outcome = _classify(response, raw, cut=cut, secret=self._secret, cap=cap)
+        return replace(outcome, written=trace.written, round_trip=trace.round_trip)
 
     async def _exchange(
         self, request: httpx.Request
@@ -203,13 +212,13 @@ def _classify(
     status = response.status_code
     if 200 <= status < 300:
         return Outcome(Kind.DONE, status, body, note=note, hints=hints)
-    if status == 429 or (status == 403 and _rate_limit_evidence(hints)):
+    if status == 429 or (status == 403 and says_rate_limited(hints)):
         error = "HTTP 429" if status == 429 else "HTTP 403 (a rate limit)"
         return Outcome(
             Kind.RATE_LIMITED,
             status,
             body,
-            _delay(hints),
+            rate_limited_wait(hints),
             error,
             note,
             hints=hints,
@@ -229,21 +238,6 @@ def _classify(
         hints=hints,
         maybe_processed=not declined,
     )
-
-
-def _rate_limit_evidence(hints: Hints) -> bool:
-    """Whether a 403 says it is a rate limit, as GitHub's do: a wait named
-    (Retry-After), or a quota with none remaining. A 403 without either is a
-    refusal of the token or its rights, and fails."""
-    return hints.retry_after is not None or hints.remaining == 0
-
-
-def _delay(hints: Hints) -> float | None:
-    """How long a 429 says to wait: Retry-After, else the reset of a quota the
-    server says is spent."""
-    if hints.retry_after is not None:
-        return hints.retry_after
-    return hints.reset if hints.remaining == 0 else None
 
 
 def parse_retry_after(
