@@ -81,7 +81,7 @@ ORDER |= {name: (len(WINGS), 0) for name in TOP}
 BENCH = [
     ["anchors", "oracle", "stock", "chart", "fastserver"],
     ["drivers", "spread", "ledgers", "overhead"],
-    ["pacing", "throughput", "stricter"],
+    ["pacing", "throughput", "stricter", "arrival"],
     ["bigfile"],
     ["startup"],
     ["report"],
