@@ -34,14 +34,14 @@ WINGS: list[tuple[str, list[list[str]]]] = [
     (
         "pacing",
         [
-            ["slots", "limiters"],
+            ["slots", "limiters", "arrival"],
             ["counters", "ledger"],
             ["learning"],
             ["pacer"],
         ],
     ),
     ("jobs", [["endpoints", "jobfile"], ["job"]]),
-    ("api", [["hints"], ["outcome"], ["breaker", "client"]]),
+    ("api", [["fields", "trace"], ["hints"], ["outcome"], ["breaker", "client"]]),
     (
         "store",
         [
@@ -92,7 +92,7 @@ ORDER |= {name: (len(WINGS), 0) for name in TOP}
 BENCH = [
     ["anchors", "oracle", "stock", "chart", "fastserver"],
     ["drivers", "spread", "ledgers", "overhead"],
-    ["pacing", "throughput", "stricter"],
+    ["pacing", "throughput", "stricter", "arrival"],
     ["bigfile"],
     ["startup"],
     ["report"],

@@ -33,6 +33,7 @@ from batchrun.core.events import (
 )
 from batchrun.core.limits import LimitKey
 from batchrun.jobs.job import Job
+from batchrun.pacing.arrival import Trip
 from batchrun.pacing.pacer import Pacer
 from batchrun.run.lessons import Lessons
 from batchrun.run.queues import Attempt, KeyQueue
@@ -212,14 +213,7 @@ class Runner:
             return
         sent = self._learner.sent(key, attempt.sent_at)
         self._emit(JobSent(self._clock.now(), key, attempt.job.id, attempt.attempts))
-        outcome: Outcome | None = None
-        try:
-            outcome = await self._sender.send(attempt.job)
-        finally:
-            # A request that never reached the server spends no budget.
-            reached = outcome is None or outcome.reached
-            self._pacer.release(key, ticket, sent=reached)
-            self._in_flight -= 1
+        outcome = await self._send(key, ticket, attempt.job)
         # Only an answer says whether the server's limiter let the request through.
         refused = None if outcome.status is None else outcome.kind is Kind.RATE_LIMITED
         self._learner.answered(
@@ -240,5 +234,27 @@ class Runner:
         if self._idle:
             self._notify()  # an answer may free a slot, or end the run
 
+    async def _send(self, key: LimitKey, ticket: int, job: Job) -> Outcome:
+        """Send `job`, and release its slot whatever happens to the request."""
+        outcome: Outcome | None = None
+        began = self._clock.now()
+        try:
+            outcome = await self._sender.send(job)
+        finally:
+            # A request that never reached the server spends no budget.
+            reached = outcome is None or outcome.reached
+            self._pacer.release(key, ticket, sent=reached, trip=_trip(began, outcome))
+            self._in_flight -= 1
+        return outcome
+
     def _emit(self, event: Event) -> None:
         self._sink.emit(event)
+
+
+def _trip(began: float, outcome: Outcome | None) -> Trip | None:
+    """What the client saw of an answered exchange that began at `began`, for the
+    pacer's arrival bound; None when the transport did not say when it left."""
+    if outcome is None or outcome.written is None:
+        return None
+    refused = outcome.kind is Kind.RATE_LIMITED
+    return Trip(began + outcome.written, outcome.round_trip, refused=refused)

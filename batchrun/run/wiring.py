@@ -66,6 +66,7 @@ async def open_run(
         scope=scope,
         timeout=target.timeout,
         connections=settings.concurrency,
+        waits={key: rule.longest for key, rule in rules.items()},
         transport=target.transport,
         ca_bundle=target.ca_bundle,
     )
