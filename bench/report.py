@@ -1,4 +1,4 @@
-"""The printed tables (Markdown, so BENCHMARKS.md can hold them as printed) and
+"""The printed tables (Markdown, so docs/benchmarks/ can hold them as printed) and
 the goals of issue 5, checked against the measured figures."""
 
 from __future__ import annotations

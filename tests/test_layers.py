@@ -1,7 +1,7 @@
 """The house map: imports only go down, between wings and inside each wing.
 
 `WINGS` lists batchrun's subpackages from the bottom up, and each wing's modules
-from the bottom up, as the README's map draws them. A module may import a module
+from the bottom up, as docs/design/layout.md draws them. A module may import a module
 of a lower wing, or of a lower layer of its own wing; never its own layer, never
 upward (function-level and type-checking imports included). So there is no
 cycle anywhere. A new module must be placed here to pass.
