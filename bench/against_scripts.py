@@ -3,8 +3,9 @@
 Every case of `bench.script_cases` is run by `batchrun submit` and by the four
 scripts `bench.script_pyrate`, `bench.script_limits`, `bench.script_aiolimiter`
 and `bench.script_sleep`, each in its own process against its own fresh server
-(`bench.case_server`: the sandbox on loopback, every request logged). A round
-runs the tools of one case side by side (`--serial`: one after another); the
+(`bench.case_server`: the sandbox on loopback, every request logged), one run
+after another (`--side-by-side`: the tools of a case at once, quicker but they
+share the machine and the servers' thread lock, which slows every round trip); the
 table gives, per case and tool, the median over the rounds of the 429s the server
 sent and of the makespan (first arrival to last accepted answer, at the server)
 over the case's ideal (`Case.ideal`). Every run is bounded: SIGTERM after
@@ -272,7 +273,7 @@ def _arguments() -> argparse.Namespace:
     add("--tool", nargs="+", choices=list(TOOLS), help="only these tools")
     add("--rounds", type=int, default=3, help="rounds per case (median kept)")
     add("--quick", action="store_true", help="one round")
-    add("--serial", action="store_true", help="one tool at a time")
+    add("--side-by-side", action="store_true", help="the tools of a case at once")
     add(
         "--out",
         type=Path,
@@ -289,11 +290,11 @@ def main() -> None:
     args = _arguments()
     rounds = 1 if args.quick else args.rounds
     tools = args.tool or list(TOOLS)
-    rows = measure(args.case, tools, rounds, args.serial, _say)
+    rows = measure(args.case, tools, rounds, not args.side_by_side, _say)
     out = args.out or (None if args.case or args.tool or args.quick else RESULTS)
     text = table(rows, tools)
     if out:
-        meta = _meta(rounds, args.serial)
+        meta = _meta(rounds, not args.side_by_side)
         out.write_text(
             json.dumps({"meta": meta, "table": text, "rows": rows}, indent=1) + "\n"
         )
