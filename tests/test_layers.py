@@ -90,9 +90,10 @@ ORDER |= {name: (len(WINGS), 0) for name in TOP}
 
 # bench/: the same rule, one flat package.
 BENCH = [
-    ["anchors", "oracle", "stock", "chart", "fastserver"],
-    ["drivers", "spread", "ledgers", "overhead"],
-    ["pacing", "throughput", "stricter", "arrival"],
+    ["anchors", "oracle", "stock", "chart", "fastserver", "case_server"],
+    ["script_pyrate", "script_limits", "script_aiolimiter", "script_sleep"],
+    ["drivers", "spread", "ledgers", "overhead", "script_cases"],
+    ["pacing", "throughput", "stricter", "against_scripts", "arrival"],
     ["bigfile"],
     ["startup"],
     ["report"],
