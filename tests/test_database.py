@@ -8,6 +8,7 @@ import sqlite3
 import pytest
 
 from batchrun.core.errors import DiskFull, StateError
+from batchrun.store import database
 from batchrun.store.database import Database, explain, open_database, write_transaction
 
 SCHEMA = ("CREATE TABLE t (x INTEGER);",)
@@ -75,6 +76,20 @@ def test_a_full_disk_is_its_own_error(tmp_path):
     assert isinstance(explain(full, tmp_path / "x.db"), DiskFull)
     damaged = sqlite3.DatabaseError("file is not a database")
     assert not isinstance(explain(damaged, tmp_path / "x.db"), DiskFull)
+
+
+def test_an_io_error_on_a_nearly_full_disk_is_a_full_disk(tmp_path, monkeypatch):
+    """SQLite reports no room to grow its -shm as "disk I/O error": with less than
+    1 MiB left beside the file, that is DiskFull, not a deleted -wal."""
+
+    class Found:
+        f_frsize = 4096
+        f_bavail = 8
+
+    monkeypatch.setattr(database.os, "statvfs", lambda path: Found())
+    found = explain(sqlite3.OperationalError("disk I/O error"), tmp_path / "x.db")
+    assert isinstance(found, DiskFull)
+    assert "the disk is full" in found.message
 
 
 def test_a_garbled_file_is_a_state_error_at_open(tmp_path):

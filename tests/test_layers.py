@@ -45,8 +45,8 @@ WINGS: list[tuple[str, list[list[str]]]] = [
     (
         "store",
         [
-            ["database", "generation", "paths"],
-            ["runlock", "results"],
+            ["database", "paths"],
+            ["generation", "runlock", "results"],
             ["state"],
             ["runs"],
         ],

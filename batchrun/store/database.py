@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import random
 import sqlite3
 import time
@@ -33,6 +34,8 @@ _BROKEN_IO = ("SQLITE_IOERR", "I/O error")
 _LOCKED = ("SQLITE_BUSY", "SQLITE_LOCKED", "locked")
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 _DENIED_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}
+# Less free space than this beside a file with an I/O error: the disk is full.
+_LOW_SPACE = 1 << 20
 
 
 def explain(exc: sqlite3.Error | OSError, path: Path | str) -> StateError:
@@ -40,7 +43,8 @@ def explain(exc: sqlite3.Error | OSError, path: Path | str) -> StateError:
     it and what to do, by the kind of failure."""
     said = f"{getattr(exc, 'sqlite_errorname', '')} {exc}"
     number = getattr(exc, "errno", None)
-    if number in _FULL_ERRNOS or any(word in said for word in _FULL):
+    full = number in _FULL_ERRNOS or any(word in said for word in _FULL)
+    if full or (any(word in said for word in _BROKEN_IO) and _nearly_full(path)):
         msg = (
             f"{path}: the disk is full. Free some space (or use another "
             "--state-dir), then run the same command again: the run resumes."
@@ -63,6 +67,16 @@ def explain(exc: sqlite3.Error | OSError, path: Path | str) -> StateError:
     else:
         what, todo = "cannot be used", "Use another --state-dir, or report this."
     return StateError(f"{path} {what} ({exc}). {todo}")
+
+
+def _nearly_full(path: Path | str) -> bool:
+    """Whether the folder of `path` has almost no space left: SQLite reports a
+    full disk as an I/O error when growing its -shm file."""
+    try:
+        found = os.statvfs(Path(path).parent)
+    except OSError:
+        return False
+    return found.f_bavail * found.f_frsize < _LOW_SPACE
 
 
 _MOVE_ASIDE = (
