@@ -382,7 +382,7 @@ def submit(
             server_burst,
         )
         state = StatePaths.resolve(state_dir)
-        results = arguments.results_path(jobs_file, results)
+        results = arguments.results_path(jobs_file, results, sandbox=sandbox)
         if str(jobs_file) == "-":
             jobs_file = _from_stdin(results, state)
         job = Submission(

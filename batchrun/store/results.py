@@ -74,9 +74,12 @@ def _noted(note: str | None, status: Status | None) -> str | None:
 _FIELDS = tuple(f.name for f in fields(JobResult))
 
 
-def default_results_path(jobs_path: Path) -> Path:
-    """`jobs.csv` → `jobs.results.jsonl`, beside the jobs file."""
-    return jobs_path.with_name(f"{jobs_path.stem}.results.jsonl")
+def default_results_path(jobs_path: Path, *, sandbox: bool = False) -> Path:
+    """`jobs.csv` → `jobs.results.jsonl`, beside the jobs file; a `--sandbox`
+    run's → `jobs.sandbox.results.jsonl`, so that a try-out's results never stand
+    in the way of the real run of the same file (nor mix with its results)."""
+    kind = ".sandbox" if sandbox else ""
+    return jobs_path.with_name(f"{jobs_path.stem}{kind}.results.jsonl")
 
 
 def last_result(path: Path, job_id: str) -> dict[str, Any] | None:

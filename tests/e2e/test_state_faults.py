@@ -224,9 +224,7 @@ def test_no_space_for_the_lock_file_exits_74_as_mid_run(monkeypatch, server, job
     assert sandbox.arrivals == []
 
 
-def test_no_space_for_a_generation_marker_says_the_disk_is_full(
-    monkeypatch, tmp_path
-):
+def test_no_space_for_a_generation_marker_says_the_disk_is_full(monkeypatch, tmp_path):
     """ENOSPC writing a marker is a full disk, and leaves no temporary file."""
     monkeypatch.setattr(generation, "os", FakeOs(os.open, fdopen=_full_fdopen))
     marker = tmp_path / "x.generation"
