@@ -46,7 +46,7 @@ WINGS: list[tuple[str, list[list[str]]]] = [
         "store",
         [
             ["database", "paths"],
-            ["generation", "runlock", "results"],
+            ["generation", "runlock", "results", "intake"],
             ["state"],
             ["runs"],
         ],
