@@ -48,7 +48,7 @@ WINGS: list[tuple[str, list[list[str]]]] = [
             ["database", "paths"],
             ["generation", "runlock", "results", "intake"],
             ["state"],
-            ["runs"],
+            ["runs", "crosscheck"],
         ],
     ),
     ("ledgers", [["sqlite_ledger", "redis_ledger"], ["shared_ledger"]]),

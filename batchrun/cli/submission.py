@@ -50,7 +50,7 @@ from batchrun.pacing.ledger import Ledger, MemoryLedger
 from batchrun.pacing.pacer import Pacer
 from batchrun.run.journal import Journal
 from batchrun.run.runner import Recorder, Runner, Settings
-from batchrun.store import runs
+from batchrun.store import crosscheck, runs
 from batchrun.store.generation import marker_of
 from batchrun.store.paths import StatePaths, client_fingerprint
 from batchrun.store.results import ResultsFile
@@ -124,6 +124,7 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
         store.sync(rows, path=str(job.jobs_file), restart=restart)
         if job.run_id is not None:
             store.set_meta("round", job.run_id)
+        crosscheck.reconcile(store, job.results, starting_over=restart, say=say)
         store.recover(retry_failed=job.retry_failed, retry_unknown=job.retry_unknown)
         store.set_meta("rules", table_text(job.rules))
         store.set_meta("pace", job.settings.pace)
@@ -136,6 +137,7 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
             with ResultsFile(job.results) as results:
                 journal = Journal(store, results)
                 stop = anyio.run(_run, job, store, ledger, journal, say)
+                journal.caught_up()
             say(f"Results: {job.results}")
         else:
             stop = None

@@ -13,6 +13,7 @@ to date when opened, and one written by a later build is refused.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from batchrun.jobs.job import Job, Summary, scan
 from batchrun.jobs.jobfile import Problem
 from batchrun.store import intake
 from batchrun.store.database import open_database, write_transaction
-from batchrun.store.results import JobResult
+from batchrun.store.results import Ended, JobResult
 
 # Each entry takes the store from its index to the next version.
 _MIGRATIONS = (
@@ -153,6 +154,46 @@ class RunStore:
                         "WHERE state = ?",
                         (state,),
                     )
+
+    def settle(self, ends: Iterable[Ended]) -> dict[tuple[str, JobState], int]:
+        """Take the results file's word for jobs this store still has to send
+        (pending or in flight) that it records as ended: each gets the state of
+        its last line in `ends`. Returns how many changed, by type and state.
+
+        One transaction, staged in a temporary table a batch at a time.
+        """
+        with write_transaction(self._db):
+            self._db.execute(
+                "CREATE TEMP TABLE IF NOT EXISTS ended (seq INTEGER PRIMARY KEY, "
+                "id TEXT, state TEXT, attempts INT, http_status INT, error TEXT)"
+            )
+            self._db.execute("DELETE FROM ended")
+            rows = iter(ends)
+            while batch := list(itertools.islice(rows, _PAGE)):
+                self._db.executemany(
+                    "INSERT INTO ended (id, state, attempts, http_status, error) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    batch,
+                )
+            return self._settle_ended()
+
+    def _settle_ended(self) -> dict[tuple[str, JobState], int]:
+        last = (
+            "(SELECT * FROM ended WHERE seq IN "
+            "(SELECT max(seq) FROM ended GROUP BY id)) e"
+        )
+        waiting = "jobs.state IN ('pending', 'in_flight')"
+        changed = self._db.execute(
+            f"SELECT jobs.type, e.state, count(*) FROM jobs JOIN {last} "
+            f"ON jobs.id = e.id WHERE {waiting} GROUP BY 1, 2"
+        )
+        self._db.execute(
+            f"UPDATE jobs SET state = e.state, attempts = e.attempts, "
+            f"http_status = e.http_status, error = e.error FROM {last} "
+            f"WHERE jobs.id = e.id AND {waiting}"
+        )
+        self._db.execute("DELETE FROM ended")
+        return {(kind, JobState(state)): n for kind, state, n in changed}
 
     def pending(self, key: LimitKey) -> Iterator[Job]:
         """The key's pending jobs in file order, read a page at a time."""
