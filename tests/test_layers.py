@@ -45,7 +45,8 @@ WINGS: list[tuple[str, list[list[str]]]] = [
     (
         "store",
         [
-            ["database", "paths"],
+            ["walfiles", "paths"],
+            ["database"],
             ["generation", "runlock", "results", "intake"],
             ["state"],
             ["runs", "crosscheck"],

@@ -83,7 +83,10 @@ class RunStore:
     """The jobs of one file for one client, and where each stands."""
 
     def __init__(self, path: Path | str, *, read_only: bool = False) -> None:
-        self._db = open_database(path, _MIGRATIONS, read_only=read_only)
+        # Under the run's lock, this process alone writes the store.
+        self._db = open_database(
+            path, _MIGRATIONS, read_only=read_only, alone=not read_only
+        )
 
     def close(self) -> None:
         self._db.close()
