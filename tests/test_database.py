@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import errno
+import os
 import sqlite3
 import time
 
 import pytest
 
 from batchrun.core.errors import DiskFull, StateError
-from batchrun.store import database, walfiles
+from batchrun.store import walfiles
 from batchrun.store.database import Database, explain, open_database, write_transaction
 
 SCHEMA = ("CREATE TABLE t (x INTEGER);",)
@@ -87,7 +88,7 @@ def test_an_io_error_on_a_nearly_full_disk_is_a_full_disk(tmp_path, monkeypatch)
         f_frsize = 4096
         f_bavail = 8
 
-    monkeypatch.setattr(database.os, "statvfs", lambda path: Found())
+    monkeypatch.setattr(os, "statvfs", lambda path: Found())
     found = explain(sqlite3.OperationalError("disk I/O error"), tmp_path / "x.db")
     assert isinstance(found, DiskFull)
     assert "the disk is full" in found.message
