@@ -49,7 +49,7 @@ WINGS: list[tuple[str, list[list[str]]]] = [
             ["database"],
             ["generation", "runlock", "results", "intake"],
             ["state"],
-            ["runs", "crosscheck"],
+            ["runs", "crosscheck", "stamp"],
         ],
     ),
     ("ledgers", [["sqlite_ledger", "redis_ledger"], ["shared_ledger"]]),

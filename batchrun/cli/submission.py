@@ -44,13 +44,12 @@ from batchrun.core.errors import (
 )
 from batchrun.core.events import EventSink
 from batchrun.core.limits import LimitKey, Rule, table_text
-from batchrun.jobs.job import scan
 from batchrun.ledgers.shared_ledger import open_shared_ledger
 from batchrun.pacing.ledger import Ledger, MemoryLedger
 from batchrun.pacing.pacer import Pacer
 from batchrun.run.journal import Journal
 from batchrun.run.runner import Recorder, Runner, Settings
-from batchrun.store import crosscheck, runs
+from batchrun.store import crosscheck, runs, stamp
 from batchrun.store.generation import marker_of
 from batchrun.store.paths import StatePaths, client_fingerprint
 from batchrun.store.results import ResultsFile
@@ -120,8 +119,7 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
         restart = runs.starts_over(
             store, restart=job.restart, run_id=job.run_id, say=say
         )
-        rows = scan(job.jobs_file, check_duplicates=False)
-        store.sync(rows, path=str(job.jobs_file), restart=restart)
+        stamp.take_in(store, job.jobs_file, restart=restart)
         if job.run_id is not None:
             store.set_meta("round", job.run_id)
         crosscheck.reconcile(store, job.results, starting_over=restart, say=say)
