@@ -24,8 +24,10 @@ def jobs_file(tmp_path, rows=("a,run-query,t1,", "b,invite,t1,", "c,avatar,,")):
     return path
 
 
-def results_of(tmp_path):
-    text = (tmp_path / "jobs.results.jsonl").read_text()
+def results_of(tmp_path, *, sandbox=True):
+    """The results of jobs.csv's run: a --sandbox run's, unless `sandbox` is off."""
+    kind = ".sandbox" if sandbox else ""
+    text = (tmp_path / f"jobs{kind}.results.jsonl").read_text()
     return [json.loads(line) for line in text.splitlines()]
 
 
@@ -145,7 +147,7 @@ def test_submit_refuses_a_bad_file_before_sending(tmp_path):
     result = runner.invoke(app, ["submit", str(path), *FAST])
     assert result.exit_code == 2
     assert "line 3: team_id is missing" in result.stderr
-    assert not (tmp_path / "jobs.results.jsonl").exists()
+    assert not list(tmp_path.glob("*.results.jsonl"))
 
 
 @pytest.mark.parametrize(
@@ -241,7 +243,7 @@ def test_failed_jobs_exit_1(tmp_path):
             ["submit", str(jobs_file(tmp_path)), "--base-url", url + "/wrong-prefix"],
         )
     assert result.exit_code == 1
-    assert {r["http_status"] for r in results_of(tmp_path)} == {404}
+    assert {r["http_status"] for r in results_of(tmp_path, sandbox=False)} == {404}
 
 
 def test_token_is_never_shown(tmp_path):
@@ -250,7 +252,8 @@ def test_token_is_never_shown(tmp_path):
     result = runner.invoke(app, ["submit", str(path), *FAST, "--token", TOKEN])
     assert result.exit_code == 0
     assert TOKEN not in result.stdout + result.stderr
-    assert TOKEN.encode() not in (tmp_path / "jobs.results.jsonl").read_bytes()
+    kept = (tmp_path / "jobs.sandbox.results.jsonl").read_bytes()
+    assert TOKEN.encode() not in kept
 
 
 def test_token_comes_from_the_environment(tmp_path):

@@ -20,7 +20,6 @@ MAX_BODY_LINES = 40
 BEING_REWRITTEN = {
     "pacing/learning.py",  # removed by the learner's rewrite into a package
     "pacing/counters.py",  # removed by the learner's rewrite into a package
-    "store/state.py",  # removed by the store helper
 }
 
 

@@ -45,10 +45,11 @@ WINGS: list[tuple[str, list[list[str]]]] = [
     (
         "store",
         [
-            ["database", "generation", "paths"],
-            ["runlock", "results"],
+            ["walfiles", "paths"],
+            ["database"],
+            ["generation", "runlock", "results", "intake"],
             ["state"],
-            ["runs"],
+            ["runs", "crosscheck", "stamp"],
         ],
     ),
     ("ledgers", [["sqlite_ledger", "redis_ledger"], ["shared_ledger"]]),

@@ -41,8 +41,11 @@ if TYPE_CHECKING:
     from batchrun.run.submission import Submission
 
 
-def results_path(jobs_file: Path, results: Path | None) -> Path:
-    """--results, else beside the jobs file; a file, never a device.
+def results_path(
+    jobs_file: Path, results: Path | None, *, sandbox: bool = False
+) -> Path:
+    """--results, else beside the jobs file (a `--sandbox` run's apart); a file,
+    never a device.
 
     Raises:
         UsageError: jobs from stdin and no --results, or results under /dev.
@@ -51,7 +54,7 @@ def results_path(jobs_file: Path, results: Path | None) -> Path:
         if str(jobs_file) == "-":
             msg = "submit - reads the jobs from stdin: name the results with --results."
             raise UsageError(msg)
-        results = default_results_path(jobs_file)
+        results = default_results_path(jobs_file, sandbox=sandbox)
     where = (results.absolute(), results.resolve())
     if any(p.is_relative_to(d) for p in where for d in ("/dev", "/proc")):
         msg = (
@@ -249,7 +252,7 @@ def submission(
         server_burst,
     )
     state = StatePaths.resolve(state_dir)
-    results = results_path(jobs_file, results)
+    results = results_path(jobs_file, results, sandbox=sandbox)
     if str(jobs_file) == "-":
         jobs_file = stdin(results, state)
     return Submission(

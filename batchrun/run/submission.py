@@ -22,7 +22,6 @@ import anyio
 
 from batchrun.core.clock import MachineClock, wall_time
 from batchrun.core.limits import LimitKey, Rule, table_text
-from batchrun.jobs.job import scan
 from batchrun.ledgers.shared_ledger import open_shared_ledger
 from batchrun.pacing.ledger import Ledger, MemoryLedger
 from batchrun.run.exit_code import exit_code
@@ -31,7 +30,7 @@ from batchrun.run.settings import Settings
 from batchrun.run.supervisor import pending_counts, supervise
 from batchrun.run.view import View
 from batchrun.run.wiring import Target, open_run
-from batchrun.store import runs
+from batchrun.store import crosscheck, runs, stamp
 from batchrun.store.generation import marker_of
 from batchrun.store.paths import StatePaths
 from batchrun.store.results import ResultsFile
@@ -80,10 +79,10 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
         restart = runs.starts_over(
             store, restart=job.restart, run_id=job.run_id, say=say
         )
-        rows = scan(job.jobs_file, check_duplicates=False)
-        store.sync(rows, path=str(job.jobs_file), restart=restart)
+        stamp.take_in(store, job.jobs_file, restart=restart)
         if job.run_id is not None:
             store.set_meta("round", job.run_id)
+        crosscheck.reconcile(store, job.results, starting_over=restart, say=say)
         store.recover(retry_failed=job.retry_failed, retry_unknown=job.retry_unknown)
         store.set_meta("rules", table_text(job.rules))
         store.set_meta("pace", job.settings.pace)
@@ -96,6 +95,7 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
             with ResultsFile(job.results) as results:
                 journal = Journal(store, results)
                 stop = anyio.run(_run, job, store, ledger, journal, say)
+                journal.caught_up()
             say(f"Results: {job.results}")
         else:
             stop = None
