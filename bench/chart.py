@@ -8,6 +8,7 @@ answer) the sandbox saw in the window ending at each moment; arrivals answered 4
 
 from __future__ import annotations
 
+import json
 from bisect import bisect_right
 from pathlib import Path
 from typing import Any
@@ -81,3 +82,109 @@ def draw(pacing: list[dict[str, Any]], path: Path) -> dict[str, Any]:
         "anchor": anchor["tool"],
         "window": anchor["windows"][index]["window"],
     }
+
+
+# The benchmark pages' charts (docs/benchmarks/), drawn from the figures kept in
+# bench/: `python -m bench.chart` redraws them all.
+HERE = Path(__file__).parent
+PAGES = HERE.parent / "docs" / "benchmarks"
+
+
+def bars(path: Path, title: str, values: dict[str, float], unit: str) -> None:
+    """A horizontal bar per label, its value written at its end."""
+    figure, axis = plt.subplots(figsize=(9, 0.45 * len(values) + 1.2))
+    labels = list(values)[::-1]
+    axis.barh(labels, [values[label] for label in labels], color="tab:blue")
+    for y, label in enumerate(labels):
+        axis.annotate(
+            f" {values[label]:g}",
+            (values[label], y),
+            va="center",
+            fontsize="small",
+        )
+    axis.set_xlabel(unit)
+    axis.set_title(title)
+    axis.margins(x=0.12)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def throughput(path: Path, cases: list[dict[str, Any]]) -> None:
+    """Requests a second per client, grouped by concurrency."""
+    names = {
+        "bare": "bare httpx loop",
+        "runner": "Runner path",
+        "runner_ledger": "+ SQLite ledger",
+        "runner_durable": "+ run store, results",
+        "cli_submit": "batchrun submit",
+    }
+    figure, axis = plt.subplots(figsize=(9, 4))
+    width = 0.16
+    for i, (key, name) in enumerate(names.items()):
+        xs = [c + (i - 2) * width for c in range(len(cases))]
+        axis.bar(xs, [case[key]["rps"] for case in cases], width, label=name)
+    axis.set_xticks(range(len(cases)))
+    axis.set_xticklabels([f"concurrency {case['concurrency']}" for case in cases])
+    axis.set_ylabel("requests a second (server-side)")
+    axis.set_title("2,000 requests, limits not binding")
+    axis.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def stricter(
+    path: Path, ours: list[dict[str, Any]], theirs: list[dict[str, Any]]
+) -> None:
+    """Makespan over the server's ideal per server: batchrun's first run and rerun
+    (`ours`), and the anchors' retry loops (`theirs`, the baseline)."""
+    servers = list(dict.fromkeys(row["scenario"] for row in ours))
+    drivers = ["batchrun", "batchrun rerun", "aiolimiter", "pyrate-limiter", "limits"]
+    rows = {(r["scenario"], r["tool"]): r for r in [*theirs, *ours]}
+    figure, axis = plt.subplots(figsize=(10, 0.7 * len(servers) + 1.5))
+    height = 0.15
+    for i, driver in enumerate(drivers):
+        ys = [s + (i - 2) * height for s in range(len(servers))]
+        ratios = [rows[(s, driver)].get("ratio") or 0.0 for s in servers]
+        axis.barh(ys, ratios, height, label=driver)
+    axis.set_yticks(range(len(servers)))
+    axis.set_yticklabels(servers, fontsize="small")
+    axis.invert_yaxis()
+    axis.axvline(1.0, color="black", linewidth=0.8)
+    axis.set_xlabel(
+        "makespan / server-ideal (lower is better; 1 is the best any client can do)"
+    )
+    axis.set_title("60 jobs, client 30/2s, against stricter servers")
+    axis.legend(fontsize="small", loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def _load(name: str) -> Any:
+    return json.loads((HERE / name).read_text())
+
+
+def pages() -> None:
+    """Every chart of docs/benchmarks/, from bench/results.json and the
+    stricter-server runs kept beside it."""
+    results = _load("results.json")
+    draw(results["pacing"], PAGES / "pacing.png")
+    rows = results["overhead"]["rows"]
+    grants = {row["what"]: row["us_per_grant"] for row in rows}
+    bars(PAGES / "overhead.png", "CPU per grant (rule 1000000/1s)", grants, "µs")
+    throughput(PAGES / "throughput.png", results["throughput"]["cases"])
+    big = results["bigfile"]
+    memory = {
+        step: big[step]["peak_rss_mib"] for step in ("read_jobs", "scan", "validate")
+    }
+    bars(PAGES / "big-files.png", "1,000,000 rows: peak RSS", memory, "MiB")
+    startup = {what: run["best_ms"] for what, run in results["startup"].items()}
+    bars(PAGES / "startup.png", "Start-up, best of 5", startup, "ms")
+    ours = _load("stricter_after_counters.json")
+    stricter(PAGES / "stricter.png", ours, _load("stricter_baseline.json"))
+
+
+if __name__ == "__main__":
+    pages()

@@ -24,8 +24,10 @@ def jobs_file(tmp_path, rows=("a,run-query,t1,", "b,invite,t1,", "c,avatar,,")):
     return path
 
 
-def results_of(tmp_path):
-    text = (tmp_path / "jobs.results.jsonl").read_text()
+def results_of(tmp_path, *, sandbox=True):
+    """The results of jobs.csv's run: a --sandbox run's, unless `sandbox` is off."""
+    kind = ".sandbox" if sandbox else ""
+    text = (tmp_path / f"jobs{kind}.results.jsonl").read_text()
     return [json.loads(line) for line in text.splitlines()]
 
 
@@ -145,7 +147,7 @@ def test_submit_refuses_a_bad_file_before_sending(tmp_path):
     result = runner.invoke(app, ["submit", str(path), *FAST])
     assert result.exit_code == 2
     assert "line 3: team_id is missing" in result.stderr
-    assert not (tmp_path / "jobs.results.jsonl").exists()
+    assert not list(tmp_path.glob("*.results.jsonl"))
 
 
 @pytest.mark.parametrize(
@@ -241,7 +243,7 @@ def test_failed_jobs_exit_1(tmp_path):
             ["submit", str(jobs_file(tmp_path)), "--base-url", url + "/wrong-prefix"],
         )
     assert result.exit_code == 1
-    assert {r["http_status"] for r in results_of(tmp_path)} == {404}
+    assert {r["http_status"] for r in results_of(tmp_path, sandbox=False)} == {404}
 
 
 def test_token_is_never_shown(tmp_path):
@@ -250,7 +252,8 @@ def test_token_is_never_shown(tmp_path):
     result = runner.invoke(app, ["submit", str(path), *FAST, "--token", TOKEN])
     assert result.exit_code == 0
     assert TOKEN not in result.stdout + result.stderr
-    assert TOKEN.encode() not in (tmp_path / "jobs.results.jsonl").read_bytes()
+    kept = (tmp_path / "jobs.sandbox.results.jsonl").read_bytes()
+    assert TOKEN.encode() not in kept
 
 
 def test_token_comes_from_the_environment(tmp_path):
@@ -284,7 +287,7 @@ def test_token_comes_from_the_environment(tmp_path):
 )
 def test_plain_http_to_a_remote_host_warns(url, warned):
     """http:// to a host that is not loopback warns that the token travels in clear."""
-    from batchrun.cli.arguments import check_base_url
+    from batchrun.cli.targets import check_base_url
 
     said: list[str] = []
     check_base_url(url, said.append)
@@ -477,7 +480,7 @@ def test_no_color_flag_reaches_the_progress_view(tmp_path, monkeypatch):
         seen.update(options)
         return real(stream, **options)
 
-    monkeypatch.setattr("batchrun.cli.submission.open_progress", spy)
+    monkeypatch.setattr("batchrun.cli.progress.open_progress", spy)
     result = runner.invoke(
         app, ["submit", str(jobs_file(tmp_path)), *FAST, "--no-color"]
     )
@@ -541,8 +544,8 @@ def test_a_refused_submit_is_stamped_too(tmp_path):
 def test_a_long_wait_writes_a_waiting_line(tmp_path, monkeypatch):
     """While a run only waits for a slot, the log says so once per quiet spell
     (QUIET shortened here from 50 s)."""
-    monkeypatch.setattr("batchrun.cli.submission.QUIET", 0.2)
-    monkeypatch.setattr("batchrun.cli.progress.QUIET", 0.2)
+    monkeypatch.setattr("batchrun.run.supervisor.QUIET", 0.2)
+    monkeypatch.setattr("batchrun.cli.plain_log.QUIET", 0.2)
     path = jobs_file(tmp_path, [f"q{i},run-query,t1," for i in range(2)])
     args = ["submit", str(path), "--sandbox", "--limit", "run-query=1/1s"]
     result = runner.invoke(app, args)
@@ -638,7 +641,7 @@ def test_cron_line_keeps_the_token_out_and_says_where_it_goes(tmp_path, monkeypa
 def test_a_state_error_inside_an_exception_group_exits_74(monkeypatch, tmp_path):
     """An error raised in a run's task group is unwrapped at the edge: its message
     and exit code, not "internal error" and 1."""
-    import batchrun.cli.submission as submission
+    import batchrun.run.submission as submission
 
     def grouped(job, *, say):
         msg = "/x/ledger.db is damaged (file is not a database). Move it aside."

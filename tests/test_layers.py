@@ -1,7 +1,7 @@
 """The house map: imports only go down, between wings and inside each wing.
 
 `WINGS` lists batchrun's subpackages from the bottom up, and each wing's modules
-from the bottom up, as the README's map draws them. A module may import a module
+from the bottom up, as docs/design/layout.md draws them. A module may import a module
 of a lower wing, or of a lower layer of its own wing; never its own layer, never
 upward (function-level and type-checking imports included). So there is no
 cycle anywhere. A new module must be placed here to pass.
@@ -35,33 +35,45 @@ WINGS: list[tuple[str, list[list[str]]]] = [
     (
         "pacing",
         [
-            ["slots", "limiters"],
+            ["slots", "limiters", "arrival"],
             ["counters", "ledger"],
             ["learning"],
             ["pacer"],
         ],
     ),
     ("jobs", [["endpoints", "jobfile"], ["job", "extract"]]),
-    ("api", [["hints"], ["outcome"], ["breaker", "client"]]),
+    ("api", [["fields", "trace"], ["hints"], ["outcome"], ["breaker", "client"]]),
     (
         "store",
         [
-            ["database", "generation", "paths"],
-            ["runlock", "results"],
+            ["walfiles", "paths"],
+            ["database"],
+            ["generation", "runlock", "results", "intake"],
             ["state"],
-            ["runs"],
+            ["runs", "crosscheck", "stamp"],
         ],
     ),
     ("ledgers", [["sqlite_ledger", "redis_ledger"], ["shared_ledger"]]),
-    ("run", [["halt"], ["journal", "runner"]]),
+    (
+        "run",
+        [
+            ["journal", "queues", "settings", "view", "exit_code", "halt"],
+            ["lessons", "settlement"],
+            ["runner"],
+            ["wiring", "supervisor"],
+            ["submission"],
+        ],
+    ),
     ("sandbox", [["faults", "policy_headers", "serving"], ["app"]]),
     (
         "cli",
         [
             ["config", "crontab", "board"],
-            ["progress", "overview", "metrics"],
-            ["reports", "submission"],
-            ["arguments"],
+            ["plain_log", "overview", "defaults", "metrics"],
+            ["progress", "targets"],
+            ["reports", "terminal"],
+            ["arguments", "flags"],
+            ["read_commands"],
             ["commands"],
         ],
     ),
@@ -80,9 +92,10 @@ ORDER |= {name: (len(WINGS), 0) for name in TOP}
 
 # bench/: the same rule, one flat package.
 BENCH = [
-    ["anchors", "oracle", "stock", "chart", "fastserver"],
-    ["drivers", "spread", "ledgers", "overhead"],
-    ["pacing", "throughput", "stricter"],
+    ["anchors", "oracle", "stock", "chart", "fastserver", "case_server"],
+    ["script_pyrate", "script_limits", "script_aiolimiter", "script_sleep"],
+    ["drivers", "spread", "ledgers", "overhead", "script_cases"],
+    ["pacing", "throughput", "stricter", "against_scripts", "arrival"],
     ["bigfile"],
     ["startup"],
     ["report"],

@@ -142,5 +142,5 @@ def test_redis_lost_mid_run_stops_with_exit_75(tmp_path):
     # A sandbox run's state is temporary: it says so rather than "resume".
     assert "sandbox runs are not kept" in result.stderr
     assert REDIS_PASSWORD not in result.stdout + result.stderr
-    done = (tmp_path / "jobs.results.jsonl").read_text().splitlines()
+    done = (tmp_path / "jobs.sandbox.results.jsonl").read_text().splitlines()
     assert 4 <= len(done) < 12

@@ -65,18 +65,21 @@ def test_results_without_a_run_in_the_state_folder_are_refused(tmp_path, api):
     assert len(sandbox.arrivals) == 3
 
 
-def test_a_sandbox_run_then_a_real_one_asks_for_restart(tmp_path, api):
-    """Sandbox runs keep no store, so their results are all a real run finds: it
-    asks for --restart; sandbox runs themselves never refuse."""
+def test_a_sandbox_try_out_never_blocks_the_real_run(tmp_path, api):
+    """The README's order: a --sandbox try-out (twice), then the real API with the
+    same file: the real run starts without --restart, sends every job once, and
+    each run's results stay in their own file."""
     url, sandbox = api
     path = jobs_file(tmp_path)
     for _ in range(2):
         assert runner.invoke(app, ["submit", str(path), *FAST]).exit_code == 0
-    refused = submit(path, url)
-    assert refused.exit_code == 2
-    assert "--sandbox" in refused.stderr
-    assert submit(path, url, "--restart").exit_code == 0
+    real = submit(path, url)
+    assert real.exit_code == 0, real.stderr
     assert len(sandbox.arrivals) == 3
+    tried = (tmp_path / "jobs.sandbox.results.jsonl").read_text().splitlines()
+    assert len(tried) == 6
+    sent = (tmp_path / "jobs.results.jsonl").read_text().splitlines()
+    assert len(sent) == 3
 
 
 def test_a_first_run_and_a_rerun_go_as_before(tmp_path, api):

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import random
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from batchrun.core.errors import DiskFull, StateError
+from batchrun.store.walfiles import WalFiles
 
 _SETUP_TRIES = 50
 # sqlite3's error names (Python 3.11 sets `sqlite_errorname`), and the words of
@@ -33,6 +35,8 @@ _BROKEN_IO = ("SQLITE_IOERR", "I/O error")
 _LOCKED = ("SQLITE_BUSY", "SQLITE_LOCKED", "locked")
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 _DENIED_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}
+# Less free space than this beside a file with an I/O error: the disk is full.
+_LOW_SPACE = 1 << 20
 
 
 def explain(exc: sqlite3.Error | OSError, path: Path | str) -> StateError:
@@ -40,7 +44,8 @@ def explain(exc: sqlite3.Error | OSError, path: Path | str) -> StateError:
     it and what to do, by the kind of failure."""
     said = f"{getattr(exc, 'sqlite_errorname', '')} {exc}"
     number = getattr(exc, "errno", None)
-    if number in _FULL_ERRNOS or any(word in said for word in _FULL):
+    full = number in _FULL_ERRNOS or any(word in said for word in _FULL)
+    if full or (any(word in said for word in _BROKEN_IO) and _nearly_full(path)):
         msg = (
             f"{path}: the disk is full. Free some space (or use another "
             "--state-dir), then run the same command again: the run resumes."
@@ -65,6 +70,16 @@ def explain(exc: sqlite3.Error | OSError, path: Path | str) -> StateError:
     return StateError(f"{path} {what} ({exc}). {todo}")
 
 
+def _nearly_full(path: Path | str) -> bool:
+    """Whether the folder of `path` has almost no space left: SQLite reports a
+    full disk as an I/O error when growing its -shm file."""
+    try:
+        found = os.statvfs(Path(path).parent)
+    except OSError:
+        return False
+    return found.f_bavail * found.f_frsize < _LOW_SPACE
+
+
 _MOVE_ASIDE = (
     "Move it and its -wal and -shm files aside (e.g. add .damaged to their "
     "names) and run again, or use another --state-dir."
@@ -78,9 +93,19 @@ class Database:
     cursor being iterated outside the guard.
     """
 
-    def __init__(self, db: sqlite3.Connection, path: Path | str) -> None:
+    def __init__(
+        self,
+        db: sqlite3.Connection,
+        path: Path | str,
+        *,
+        reconnect: Callable[[], sqlite3.Connection] | None = None,
+    ) -> None:
+        """`reconnect` (a file one process writes alone): how to open it again
+        when its -wal or -shm is deleted or replaced; without it, that stops."""
         self._db = db
         self.path = path
+        self._reconnect = reconnect
+        self._wal = WalFiles(Path(path)) if _on_disk(path) else None
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         """Run one statement; return every row it yields."""
@@ -104,16 +129,42 @@ class Database:
             self._db.executemany(sql, rows)
 
     def close(self) -> None:
+        self._wal = None  # closing is never stopped by what it would notice
         with self.guarded():
             self._db.close()
 
     @contextlib.contextmanager
     def guarded(self) -> Iterator[None]:
-        """Turn a failure of this file into its StateError."""
+        """Turn a failure of this file into its StateError; first, between
+        transactions, notice a -wal or -shm deleted or replaced."""
         try:
+            if self._wal is not None and not self._db.in_transaction:
+                lost = self._wal.changed()
+                if lost is not None:
+                    self._lost(lost)
             yield
         except (sqlite3.Error, OSError) as exc:
             raise explain(exc, self.path) from exc
+
+    def _lost(self, name: str) -> None:
+        """A -wal or -shm was deleted or replaced. This connection still holds
+        the old ones: a file written by this process alone is checkpointed
+        through them (nothing is lost) and opened again, with new ones. A shared
+        file stops the run: the other processes may already write elsewhere."""
+        if self._reconnect is not None:
+            [(busy, _, _)] = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            if not busy:
+                self._db.close()
+                self._db = self._reconnect()
+                self._wal = WalFiles(Path(self.path))
+                return
+        msg = (
+            f"{self.path}: its {name} file was deleted or replaced while in use, "
+            "so processes that share it could pace apart (together past the "
+            "limits). Stop every batchrun that uses it, then run again; never "
+            "delete a -wal or -shm file of a file in use."
+        )
+        raise StateError(msg)
 
 
 def open_database(
@@ -122,6 +173,7 @@ def open_database(
     *,
     timeout: float = 5.0,
     read_only: bool = False,
+    alone: bool = False,
 ) -> Database:
     """A connection whose transactions are explicit, on a private (0600) file in
     WAL mode, brought up to the version `len(migrations)`.
@@ -130,14 +182,25 @@ def open_database(
     it (`mode=ro`): no chmod, no migration; one of another version is refused.
     Set-up is retried: two processes opening a new file at once can get "database
     is locked" here, where SQLite does not wait for the other.
+    `alone`: only this process writes the file (a run store, under its lock), so
+    a deleted -wal or -shm is mended by reopening it (see `Database`).
 
     Raises:
         StateError: the file cannot be opened, read, written or migrated.
     """
     if read_only:
         return _open_read_only(Path(path), migrations, timeout)
+
+    def connect() -> sqlite3.Connection:
+        return sqlite3.connect(path, isolation_level=None, timeout=timeout)
+
+    def reconnect() -> sqlite3.Connection:
+        db = connect()
+        db.execute("PRAGMA synchronous=NORMAL")  # as `_set_up`: per connection
+        return db
+
     try:
-        db = sqlite3.connect(path, isolation_level=None, timeout=timeout)
+        db = connect()
         if _on_disk(path):
             Path(path).chmod(0o600)
     except (sqlite3.Error, OSError) as exc:
@@ -147,7 +210,7 @@ def open_database(
     except BaseException:
         db.close()
         raise
-    return Database(db, path)
+    return Database(db, path, reconnect=reconnect if alone else None)
 
 
 def _on_disk(path: Path | str) -> bool:

@@ -8,11 +8,13 @@ a fresh start. The marker is written atomically (write, then rename), 0600.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from pathlib import Path
 
 from batchrun.core.errors import StateError
+from batchrun.store.database import explain
 
 
 def new_generation() -> str:
@@ -53,5 +55,7 @@ def write_marker(marker: Path, generation: str) -> None:
             file.write(generation + "\n")
         temporary.replace(marker)
     except OSError as exc:
-        msg = f"cannot write {marker}: {exc.strerror or exc}. See --state-dir."
-        raise StateError(msg) from None
+        # Removed on failure, so a full disk does not keep the half-written name.
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise explain(exc, marker) from None

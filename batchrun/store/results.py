@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import IO, Any, Self
@@ -19,6 +20,9 @@ from batchrun.core.events import Status
 from batchrun.jobs.job import Job
 from batchrun.store.database import explain
 
+# A job's end as a results line records it: id, state (done, failed or unknown),
+# attempts, HTTP status, error.
+Ended = tuple[str, str, int, int | None, str | None]
 _UNKNOWN_NOTE = (
     "the server may have processed this request: check, then resend it with "
     "--retry-unknown"
@@ -74,9 +78,12 @@ def _noted(note: str | None, status: Status | None) -> str | None:
 _FIELDS = tuple(f.name for f in fields(JobResult))
 
 
-def default_results_path(jobs_path: Path) -> Path:
-    """`jobs.csv` → `jobs.results.jsonl`, beside the jobs file."""
-    return jobs_path.with_name(f"{jobs_path.stem}.results.jsonl")
+def default_results_path(jobs_path: Path, *, sandbox: bool = False) -> Path:
+    """`jobs.csv` → `jobs.results.jsonl`, beside the jobs file; a `--sandbox`
+    run's → `jobs.sandbox.results.jsonl`, so that a try-out's results never stand
+    in the way of the real run of the same file (nor mix with its results)."""
+    kind = ".sandbox" if sandbox else ""
+    return jobs_path.with_name(f"{jobs_path.stem}{kind}.results.jsonl")
 
 
 def last_result(path: Path, job_id: str) -> dict[str, Any] | None:
@@ -95,6 +102,48 @@ def last_result(path: Path, job_id: str) -> dict[str, Any] | None:
     return found
 
 
+_ENDS = frozenset(("done", "failed", "unknown"))
+
+
+def ends_since(path: Path, offset: int) -> tuple[int, Iterator[Ended]]:
+    """The file's size now, and the job ends its lines record from `offset` up to
+    it (unreadable lines skipped), read lazily."""
+    try:
+        end = path.stat().st_size
+    except FileNotFoundError:
+        return 0, iter(())
+    except OSError as exc:
+        raise explain(exc, path) from None
+    return end, _ends(path, offset, end)
+
+
+def _ends(path: Path, offset: int, end: int) -> Iterator[Ended]:
+    try:
+        with path.open("rb") as file:
+            file.seek(offset)
+            for raw in file:
+                offset += len(raw)
+                if offset > end:
+                    return
+                found = _ended(raw)
+                if found is not None:
+                    yield found
+    except OSError as exc:
+        raise explain(exc, path) from None
+
+
+def _ended(raw: bytes) -> Ended | None:
+    try:
+        line = json.loads(raw)
+        job, state = line["id"], line["status"]
+        attempts, status, error = line["attempts"], line["http_status"], line["error"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(job, str) or state not in _ENDS:
+        return None
+    return job, state, attempts, status, error
+
+
 class ResultsFile:
     """Appends results as JSON lines to a file, flushing each one."""
 
@@ -105,6 +154,23 @@ class ResultsFile:
         except OSError as exc:
             msg = f"cannot write results to {path}: {exc.strerror}. Choose --results."
             raise UsageError(msg) from None
+        self._end_the_last_line()
+
+    def _end_the_last_line(self) -> None:
+        """A run killed mid-write left half a line: end it, so that the next
+        line is not glued to it (and lost with it)."""
+        try:
+            with self.path.open("rb") as file:
+                file.seek(-1, 2)
+                cut = file.read(1) != b"\n"
+        except OSError:
+            return  # empty: nothing to end
+        if cut:
+            self._file.write("\n")
+
+    def tell(self) -> int:
+        """The file's size with every line written so far."""
+        return self._file.tell()
 
     def __enter__(self) -> Self:
         return self

@@ -6,6 +6,7 @@ blocks the next one; the file names the holder's pid for the message.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from pathlib import Path
@@ -44,7 +45,9 @@ class RunLock:
             file.write(f"pid {os.getpid()}")
             file.flush()
         except OSError as exc:
-            file.close()
+            # Closing flushes the same bytes again, and fails the same way.
+            with contextlib.suppress(OSError):
+                file.close()
             raise explain(exc, self._path) from None
         self._file = file
         return self

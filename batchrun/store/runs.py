@@ -164,8 +164,8 @@ def refuse_a_lost_store(
             f"{jobs_file}, but the state folder {state_root} has no run of "
             "it for this API: sending again could repeat them (invites included). "
             "If the state folder moved, point --state-dir at it; if those results "
-            "came from --sandbox or another API, or every job should go again, use "
-            "--restart."
+            "came from another API (or an older batchrun's --sandbox, which wrote "
+            "them there too), or every job should go again, use --restart."
         )
         raise UsageError(msg)
 

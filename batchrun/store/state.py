@@ -13,21 +13,22 @@ to date when opened, and one written by a later build is refused.
 
 from __future__ import annotations
 
-import hashlib
+import itertools
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Self
+from typing import Self
 
 from batchrun.core.errors import JobsFileError
 from batchrun.core.limits import LimitKey
 from batchrun.jobs.endpoints import ENDPOINTS, JobType
 from batchrun.jobs.job import Job, Summary, scan
 from batchrun.jobs.jobfile import Problem
+from batchrun.store import intake
 from batchrun.store.database import open_database, write_transaction
-from batchrun.store.results import JobResult
+from batchrun.store.results import Ended, JobResult
 
 # Each entry takes the store from its index to the next version.
 _MIGRATIONS = (
@@ -43,8 +44,6 @@ CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """,
 )
 _PAGE = 500
-_BATCH = 1000
-_SHOWN = JobsFileError.shown
 
 
 class JobState(StrEnum):
@@ -84,7 +83,10 @@ class RunStore:
     """The jobs of one file for one client, and where each stands."""
 
     def __init__(self, path: Path | str, *, read_only: bool = False) -> None:
-        self._db = open_database(path, _MIGRATIONS, read_only=read_only)
+        # Under the run's lock, this process alone writes the store.
+        self._db = open_database(
+            path, _MIGRATIONS, read_only=read_only, alone=not read_only
+        )
 
     def close(self) -> None:
         self._db.close()
@@ -103,12 +105,12 @@ class RunStore:
         with write_transaction(self._db):
             if restart:
                 self._db.execute("DELETE FROM jobs")
-            problems, total = self._take_in(rows)
+            problems, total = intake.take_in(self._db, rows)
             if not total:
-                problems, total = self._conflicts()
+                problems, total = intake.conflicts(self._db)
             if total:
                 raise JobsFileError(path, problems, total)
-            self._merge()
+            intake.merge(self._db)
 
     def check(self, rows: Iterable[Job | Problem], *, path: str) -> Summary:
         """`validate`: find every bad row as `sync` does (duplicate ids by SQLite,
@@ -118,7 +120,7 @@ class RunStore:
             JobsFileError: naming the first bad rows and counting all of them.
         """
         with write_transaction(self._db):
-            problems, total = self._take_in(rows, staged=_identity)
+            problems, total = intake.take_in(self._db, rows, staged=intake.identity)
             if total:
                 raise JobsFileError(path, problems, total)
             per_type = self._db.execute(
@@ -132,107 +134,6 @@ class RunStore:
             self._db.execute("DELETE FROM incoming")
         types = {JobType(kind): n for kind, n in per_type}
         return Summary(sum(types.values()), types, dict(per_team))
-
-    def _take_in(
-        self,
-        rows: Iterable[Job | Problem],
-        *,
-        staged: Callable[[Job], tuple[object, ...]] | None = None,
-    ) -> tuple[list[tuple[int, str]], int]:
-        """Stage `rows` in the temporary table `incoming`; return the bad rows
-        (the first of them, and how many), duplicate ids included."""
-        self._db.execute(
-            "CREATE TEMP TABLE IF NOT EXISTS incoming (id TEXT, line INT, "
-            "type TEXT, key TEXT, team_id TEXT, payload TEXT, digest TEXT)"
-        )
-        self._db.execute("CREATE INDEX IF NOT EXISTS incoming_id ON incoming (id)")
-        self._db.execute("DELETE FROM incoming")
-        problems, total = self._stage(rows, staged or _staged)
-        return self._duplicates(problems, total)
-
-    def _stage(
-        self,
-        rows: Iterable[Job | Problem],
-        staged: Callable[[Job], tuple[object, ...]],
-    ) -> tuple[list[tuple[int, str]], int]:
-        problems: list[tuple[int, str]] = []
-        total = 0
-        batch: list[tuple[object, ...]] = []
-        for row in rows:
-            if isinstance(row, Problem):
-                total += 1
-                if len(problems) < _SHOWN:
-                    problems.append((row.line, row.reason))
-                if row.id is not None:
-                    # A bad row still claims its id: a later row with it is named.
-                    batch.append((row.id, row.line, *(None,) * 5))
-                    if len(batch) >= _BATCH:
-                        self._insert_staged(batch)
-                continue
-            batch.append(staged(row))
-            if len(batch) >= _BATCH:
-                self._insert_staged(batch)
-        self._insert_staged(batch)
-        return problems, total
-
-    def _insert_staged(self, batch: list[tuple[object, ...]]) -> None:
-        self._db.executemany("INSERT INTO incoming VALUES (?, ?, ?, ?, ?, ?, ?)", batch)
-        batch.clear()
-
-    def _duplicates(
-        self, problems: list[tuple[int, str]], total: int
-    ) -> tuple[list[tuple[int, str]], int]:
-        """Add the rows whose id an earlier row already has, in line order."""
-        query = (
-            "FROM incoming i JOIN (SELECT id, min(line) AS first FROM incoming "
-            "GROUP BY id HAVING count(*) > 1) d ON i.id = d.id "
-            "WHERE i.line > d.first AND i.type IS NOT NULL"
-        )
-        more, rows = self._counted("i.line, i.id, d.first", query)
-        found = [
-            (line, f"duplicate id {job_id!r} (first on line {first})")
-            for line, job_id, first in rows
-        ]
-        return sorted(problems + found)[:_SHOWN], total + more
-
-    def _counted(self, columns: str, query: str) -> tuple[int, list[Any]]:
-        """How many rows `query` finds, and the first of them by line."""
-        [(count,)] = self._db.execute(f"SELECT count(*) {query}")
-        rows = self._db.execute(
-            f"SELECT {columns} {query} ORDER BY i.line LIMIT {_SHOWN}"
-        )
-        return count, rows
-
-    def _conflicts(self) -> tuple[list[tuple[int, str]], int]:
-        query = (
-            "FROM incoming i JOIN jobs j ON i.id = j.id "
-            "WHERE i.digest != j.digest AND j.state != 'pending'"
-        )
-        total, rows = self._counted("i.line, i.id, j.state", query)
-        problems = [
-            (
-                line,
-                f"job {job_id!r} is {state} from an earlier run but its row "
-                "changed; restore it, give it a new id, or use --restart",
-            )
-            for line, job_id, state in rows
-        ]
-        return problems, total
-
-    def _merge(self) -> None:
-        self._db.execute(
-            "DELETE FROM jobs WHERE state = 'pending' "
-            "AND id NOT IN (SELECT id FROM incoming)"
-        )
-        self._db.execute(
-            "INSERT INTO jobs (id, line, type, key, team_id, payload, digest, state) "
-            "SELECT id, line, type, key, team_id, payload, digest, 'pending' "
-            "FROM incoming WHERE true ON CONFLICT (id) DO UPDATE SET "
-            "line = excluded.line, type = excluded.type, key = excluded.key, "
-            "team_id = excluded.team_id, payload = excluded.payload, "
-            "digest = excluded.digest"
-        )
-        self._db.execute("DELETE FROM incoming")
 
     def recover(self, *, retry_failed: bool, retry_unknown: bool) -> None:
         """Settle what an earlier run left in flight, and requeue what is asked."""
@@ -256,6 +157,46 @@ class RunStore:
                         "WHERE state = ?",
                         (state,),
                     )
+
+    def settle(self, ends: Iterable[Ended]) -> dict[tuple[str, JobState], int]:
+        """Take the results file's word for jobs this store still has to send
+        (pending or in flight) that it records as ended: each gets the state of
+        its last line in `ends`. Returns how many changed, by type and state.
+
+        One transaction, staged in a temporary table a batch at a time.
+        """
+        with write_transaction(self._db):
+            self._db.execute(
+                "CREATE TEMP TABLE IF NOT EXISTS ended (seq INTEGER PRIMARY KEY, "
+                "id TEXT, state TEXT, attempts INT, http_status INT, error TEXT)"
+            )
+            self._db.execute("DELETE FROM ended")
+            rows = iter(ends)
+            while batch := list(itertools.islice(rows, _PAGE)):
+                self._db.executemany(
+                    "INSERT INTO ended (id, state, attempts, http_status, error) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    batch,
+                )
+            return self._settle_ended()
+
+    def _settle_ended(self) -> dict[tuple[str, JobState], int]:
+        last = (
+            "(SELECT * FROM ended WHERE seq IN "
+            "(SELECT max(seq) FROM ended GROUP BY id)) e"
+        )
+        waiting = "jobs.state IN ('pending', 'in_flight')"
+        changed = self._db.execute(
+            f"SELECT jobs.type, e.state, count(*) FROM jobs JOIN {last} "
+            f"ON jobs.id = e.id WHERE {waiting} GROUP BY 1, 2"
+        )
+        self._db.execute(
+            f"UPDATE jobs SET state = e.state, attempts = e.attempts, "
+            f"http_status = e.http_status, error = e.error FROM {last} "
+            f"WHERE jobs.id = e.id AND {waiting}"
+        )
+        self._db.execute("DELETE FROM ended")
+        return {(kind, JobState(state)): n for kind, state, n in changed}
 
     def pending(self, key: LimitKey) -> Iterator[Job]:
         """The key's pending jobs in file order, read a page at a time."""
@@ -313,7 +254,7 @@ class RunStore:
         for job in jobs:
             rows = self._db.execute(
                 "SELECT 1 FROM jobs WHERE id = ? AND digest = ? AND state != 'pending'",
-                (job.id, _staged(job)[6]),
+                (job.id, intake.staged_row(job)[6]),
             )
             found += bool(rows)
         return found
@@ -356,26 +297,6 @@ class RunStore:
                 result.id,
             ),
         )
-
-
-def _identity(job: Job) -> tuple[object, ...]:
-    """What `validate` stages of a job: all a check needs, no payload or digest."""
-    return (job.id, job.line, job.type.value, job.key.value, job.team_id, None, None)
-
-
-def _staged(job: Job) -> tuple[object, ...]:
-    payload = json.dumps(job.payload, sort_keys=True, separators=(",", ":"))
-    content = json.dumps([job.type.value, job.team_id, payload])
-    digest = hashlib.sha256(content.encode()).hexdigest()[:32]
-    return (
-        job.id,
-        job.line,
-        job.type.value,
-        job.key.value,
-        job.team_id,
-        payload,
-        digest,
-    )
 
 
 def check_jobs_file(path: Path) -> Summary:

@@ -9,6 +9,7 @@ own "database or disk is full" once told to (no root needed for a tiny tmpfs).
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import sqlite3
@@ -20,10 +21,11 @@ import pytest
 from typer.testing import CliRunner
 
 from batchrun.cli.commands import app
+from batchrun.core.errors import DiskFull
 from batchrun.core.limits import limit_table, parse_override
 from batchrun.sandbox.app import create_app
 from batchrun.sandbox.serving import running
-from batchrun.store import runlock
+from batchrun.store import generation, runlock
 
 pytestmark = pytest.mark.e2e
 RULE = "run-query=100/1s"
@@ -143,10 +145,12 @@ def test_a_state_folder_it_may_not_write_exits_74(monkeypatch, server, jobs):
 
 
 class FakeOs:
-    """The os module as runlock sees it, with `open` replaced."""
+    """The os module as a store module sees it, with `open` (and `fdopen`)
+    replaced."""
 
-    def __init__(self, open_) -> None:
+    def __init__(self, open_, *, fdopen=os.fdopen) -> None:
         self.open = open_
+        self.fdopen = fdopen
 
     def __getattr__(self, name):
         return getattr(os, name)
@@ -193,6 +197,40 @@ def test_a_disk_full_mid_run_stops_and_a_rerun_loses_nothing(server, jobs, disk)
     keys = Counter(a.idempotency_key for a in sandbox.arrivals)
     assert len(keys) == JOBS
     assert sum(keys.values()) - JOBS <= sent_before - 4
+
+
+class _NoSpace(io.FileIO):
+    """A file on a full disk: every write fails with ENOSPC."""
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def _full_fdopen(fd, mode="r", *args, **kwargs):
+    """`os.fdopen` on a full disk: buffered as open() makes it, so the data is
+    flushed (and fails) at flush() and again at close()."""
+    return io.TextIOWrapper(io.BufferedRandom(_NoSpace(fd, "r+")))
+
+
+def test_no_space_for_the_lock_file_exits_74_as_mid_run(monkeypatch, server, jobs):
+    """ENOSPC writing the run's lock file at start: exit 74 with the message of a
+    full disk mid-run (free space, run again), not 70 for an OSError."""
+    sandbox, url = server
+    monkeypatch.setattr(runlock, "os", FakeOs(os.open, fdopen=_full_fdopen))
+    result = submit(jobs, url)
+    assert result.exit_code == 74, result.output
+    assert "the disk is full. Free some space" in result.stderr
+    assert "run the same command again: the run resumes" in result.stderr
+    assert sandbox.arrivals == []
+
+
+def test_no_space_for_a_generation_marker_says_the_disk_is_full(monkeypatch, tmp_path):
+    """ENOSPC writing a marker is a full disk, and leaves no temporary file."""
+    monkeypatch.setattr(generation, "os", FakeOs(os.open, fdopen=_full_fdopen))
+    marker = tmp_path / "x.generation"
+    with pytest.raises(DiskFull, match="the disk is full"):
+        generation.write_marker(marker, "abc")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("command", ["status", "plan", "validate"])

@@ -1,0 +1,99 @@
+"""The results file as the run's second record: checked against the run store when
+a run resumes.
+
+A job's result line is written (and flushed) before its state in the run store.
+So when the store lost its latest writes (its -wal deleted while in use, then the
+run killed; a state folder restored from a backup), the results file still says
+which jobs ended. On resume, a job the store would send again but whose last
+result line says done, failed or unknown takes that state instead: it is never
+sent again unasked (`--retry-failed`, `--retry-unknown` still ask).
+
+Only the lines written since the store last caught up are read: the store keeps
+that offset (`results_seen`: the results file's path and size), moved on while a
+run writes and set to the file's end when a run starts over, so lines of an
+earlier round never count for this one.
+
+Invariant: every result line before the offset is reflected in the store that
+holds the offset (both are written in the store, so a store that loses writes
+loses the offset's moves with them).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from batchrun.jobs.endpoints import ENDPOINTS
+from batchrun.store.results import ends_since
+from batchrun.store.state import JobState, RunStore
+
+_SEEN = "results_seen"
+
+
+def seen(store: RunStore, results: Path, offset: int) -> None:
+    """Record that the store reflects every line of `results` before `offset`."""
+    where = {"path": str(results.absolute()), "offset": offset}
+    store.set_meta(_SEEN, json.dumps(where))
+
+
+def _size(results: Path) -> int:
+    try:
+        return results.stat().st_size
+    except OSError:
+        return 0
+
+
+def _offset(store: RunStore, results: Path) -> int | None:
+    """Where to read `results` from; None if the store never recorded it."""
+    text = store.get_meta(_SEEN)
+    if text is None:
+        return None
+    kept = json.loads(text)
+    # Another results file, or this one cut short or replaced: read it whole.
+    if kept["path"] != str(results.absolute()) or kept["offset"] > _size(results):
+        return 0
+    return int(kept["offset"])
+
+
+def reconcile(
+    store: RunStore,
+    results: Path,
+    *,
+    starting_over: bool,
+    say: Callable[[str], None],
+) -> None:
+    """Settle the jobs the results file records as ended but the store does not;
+    a run that starts over (or a store that never recorded the file) reads
+    nothing, and begins at the file's end."""
+    offset = None if starting_over else _offset(store, results)
+    if offset is None:
+        seen(store, results, _size(results))
+        return
+    end, ends = ends_since(results, offset)
+    changed = store.settle(ends)
+    seen(store, results, end)
+    if changed:
+        say(_told(changed, results))
+
+
+def _told(changed: dict[tuple[str, JobState], int], results: Path) -> str:
+    by_state = {
+        s: sum(n for (_, st), n in changed.items() if st is s) for s in JobState
+    }
+    unsafe = {t.value for t, end in ENDPOINTS.items() if not end.safe_to_repeat}
+    invites = sum(n for (kind, _), n in changed.items() if kind in unsafe)
+    named = f", {invites} of them invites," if invites else ""
+    kind = ", ".join(
+        f"{by_state[s]} {s.value}"
+        for s in (JobState.DONE, JobState.UNKNOWN, JobState.FAILED)
+        if by_state[s]
+    )
+    total = sum(changed.values())
+    return (
+        f"The results file {results} records {total} job(s){named} as ended that "
+        f"the run store still had to send ({kind}): the store lost its latest "
+        "writes (its -wal file deleted while in use? a state folder restored from "
+        "a backup?). They are not sent again; --retry-unknown and --retry-failed "
+        "resend those asked for."
+    )

@@ -1,0 +1,123 @@
+"""The cases of issue 24's table: what the client is told, what the server does.
+
+Each `Case` is one row: the rule the client is told and the rule the server
+enforces (both at bench scale: 30/2s stands for 30/60s), the number of run-query
+jobs, and what the server adds (`case_server.Behaviour`: an answer latency, no
+Retry-After, injected 429s for a while; rate-limit headers). A case that
+`follows` another runs right after it with the same client state (the same state
+folder for batchrun) against a fresh, quiet server.
+
+`ideal` is the makespan a perfect client would reach: it knows the server's true
+rule and sends each job at the first millisecond the server's sliding windows
+accept it (`oracle.SlidingLog`), never refused; its last answer comes `latency`
+after its last send. Injected faults are not part of the rule: a stray 429 spends
+a slot, so no client can reach the ideal in that row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from batchrun.core.limits import LimitKey, Rule, parse_rule
+from batchrun.sandbox.faults import Faults
+from batchrun.sandbox.policy_headers import HeaderStyle
+from bench import oracle
+from bench.case_server import Behaviour
+
+# The bench's windows are the real ones divided by this: 30/2s stands for 30/60s.
+SCALE = 30
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One row of the table."""
+
+    number: int
+    title: str
+    told: str
+    server: str
+    jobs: int
+    behaviour: Behaviour = field(default_factory=Behaviour)
+    stray_429: float = 0.0
+    headers: HeaderStyle = HeaderStyle.NONE
+    follows: int | None = None
+
+    @property
+    def told_rule(self) -> Rule:
+        return parse_rule(self.told)
+
+    @property
+    def server_rule(self) -> Rule:
+        return parse_rule(self.server)
+
+    def rules(self) -> dict[LimitKey, Rule]:
+        """The server's rules: run-query only (every other key unlimited)."""
+        return {LimitKey.RUN_QUERY: self.server_rule}
+
+    def faults(self, seed: int) -> Faults:
+        """The sandbox's injected faults: stray 429s, drawn from `seed`."""
+        return Faults(rate_429=self.stray_429, seed=seed)
+
+    def ideal(self) -> float:
+        """Seconds from a perfect client's first send to its last answer."""
+        windows = [(w.count, round(w.seconds * 1000)) for w in self.server_rule.windows]
+        return oracle.makespan(oracle.SlidingLog(windows), self.jobs) + (
+            self.behaviour.latency
+        )
+
+
+CASES = (
+    Case(1, "right rule 30/2s, 120 jobs", "30/2s", "30/2s", 120),
+    Case(
+        2,
+        "right rule, the server answers 100 ms after each arrival",
+        "30/2s",
+        "30/2s",
+        120,
+        Behaviour(latency=0.1),
+    ),
+    Case(
+        3, "told 30/2s, server 10/2s, Retry-After sent, 60 jobs", "30/2s", "10/2s", 60
+    ),
+    Case(
+        4,
+        "same, no Retry-After",
+        "30/2s",
+        "10/2s",
+        60,
+        Behaviour(retry_after=False),
+    ),
+    Case(
+        5,
+        "right rule, 5 % of accepted requests answered 429 for 14 s",
+        "30/2s",
+        "30/2s",
+        120,
+        Behaviour(faults_for=14.0),
+        stray_429=0.05,
+    ),
+    Case(
+        6,
+        "the next run with the same client, the server quiet again",
+        "30/2s",
+        "30/2s",
+        120,
+        follows=5,
+    ),
+    Case(
+        7,
+        "profile a against a b-shaped server (told 30/4s, server 15/4s+60/20s), "
+        "90 jobs",
+        "30/4s",
+        "15/4s+60/20s",
+        90,
+    ),
+    Case(
+        8,
+        "policy headers stated (IETF RateLimit), told 30/2s, server 10/2s, 60 jobs",
+        "30/2s",
+        "10/2s",
+        60,
+        headers=HeaderStyle.IETF,
+    ),
+)

@@ -1,0 +1,229 @@
+"""The documents tell the truth: the README's and the guide's commands run, the CLI
+reference is current, the changelog names the version.
+
+Every `sh`, `bash` or `console` block of README.md, docs/index.md and docs/guide/
+carries a marker on the line before it (an HTML comment, invisible on the page):
+
+- `<!-- run -->`: each command runs, in order, in bash, in a scratch folder that
+  holds copies of sample_jobs.csv and jobs/, with HOME there too; `batchrun` is
+  this checkout's. Each must exit 0, or N if the line ends with `# exit N`.
+- `<!-- run: sandbox ARGS -->`: the same, while `batchrun sandbox ARGS` serves on
+  a free loopback port, given as BATCHRUN_BASE_URL (the page tells the reader to
+  start one).
+- `<!-- skip: REASON -->`: not run (a real API, cron, Redis, a new venv), and
+  the reason says so.
+
+In a `console` block only the `$ ` lines are commands; the rest is their output.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from batchrun import __version__
+from tests.cli_reference import PAGE, reference
+from tests.conftest import free_port
+
+ROOT = Path(__file__).parents[1]
+PAGES = [ROOT / "README.md", ROOT / "docs" / "index.md"]
+PAGES += sorted((ROOT / "docs" / "guide").glob("*.md"))
+_FENCE = re.compile(r"^```(\w*)\s*$")
+_MARKER = re.compile(r"^<!-- (run|skip)(?::\s*(.*?))? -->$")
+_EXIT = re.compile(r"#\s*exits?\s+(\d+)\b")
+_SHELLS = {"sh", "bash", "console"}
+_BLOCK_SECONDS = 120
+
+
+@dataclass(frozen=True)
+class Block:
+    """A fenced shell block: where it starts, its marker, its commands."""
+
+    page: Path
+    line: int
+    marker: str | None
+    argument: str
+    commands: list[str]
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def _commands(language: str, lines: list[str]) -> list[str]:
+    """The block's commands, `\\` continuations joined."""
+    if language == "console":
+        lines = [line[2:] for line in lines if line.startswith("$ ")]
+    joined: list[str] = []
+    for line in lines:
+        if joined and joined[-1].endswith("\\"):
+            joined[-1] = joined[-1][:-1] + line.strip()
+        elif line.strip() and not line.lstrip().startswith("#"):
+            joined.append(line)
+    return joined
+
+
+def blocks(page: Path) -> Iterator[Block]:
+    """The shell blocks of a page, with the marker above each."""
+    lines = page.read_text().splitlines()
+    index = 0
+    while index < len(lines):
+        fence = _FENCE.match(lines[index])
+        if not fence:
+            index += 1
+            continue
+        end = lines.index("```", index + 1)
+        if fence.group(1) in _SHELLS:
+            above = next((ln for ln in reversed(lines[:index]) if ln.strip()), "")
+            marked = _MARKER.match(above.strip())
+            yield Block(
+                page,
+                index + 1,
+                marked.group(1) if marked else None,
+                (marked.group(2) or "") if marked else "",
+                _commands(fence.group(1), lines[index + 1 : end]),
+            )
+        index = end + 1
+
+
+def _script(block: Block) -> str:
+    """Bash that runs each command and stops at the first unexpected exit code."""
+    steps = []
+    for number, command in enumerate(block.commands, 1):
+        found = _EXIT.search(command)
+        expected = found.group(1) if found else "0"
+        said = f"command {number} ({command[:60]!r})".replace("'", "")
+        steps.append(
+            f"{command}\nrc=$?\nif [ $rc -ne {expected} ]; then "
+            f'echo "{said}: exit $rc, expected {expected}" >&2; exit 99; fi'
+        )
+    return "set -o pipefail\n" + "\n".join(steps) + "\n"
+
+
+def _environment(scratch: Path) -> dict[str, str]:
+    """A new user's environment: no BATCHRUN_* setting, HOME in the scratch folder,
+    this checkout's `batchrun` first on PATH."""
+    shims = scratch / ".bin"
+    shims.mkdir(exist_ok=True)
+    shim = shims / "batchrun"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m batchrun "$@"\n')
+    shim.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHRUN_")}
+    home = scratch / "home"
+    home.mkdir(exist_ok=True)
+    env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"))
+    env.update(XDG_STATE_HOME=str(home / ".local" / "state"), NO_COLOR="1")
+    env["PATH"] = f"{shims}{os.pathsep}{env['PATH']}"
+    # This checkout's batchrun, whether or not one is installed.
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+@contextmanager
+def _sandbox(arguments: str, env: dict[str, str]) -> Iterator[str]:
+    """`batchrun sandbox ARGS` on a free loopback port; yields its URL."""
+    port = free_port()
+    command = [sys.executable, "-m", "batchrun", "sandbox", "--port", str(port)]
+    server = subprocess.Popen(
+        [*command, *arguments.split()],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert server.poll() is None, f"sandbox {arguments!r} did not start"
+                assert time.monotonic() < deadline, "sandbox not listening in 20 s"
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+@contextmanager
+def _served(block: Block, env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The environment the block runs in: with BATCHRUN_BASE_URL if it asks for a
+    sandbox."""
+    if not block.argument.startswith("sandbox"):
+        yield env
+        return
+    with _sandbox(block.argument.removeprefix("sandbox"), env) as url:
+        yield env | {"BATCHRUN_BASE_URL": url}
+
+
+def _run(block: Block, scratch: Path, env: dict[str, str]) -> None:
+    with _served(block, env) as served:
+        done = subprocess.run(
+            ["bash", "-c", _script(block)],
+            cwd=scratch,
+            env=served,
+            capture_output=True,
+            text=True,
+            timeout=_BLOCK_SECONDS,
+        )
+    assert done.returncode == 0, f"{block.where}: {done.stderr[-2000:]}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_shell_block_is_marked(page):
+    """Each shell block says whether the test runs it, and a skip says why."""
+    for block in blocks(page):
+        assert block.marker, f"{block.where}: no <!-- run --> or <!-- skip: why -->"
+        if block.marker == "skip":
+            assert block.argument, f"{block.where}: a skip must say why"
+        else:
+            assert block.commands, f"{block.where}: a run block with no command"
+            said = block.argument
+            assert not said or said.startswith("sandbox"), f"{block.where}: {said}?"
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_pages_commands_run(page, tmp_path):
+    """The page's runnable blocks run, in order, each command with the exit code
+    the page gives it."""
+    shutil.copy(ROOT / "sample_jobs.csv", tmp_path)
+    shutil.copytree(ROOT / "jobs", tmp_path / "jobs")
+    env = _environment(tmp_path)
+    for block in blocks(page):
+        if block.marker == "run":
+            _run(block, tmp_path, env)
+
+
+def test_the_readme_begins_with_the_demo_and_the_suite():
+    """The README's first block is the two commands a fresh machine runs."""
+    first = next(blocks(ROOT / "README.md"))
+    assert first.commands == [
+        "python3 -m venv .venv && .venv/bin/pip install . && "
+        ".venv/bin/batchrun submit sample_jobs.csv --sandbox --time-scale 30",
+        'python3 -m venv .venv && .venv/bin/pip install ".[test]" && .venv/bin/pytest',
+    ]
+
+
+def test_the_cli_reference_is_current():
+    """docs/reference/cli.md is what `python -m tests.cli_reference` writes."""
+    assert PAGE.read_text() == reference(), "run `python -m tests.cli_reference`"
+
+
+def test_the_changelog_names_the_version():
+    """CHANGELOG.md names the version `batchrun --version` prints."""
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert f"## [{__version__}] - " in changelog or f"as {__version__}" in changelog
