@@ -68,9 +68,9 @@ WINGS: list[tuple[str, list[list[str]]]] = [
     (
         "cli",
         [
-            ["config", "crontab", "board"],
+            ["config", "crontab", "board", "clients"],
             ["plain_log", "overview", "defaults", "metrics"],
-            ["progress", "targets"],
+            ["progress", "targets", "metrics_file"],
             ["reports", "terminal"],
             ["arguments", "flags"],
             ["read_commands"],

@@ -226,5 +226,5 @@ def in_force(
             setting = found.settings[key]
             rows.append(InForce(key, str(setting.value), str(setting.source)))
         else:
-            rows.append(InForce(key, defaults.get(key, "(none)"), "default"))
+            rows.append(InForce(key, defaults[key], "default"))
     return rows

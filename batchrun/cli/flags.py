@@ -286,6 +286,53 @@ NoColorFlag = Annotated[
 ]
 
 
+BudgetKeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--budget-key",
+        metavar="NAME",
+        show_default=False,
+        help="Name the client's budget in the ledger: rotated or sibling tokens of "
+        "one quota that give the same NAME share it. Default: base URL + token.",
+        rich_help_panel="State",
+    ),
+]
+HaltAfterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--halt-after",
+        metavar="N|P%",
+        show_default=False,
+        help="Stop starting jobs once N jobs of this run failed, or P% of those "
+        "ended (from 20 on); finish those in flight, exit 1, the rest left for a "
+        "resume.",
+        rich_help_panel="Run control",
+    ),
+]
+MetricsFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--metrics-file",
+        metavar="PATH",
+        show_default=False,
+        help="Write the run as Prometheus text (node_exporter's textfile "
+        "collector: name it *.prom) once a minute and at its end. Needs the "
+        "metrics extra: pip install 'batchrun[metrics]'.",
+        rich_help_panel="Output",
+    ),
+]
+FailedAsJobsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--failed-as-jobs",
+        metavar="PATH",
+        show_default=False,
+        help="Write the failed jobs of the latest run to PATH as a jobs file of the "
+        "same format and columns, to fix and submit again.",
+    ),
+]
+
+
 def with_file_limits(ctx: typer.Context, limit: list[str] | None) -> list[str]:
     """The config files' [limits], then --limit, which wins key by key."""
     found = ctx.obj if isinstance(ctx.obj, config.Config) else config.Config(())

@@ -24,9 +24,10 @@ from prometheus_client import CollectorRegistry, Gauge, Info, write_to_textfile
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchrun.cli.board import Board, KeyCounts
-from batchrun.core.clock import wall_time
+from batchrun.core.clock import Clock, wall_time
 from batchrun.core.events import Event, RunStarted
 from batchrun.core.responses import PERCENTILES, KeyResponses
+from batchrun.run.view import ProgressSink, View
 
 _PREFIX = "batchrun_"
 _LAST_SUCCESS = f"{_PREFIX}last_success_timestamp_seconds"
@@ -76,6 +77,14 @@ class MetricsFile:
         """Write the ended run with its exit code."""
         self._try_write(exit_code)
 
+    def around(self, view: View) -> View:
+        """`view`, with this file hearing the run's events and ticks as well."""
+
+        def opened(*, clock: Clock, notes: Callable[[str], None]) -> ProgressSink:
+            return _Metered(view(clock=clock, notes=notes), self)
+
+        return opened
+
     def _try_write(self, exit_code: int | None = None) -> None:
         self._written = self._clock()
         try:
@@ -122,6 +131,28 @@ class MetricsFile:
             )
         _keys(registry, self._label, self.board)
         write_to_textfile(str(self.path), registry)
+
+
+class _Metered:
+    """A view that hands its events and ticks to a metrics file too."""
+
+    def __init__(self, shown: ProgressSink, metrics: MetricsFile) -> None:
+        self._shown = shown
+        self._metrics = metrics
+
+    def emit(self, event: Event) -> None:
+        self._shown.emit(event)
+        self._metrics.emit(event)
+
+    def tick(self) -> None:
+        self._shown.tick()
+        self._metrics.tick()
+
+    def note(self, text: str) -> None:
+        self._shown.note(text)
+
+    def close(self) -> None:
+        self._shown.close()
 
 
 class _Gauges:
