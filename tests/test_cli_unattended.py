@@ -242,3 +242,22 @@ def test_a_bad_budget_key_exits_2(tmp_path):
     result = runner.invoke(app, ["submit", str(path), *FAST, "--budget-key", " "])
     assert result.exit_code == 2
     assert "--budget-key must be a name" in result.stderr
+
+
+def test_a_run_refused_for_anothers_lock_leaves_the_metrics_file(tmp_path):
+    """Exit 3: the file belongs to the run holding the lock, and stays as it was."""
+    from batchrun.store.paths import StatePaths
+    from batchrun.store.runlock import RunLock
+
+    metrics = tmp_path / "batchrun.prom"
+    metrics.write_text("# the other run's\n")
+    path = jobs_file(tmp_path)
+    state = StatePaths.resolve(tmp_path / "state")
+    with RunLock(state.make_run_folder(path), path):
+        result = runner.invoke(
+            app,
+            ["submit", str(path), *FAST, "--metrics-file", str(metrics)]
+            + ["--state-dir", str(tmp_path / "state")],
+        )
+    assert result.exit_code == 3
+    assert metrics.read_text() == "# the other run's\n"
