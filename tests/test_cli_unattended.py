@@ -256,8 +256,10 @@ def test_a_run_refused_for_anothers_lock_leaves_the_metrics_file(tmp_path):
     with RunLock(state.make_run_folder(path), path):
         result = runner.invoke(
             app,
-            ["submit", str(path), *FAST, "--metrics-file", str(metrics)]
-            + ["--state-dir", str(tmp_path / "state")],
+            [
+                *("submit", str(path), *FAST, "--metrics-file", str(metrics)),
+                *("--state-dir", str(tmp_path / "state")),
+            ],
         )
     assert result.exit_code == 3
     assert metrics.read_text() == "# the other run's\n"

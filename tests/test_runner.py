@@ -562,14 +562,17 @@ async def test_every_attempt_reports_its_answer_and_latency():
     answer) and its round trip on the run's clock: a 429, then a 200 after a
     second's wait on the server."""
 
-    async def slow_ok(request):
+    tries = []
+
+    async def answer(request):
+        tries.append(request)
+        if len(tries) == 1:
+            return httpx.Response(429, headers={"Retry-After": "1"})
         await anyio.sleep(1.0)
         return httpx.Response(200, json={})
 
     router = respx.Router(assert_all_called=True)
-    router.post(QUERY).mock(
-        side_effect=[httpx.Response(429, headers={"Retry-After": "1"}), slow_ok]
-    )
+    router.post(QUERY).mock(side_effect=answer)
     _, _, sink = await run_jobs(router, [query("a")])
     answers = sink.of(JobAnswered)
     assert [(a.job_id, a.status) for a in answers] == [("a", 429), ("a", 200)]
