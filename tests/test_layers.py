@@ -67,7 +67,7 @@ WINGS: list[tuple[str, list[list[str]]]] = [
     (
         "cli",
         [
-            ["config", "crontab", "board"],
+            ["config", "crontab", "board", "helps"],
             ["plain_log", "overview", "defaults"],
             ["progress", "targets"],
             ["reports", "terminal"],

@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
-from typing import Annotated
-
-import typer
 
 from batchrun.cli import arguments, config, defaults, flags, reports, terminal
 from batchrun.core.errors import JobsFileError
@@ -33,7 +29,7 @@ def validate(jobs_file: flags.JobsArg, as_json: flags.JsonFlag = False) -> None:
             if not as_json:
                 raise
             terminal.echo([json.dumps(reports.problems_json(exc), indent=2)])
-            raise typer.Exit(exc.exit_code) from None
+            flags.done(exc.exit_code)
     if as_json:
         terminal.echo([json.dumps(reports.summary_json(jobs_file, summary), indent=2)])
     else:
@@ -46,17 +42,8 @@ def status(
     ledger: flags.LedgerOpt = None,
     base_url: flags.BaseUrlOpt = None,
     token: flags.TokenOpt = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="One JSON object, for scripts.")
-    ] = False,
-    show: Annotated[
-        str,
-        typer.Option(
-            "--show",
-            metavar="N|all",
-            help="How many failed and unknown jobs to list (all: every one).",
-        ),
-    ] = "20",
+    as_json: flags.ScriptJsonFlag = False,
+    show: flags.ShowOpt = "20",
 ) -> None:
     """Where the latest run of JOBS_FILE stands: counts, failures, budget, ETA."""
     from batchrun.cli.overview import status as read_status
@@ -78,7 +65,7 @@ def status(
 
 
 def plan(
-    ctx: typer.Context,
+    ctx: flags.Context,
     jobs_file: flags.JobsArg,
     profile: flags.ProfileOpt = Profile.B,
     limit: flags.LimitOpt = None,
@@ -114,24 +101,15 @@ def plan(
 
 
 def limits_command(
-    ctx: typer.Context,
+    ctx: flags.Context,
     base_url: flags.BaseUrlOpt = None,
     token: flags.TokenOpt = None,
     profile: flags.ProfileOpt = Profile.B,
     limit: flags.LimitOpt = None,
     state_dir: flags.StateDirOpt = None,
     ledger: flags.LedgerOpt = None,
-    forget: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--forget",
-            metavar="KEY",
-            help="Forget what was learned of KEY's limit (or 'all'); repeatable.",
-        ),
-    ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="One JSON object, for scripts.")
-    ] = False,
+    forget: flags.ForgetOpt = None,
+    as_json: flags.ScriptJsonFlag = False,
 ) -> None:
     """The rule each key is paced by for a client, and what was learned of it."""
     from batchrun.cli import overview
@@ -160,7 +138,7 @@ def limits_command(
 
 def show(
     jobs_file: flags.JobsArg,
-    job_id: Annotated[str, typer.Argument(metavar="ID", help="The job's id.")],
+    job_id: flags.JobIdArg,
     results: flags.ResultsOpt = None,
     state_dir: flags.StateDirOpt = None,
     base_url: flags.BaseUrlOpt = None,
@@ -181,22 +159,12 @@ def show(
 
 
 def cron_line(
-    ctx: typer.Context,
+    ctx: flags.Context,
     jobs_file: flags.JobsArg,
-    schedule: Annotated[
-        str, typer.Option(help="When: five cron fields or an @word.")
-    ] = "0 1 * * *",
-    deadline: Annotated[
-        str, typer.Option(metavar="DURATION", help="Each run's --deadline.")
-    ] = "55m",
-    log: Annotated[
-        Path | None,
-        typer.Option(help="Log file, appended to. Default: logs/NAME.log beside JOBS."),
-    ] = None,
-    env_file: Annotated[
-        Path | None,
-        typer.Option(help="A file of KEY=value lines (BATCHRUN_TOKEN=…) read first."),
-    ] = None,
+    schedule: flags.ScheduleOpt = "0 1 * * *",
+    deadline: flags.CronDeadlineOpt = "55m",
+    log: flags.LogOpt = None,
+    env_file: flags.EnvFileOpt = None,
     state_dir: flags.StateDirOpt = None,
     base_url: flags.BaseUrlOpt = None,
 ) -> None:
@@ -223,7 +191,7 @@ def cron_line(
     terminal.echo([crontab_line(job)])
 
 
-def config_command(ctx: typer.Context, as_json: flags.JsonFlag = False) -> None:
+def config_command(ctx: flags.Context, as_json: flags.JsonFlag = False) -> None:
     """The settings in force with no flag (BATCHRUN_* variables, batchrun.toml,
     the user's config.toml, defaults) and where each came from; never the token."""
     found = ctx.obj if isinstance(ctx.obj, config.Config) else config.Config(())
