@@ -79,7 +79,7 @@ ORDER |= {name: (len(WINGS), 0) for name in TOP}
 
 # bench/: the same rule, one flat package.
 BENCH = [
-    ["anchors", "oracle", "stock", "chart", "fastserver"],
+    ["anchors", "oracle", "stock", "chart", "fastserver", "learner"],
     ["drivers", "spread", "ledgers", "overhead"],
     ["pacing", "throughput", "stricter"],
     ["bigfile"],

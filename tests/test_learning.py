@@ -733,7 +733,7 @@ def test_acceptances_before_a_lesson_count_against_its_safer_reading():
     for n in range(6):
         entry = learner.sent("k", 0.5 + n * 0.07)
         learner.answered("k", entry, 0.5 + n * 0.07 + 0.001, refused=False)
-    assert learner._logs["k"].proven.most(2.0) == 6  # the proof starts again
+    assert learner._logs["k"].proven(2.0) == 6  # the proof starts again
     given = Rule((Window(30, 2.0),), 5)
     lesson = Fallback(Lesson(parse_rule("6/2s"), "s")).ruled_out(learner, "k", given)
     assert lesson is not None

@@ -70,6 +70,11 @@ _QUOTA = 3
 # Behind a leaky bucket's reading with a burst, a shorter window's is tried next
 # only if the window reading would pace this many times slower (`_leaky`).
 _WORTH = 3
+# Probes in flight (`KeyLog.gated`) grow by this many per accepted probe: 1 is
+# TCP's slow start (1, 2, 4 ...). It stays 0 (one probe at a time) until the
+# lessons are read from a whole burst's refusals: the readings below are made
+# for a log with one refused probe per window.
+_GROWTH = 0
 # Requests older than the longest candidate window cannot bear on a lesson; past
 # this many the oldest are dropped, which keeps `infer` cheap (quadratic in it).
 _KEPT = 2000
@@ -85,6 +90,8 @@ class Sent:
     refused: bool | None = None
     # The Retry-After of a refusal, if the server gave one.
     wait: float | None = None
+    # It left past what the server had been seen to accept (`KeyLog.beyond`).
+    probe: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,57 +144,79 @@ class KeyLog:
     """This process's recent requests of one key, in the order they left, and what
     the server has been seen to let through.
 
-    `proven.most(W)` is the most accepted requests that arrived within any W:
-    the server surely allows that many per W. Beyond it, the key is sent
-    carefully (one request in flight), so that a server stricter than the rule
-    refuses one request, not every request in flight. A lesson starts the proof
-    again (`rearm`); `seen` counts every accepted request, for the evidence
-    against a reading in doubt (`Fallback.ruled_out`).
+    `proven(W)` is the most accepted requests seen within any W: in this process
+    since the last lesson (`accepted`), or by earlier runs and processes
+    (`record`, kept in the ledger). A request that leaves while some window
+    already holds that many is a probe: at most `cwnd` probes are in flight,
+    and each accepted one lets one more go (1, 2, 4 ... as TCP's slow start
+    grows), so a server stricter than the rule refuses a few requests, not a
+    window of them, and a right rule is at full speed after a few round trips.
+    A refused probe starts again from one.
     """
 
     sent: deque[Sent] = field(default_factory=lambda: deque(maxlen=_KEPT))
     ends: list[float] = field(default_factory=list)
-    proven: _Accepted = field(default_factory=_Accepted)
+    accepted: _Accepted = field(default_factory=_Accepted)
     seen: _Accepted = field(default_factory=_Accepted)
+    record: dict[float, int] = field(default_factory=dict)
     unanswered: int = 0
+    probes: int = 0
+    cwnd: int = 1
     # When the newest request accepted before the key was told to space its
     # requests evenly arrived (a key spaced from the start: never).
     unspaced: float = -math.inf
 
-    def started(self, at: float) -> Sent:
+    def started(self, at: float, *, probe: bool = False) -> Sent:
         """Log a request that leaves at `at`; `answered` fills in its answer."""
-        entry = Sent(at)
+        entry = Sent(at, probe=probe)
         self.sent.append(entry)
         self.unanswered += 1
+        self.probes += probe
         return entry
 
     def answered(self, entry: Sent, at: float, refused: bool | None) -> None:
         """Record the answer of `entry` (`refused` None: no answer, e.g. a timeout)."""
         entry.end, entry.refused = at, refused
         self.unanswered -= 1
+        self.probes -= entry.probe
         _bounded_insort(self.ends, at)
+        if entry.probe and refused is not None:
+            self.cwnd = 1 if refused else self.cwnd + _GROWTH
         if refused is False:
-            self.proven.add(_arrival(entry))
+            self.accepted.add(_arrival(entry))
             self.seen.add(_arrival(entry))
 
-    def careful(self, rule: Rule, now: float) -> bool:
-        """Whether some window of `rule` already holds as many requests as the
-        server has been seen to accept in it."""
-        for window in rule.windows:
+    def proven(self, seconds: float) -> int:
+        """The most accepted requests the server was seen to let through in W."""
+        return max(self.record.get(seconds, 0), self.accepted.most(seconds))
+
+    def beyond(self, windows: Iterable[Window], now: float) -> bool:
+        """Whether some window already holds as many requests as the server has
+        been seen to accept in it: the next one is a probe."""
+        for window in windows:
             used = self.unanswered + len(self.ends)
             used -= bisect.bisect_right(self.ends, now - window.seconds)
-            if used >= self.proven.most(window.seconds):
+            if used >= self.proven(window.seconds):
                 return True
         return False
+
+    def gated(self, windows: Iterable[Window], now: float) -> bool:
+        """Whether the next request would be a probe with `cwnd` in flight."""
+        return self.probes >= self.cwnd and self.beyond(windows, now)
 
     def spacing(self) -> None:
         """The key is told to space its requests evenly from now (`unspaced`)."""
         self.unspaced = max(_arrival(s) for s in self.sent if s.refused is False)
 
-    def rearm(self) -> None:
-        """Forget what the server was seen to accept: after a lesson its state is
-        unknown, so the key proves its budget again, one request at a time."""
-        self.proven.clear()
+    def rearm(self, rule: Rule | None = None) -> None:
+        """After a lesson the server's state is in doubt: what it was seen to accept
+        is kept only up to what `rule` (the lesson's) allows in each of its windows."""
+        counts = {} if rule is None else {w.seconds: w.count for w in rule.windows}
+        self.record = {
+            seconds: min(count, self.proven(seconds))
+            for seconds, count in counts.items()
+        }
+        self.accepted.clear()
 
     def settled(self, since: float) -> bool:
         """Whether every request that left at or before `since` has its answer."""
@@ -346,6 +375,46 @@ def stored(lesson: Lesson, *, given: Rule, time_scale: float, at: float) -> str:
     return json.dumps({**fields, "given": _unscaled(given, time_scale), "at": at})
 
 
+# The ledger key, after the limit key's, of what the server was seen to accept.
+RECORD_SUFFIX = "#accepted"
+
+
+def accepted_record(
+    record: dict[float, int], given: Rule, time_scale: float, at: float
+) -> str:
+    """What the server was seen to accept in each window of `given` (`record`:
+    window seconds at `time_scale` to count), as the text a ledger keeps."""
+    seen = [[count, seconds * time_scale] for seconds, count in sorted(record.items())]
+    return json.dumps({"seen": seen, "given": _unscaled(given, time_scale), "at": at})
+
+
+def recalled_record(
+    text: str | None, given: Rule, time_scale: float, *, now: float | None = None
+) -> dict[float, int]:
+    """The record a ledger kept (`accepted_record`) for `given`: window seconds
+    to count, no count above the window's own; empty if none was kept for this
+    very rule, it is unreadable, or older than `KEPT_FOR`."""
+    moment = time.time() if now is None else now
+    try:
+        kept = json.loads(text or "{}")
+        at = float(kept["at"])
+        same = _same(
+            sorted((int(c), float(s)) for c, s in kept["given"]), given, time_scale
+        )
+        seen = [(int(c), float(s) / time_scale) for c, s in kept["seen"]]
+    except (ValueError, TypeError, KeyError, OverflowError, RecursionError):
+        return {}
+    if not same or not moment - KEPT_FOR <= at <= moment + 86400.0:
+        return {}
+    record = {}
+    for count, seconds in seen:
+        # A window of the rule by its own length; any other (a lesson's) as kept.
+        own = [w for w in given.windows if math.isclose(w.seconds, seconds)]
+        most = own[0].count if own else count
+        record[own[0].seconds if own else seconds] = max(0, min(count, most))
+    return record
+
+
 def _unscaled(rule: Rule, time_scale: float) -> list[list[float]]:
     return [[w.count, w.seconds * time_scale] for w in rule.windows]
 
@@ -498,9 +567,9 @@ class Learner:
         # Keys whose pending episode is only a server's "none remaining".
         self._stated: set[str] = set()
 
-    def sent(self, key: str, at: float) -> Sent:
-        """Log a request of `key` leaving at `at`."""
-        return self._log(key).started(at)
+    def sent(self, key: str, at: float, *, probe: bool = False) -> Sent:
+        """Log a request of `key` leaving at `at` (`probe`: `KeyLog.beyond`)."""
+        return self._log(key).started(at, probe=probe)
 
     def answered(
         self,
@@ -516,9 +585,28 @@ class Learner:
         entry.wait = wait
         self._log(key).answered(entry, at, refused)
 
-    def careful(self, key: str, rule: Rule, now: float) -> bool:
-        """Whether `key` should have one request in flight at most (`KeyLog`)."""
-        return self._log(key).careful(rule, now)
+    def gated(self, key: str, windows: Iterable[Window], now: float) -> bool:
+        """Whether `key`'s next request must wait for a probe's answer (`KeyLog`)."""
+        return self._log(key).gated(windows, now)
+
+    def beyond(self, key: str, windows: Iterable[Window], now: float) -> bool:
+        """Whether `key`'s next request is a probe (`KeyLog.beyond`)."""
+        return self._log(key).beyond(windows, now)
+
+    def record(self, key: str, windows: Iterable[Window]) -> dict[float, int]:
+        """What the server was seen to accept in each of `windows` (`KeyLog.proven`)."""
+        log = self._log(key)
+        return {w.seconds: log.proven(w.seconds) for w in windows}
+
+    def seed(self, key: str, record: dict[float, int]) -> None:
+        """What earlier runs saw the server accept (`KeyLog.record`)."""
+        log = self._log(key)
+        for seconds, count in record.items():
+            log.record[seconds] = max(count, log.record.get(seconds, 0))
+
+    def rearm(self, key: str, rule: Rule) -> None:
+        """Keep what the server was seen to accept of `key` only up to `rule`."""
+        self._log(key).rearm(rule)
 
     def accepted_within(self, key: str, seconds: float) -> int:
         """The most accepted requests of `key` seen to arrive within `seconds`,
@@ -758,7 +846,7 @@ def _lowered(log: KeyLog, rule: Rule) -> Lesson | None:
     cannot say by how much, but the refusal can: a sliding window holds the
     fixed one it ends at. A burst still in the window weighs on a weighted
     counter, so its refusal comes early."""
-    if not log.proven.arrivals:
+    if not log.accepted.arrivals:
         return None
     latest = _latest_refusal(log.sent)
     if latest is None:

@@ -298,7 +298,8 @@ class Runner:
             self._in_flight -= 1
             self._halt(exc)
             return
-        sent = self._learner.sent(key, attempt.sent_at)
+        probe = self._pacer.probe(key)
+        sent = self._learner.sent(key, attempt.sent_at, probe=probe)
         self._emit(JobSent(self._clock.now(), key, attempt.job.id, attempt.attempts))
         outcome: Outcome | None = None
         try:
@@ -313,6 +314,8 @@ class Runner:
         self._learner.answered(
             key, sent, self._clock.now(), refused=refused, wait=outcome.retry_after
         )
+        if refused is False:
+            self._pacer.keep_record(key)
         try:
             self._settle(key, queue, attempt, outcome)
         except StateError as exc:
