@@ -20,7 +20,6 @@ import aiometer
 import anyio
 import httpx
 
-from batchrun.cli.submission import Target, open_run
 from batchrun.core.clock import MachineClock
 from batchrun.core.events import JobFinished, JobRequeued, JobSent
 from batchrun.core.limits import LimitKey, Rule
@@ -29,7 +28,8 @@ from batchrun.jobs.job import Job
 from batchrun.ledgers.sqlite_ledger import SqliteLedger
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.run.journal import Journal
-from batchrun.run.runner import Settings
+from batchrun.run.settings import Settings
+from batchrun.run.wiring import Target, open_run
 from batchrun.store.results import ResultsFile
 from batchrun.store.state import RunStore
 from bench.anchors import Acquire, aiometer_rate

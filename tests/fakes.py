@@ -7,11 +7,11 @@ from typing import Any
 
 import httpx
 
-from batchrun.cli.submission import Target, open_run
 from batchrun.core.clock import LoopClock
 from batchrun.core.events import Event
 from batchrun.pacing.ledger import MemoryLedger
-from batchrun.run.runner import Settings
+from batchrun.run.settings import Settings
+from batchrun.run.wiring import Target, open_run
 from batchrun.store.results import JobResult
 
 BASE = "https://api.example.test"
@@ -62,7 +62,7 @@ def make_runner(
     ledger=None,
     **settings,
 ):
-    """An async context of a Runner (`submission.open_run`) over a respx router,
+    """An async context of a Runner (`wiring.open_run`) over a respx router,
     on the test's (virtual) clock."""
     target = Target(
         base_url=BASE,

@@ -18,7 +18,7 @@ import math
 import random
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -34,7 +34,8 @@ from batchrun.jobs.job import Job
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import Limiter, LimiterKind, make_limiter
 from batchrun.pacing.pacer import Pacer
-from batchrun.run.runner import Runner, Settings
+from batchrun.run.runner import Runner
+from batchrun.run.settings import Settings
 from batchrun.sandbox.faults import NOISE_DIGITS
 from tests.fakes import ListRecorder, ListSink
 
@@ -117,16 +118,36 @@ class Simulated:
         return self.makespan / self.ideal if self.ideal > 0 else math.inf
 
 
+@dataclass(frozen=True, slots=True)
+class Network:
+    """What the simulated server and transport do beyond the round trip: `work`
+    seconds between an accepted request's arrival and its answer (a 429 is
+    answered at once), and, with `traced`, a transport that says when each
+    request left and measures a round trip on each of `connections` new
+    connections (httpx's trace), so the arrival bound applies."""
+
+    work: float = 0.0
+    traced: bool = False
+    connections: int = 8
+
+
 class _Server:
     """A fake Sender: latency out, the model's decision at arrival, latency back."""
 
     def __init__(
-        self, server: Server, *, latency: tuple[float, float], rng: random.Random
+        self,
+        server: Server,
+        *,
+        latency: tuple[float, float],
+        rng: random.Random,
+        network: Network = Network(),
     ) -> None:
         self._server = server
         self._limiter = server.limiter()
         self._latency = latency
         self._rng = rng
+        self._network = network
+        self._opened = 0
         self._start = anyio.current_time()
         self._strays = random.Random(rng.random())
         self.arrivals: list[Arrival] = []
@@ -141,9 +162,20 @@ class _Server:
         stray = wait is None and self._stray(at)
         status = 200 if wait is None and not stray else 429
         self.arrivals.append(Arrival(sent, at, job.key, job.id, status))
-        work = self._server.work if status == 200 else 0.0
+        work = self._server.work + self._network.work if status == 200 else 0.0
         await anyio.sleep(work + trip - out)
-        return self._outcome(wait, stray=stray)
+        return self._traced(self._outcome(wait, stray=stray))
+
+    def _traced(self, outcome: Outcome) -> Outcome:
+        """The outcome as a traced transport reports it: written at once, and a
+        connect's round trip (a fresh draw) on each new connection."""
+        if not self._network.traced:
+            return outcome
+        connect = None
+        if self._opened < self._network.connections:
+            self._opened += 1
+            connect = self._rng.uniform(*self._latency)
+        return replace(outcome, written=0.0, round_trip=connect)
 
     def _stray(self, at: float) -> bool:
         server = self._server
@@ -205,6 +237,7 @@ def simulate(
     bound: float = BOUND,
     ledger: MemoryLedger | None = None,
     fallback: Rule | None = None,
+    network: Network = Network(),
 ) -> Simulated:
     """One run of `count` jobs at `client`'s rule against `server`, in virtual time."""
     rule = parse_rule(client) if isinstance(client, str) else client
@@ -213,7 +246,17 @@ def simulate(
     trio._core._run._r.seed(seed)
     kept = MemoryLedger() if ledger is None else ledger  # a rerun passes the last's
     run = _Run(
-        rule, server, count, concurrency, pace, latency, seed, bound, kept, fallback
+        rule,
+        server,
+        count,
+        concurrency,
+        pace,
+        latency,
+        seed,
+        bound,
+        kept,
+        fallback,
+        network,
     )
     clock = trio.testing.MockClock(autojump_threshold=0)
     result: Simulated = anyio.run(
@@ -235,10 +278,13 @@ class _Run:
     ledger: MemoryLedger
     # --profile auto: the rule the key falls back to (statement B).
     fallback: Rule | None
+    network: Network
 
     async def main(self) -> Simulated:
         rng = random.Random(self.seed)
-        sender = _Server(self.server, latency=self.latency, rng=rng)
+        sender = _Server(
+            self.server, latency=self.latency, rng=rng, network=self.network
+        )
         recorder = ListRecorder()
         runner = self._runner(sender, recorder, rng)
         start = anyio.current_time()

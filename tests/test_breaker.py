@@ -47,6 +47,18 @@ def test_a_403_continues_a_run_of_401s():
     assert breaker.answered(forbidden) is not None
 
 
+def test_a_403_that_is_a_rate_limit_never_trips_it():
+    """A 403 that says it is a rate limit (classified rate-limited) is the
+    server asking to wait: it resets the count of refusals, and never trips."""
+    breaker = Breaker(trip_after=2)
+    limited = Outcome(Kind.RATE_LIMITED, 403, error="HTTP 403 (a rate limit)")
+    assert breaker.answered(UNAUTHORIZED) is None
+    for _ in range(TRIP_AFTER * 2):
+        assert breaker.answered(limited) is None
+    assert breaker.answered(UNAUTHORIZED) is None
+    assert breaker.tripped is None
+
+
 class _Counting:
     """An API that answers every request 401, counting them."""
 

@@ -284,7 +284,7 @@ def test_token_comes_from_the_environment(tmp_path):
 )
 def test_plain_http_to_a_remote_host_warns(url, warned):
     """http:// to a host that is not loopback warns that the token travels in clear."""
-    from batchrun.cli.arguments import check_base_url
+    from batchrun.cli.targets import check_base_url
 
     said: list[str] = []
     check_base_url(url, said.append)
@@ -477,7 +477,7 @@ def test_no_color_flag_reaches_the_progress_view(tmp_path, monkeypatch):
         seen.update(options)
         return real(stream, **options)
 
-    monkeypatch.setattr("batchrun.cli.submission.open_progress", spy)
+    monkeypatch.setattr("batchrun.cli.progress.open_progress", spy)
     result = runner.invoke(
         app, ["submit", str(jobs_file(tmp_path)), *FAST, "--no-color"]
     )
@@ -541,8 +541,8 @@ def test_a_refused_submit_is_stamped_too(tmp_path):
 def test_a_long_wait_writes_a_waiting_line(tmp_path, monkeypatch):
     """While a run only waits for a slot, the log says so once per quiet spell
     (QUIET shortened here from 50 s)."""
-    monkeypatch.setattr("batchrun.cli.submission.QUIET", 0.2)
-    monkeypatch.setattr("batchrun.cli.progress.QUIET", 0.2)
+    monkeypatch.setattr("batchrun.run.supervisor.QUIET", 0.2)
+    monkeypatch.setattr("batchrun.cli.plain_log.QUIET", 0.2)
     path = jobs_file(tmp_path, [f"q{i},run-query,t1," for i in range(2)])
     args = ["submit", str(path), "--sandbox", "--limit", "run-query=1/1s"]
     result = runner.invoke(app, args)
@@ -638,7 +638,7 @@ def test_cron_line_keeps_the_token_out_and_says_where_it_goes(tmp_path, monkeypa
 def test_a_state_error_inside_an_exception_group_exits_74(monkeypatch, tmp_path):
     """An error raised in a run's task group is unwrapped at the edge: its message
     and exit code, not "internal error" and 1."""
-    import batchrun.cli.submission as submission
+    import batchrun.run.submission as submission
 
     def grouped(job, *, say):
         msg = "/x/ledger.db is damaged (file is not a database). Move it aside."

@@ -45,6 +45,59 @@ def test_status_decides_the_outcome(status, kind):
     assert classify(httpx.Response(status)).kind is kind
 
 
+@pytest.mark.parametrize(
+    ("headers", "delay"),
+    [
+        pytest.param({"X-RateLimit-Remaining": "0"}, None, id="none-remaining"),
+        pytest.param(
+            {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "30"},
+            30.0,
+            id="none-remaining-reset",
+        ),
+        pytest.param({"Retry-After": "60"}, 60.0, id="retry-after"),
+        pytest.param({"RateLimit": "default;r=0;t=5"}, 5.0, id="draft-ratelimit"),
+    ],
+)
+def test_a_403_that_says_it_is_a_rate_limit_waits_like_a_429(headers, delay):
+    """GitHub answers some rate limits with 403 and a spent quota or a
+    Retry-After: that is the server asking to wait, not a refused token."""
+    outcome = classify(httpx.Response(403, headers=headers))
+    assert (outcome.kind, outcome.retry_after) == (Kind.RATE_LIMITED, delay)
+    assert outcome.error == "HTTP 403 (a rate limit)"
+    assert not outcome.maybe_processed
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        pytest.param({}, id="bare"),
+        pytest.param({"X-RateLimit-Remaining": "12"}, id="quota-left"),
+        pytest.param({"Retry-After": "soon"}, id="unreadable-retry-after"),
+    ],
+)
+def test_a_403_without_rate_limit_evidence_fails(headers):
+    """A 403 that names no wait and no spent quota is a refusal: the job fails."""
+    outcome = classify(httpx.Response(403, headers=headers))
+    assert (outcome.kind, outcome.error) == (Kind.FAILED, "HTTP 403 Forbidden")
+
+
+async def test_a_key_with_a_long_window_honours_a_long_retry_after():
+    """A 500/1h key told to wait 40 min waits 40 min: its cap is its longest
+    window, not the 15 min every other key keeps."""
+    answer = httpx.Response(429, headers={"Retry-After": "2400"})
+    async with Client(
+        base_url="https://api.test",
+        token=None,
+        scope="s",
+        transport=httpx.MockTransport(lambda request: answer),
+        waits={Job("q", JobType.RUN_QUERY, "t").key: 3600.0},
+    ) as client:
+        long = await client.send(Job("q", JobType.RUN_QUERY, "t"))
+        short = await client.send(Job("a", JobType.AVATAR))
+    assert (long.retry_after, long.note) == (2400.0, None)
+    assert short.retry_after == RETRY_AFTER_CAP
+
+
 def test_retry_after_in_seconds():
     """Retry-After: 12 means wait 12 s."""
     outcome = classify(httpx.Response(429, headers={"Retry-After": "12"}))

@@ -17,7 +17,6 @@ import pytest
 import trio.testing
 
 from batchrun.api.client import asgi_transport
-from batchrun.cli.submission import Target, open_run
 from batchrun.core.clock import MachineClock, boot_id
 from batchrun.core.events import Status
 from batchrun.core.limits import LimitKey, limit_table, parse_override, parse_rule
@@ -25,7 +24,8 @@ from batchrun.jobs.endpoints import JobType
 from batchrun.jobs.job import Job
 from batchrun.ledgers.sqlite_ledger import SqliteLedger
 from batchrun.pacing.ledger import Ledger, MemoryLedger
-from batchrun.run.runner import Settings
+from batchrun.run.settings import Settings
+from batchrun.run.wiring import Target, open_run
 from batchrun.sandbox.app import Sandbox, create_app
 from tests.fakes import ListRecorder, ListSink
 from tests.oracles import max_in_window

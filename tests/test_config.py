@@ -175,7 +175,7 @@ def test_a_command_takes_the_files_profile_and_limits(project, user_file):
 
 def submitted(monkeypatch, *args):
     """What `submit jobs.csv` would run, caught before it sends anything."""
-    from batchrun.cli import submission
+    from batchrun.run import submission
 
     caught = []
 

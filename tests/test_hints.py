@@ -374,6 +374,7 @@ def test_no_headers_no_hints():
 _NAMES = st.sampled_from(
     [
         "retry-after",
+        "retry-after-ms",
         "ratelimit",
         "ratelimit-policy",
         "ratelimit-limit",

@@ -34,14 +34,14 @@ WINGS: list[tuple[str, list[list[str]]]] = [
     (
         "pacing",
         [
-            ["slots", "limiters"],
+            ["slots", "limiters", "arrival"],
             ["counters", "ledger"],
             ["learning"],
             ["pacer"],
         ],
     ),
     ("jobs", [["endpoints", "jobfile"], ["job"]]),
-    ("api", [["hints"], ["outcome"], ["breaker", "client"]]),
+    ("api", [["fields", "trace"], ["hints"], ["outcome"], ["breaker", "client"]]),
     (
         "store",
         [
@@ -52,15 +52,26 @@ WINGS: list[tuple[str, list[list[str]]]] = [
         ],
     ),
     ("ledgers", [["sqlite_ledger", "redis_ledger"], ["shared_ledger"]]),
-    ("run", [["journal", "runner"]]),
+    (
+        "run",
+        [
+            ["journal", "queues", "settings", "view", "exit_code"],
+            ["lessons", "settlement"],
+            ["runner"],
+            ["wiring", "supervisor"],
+            ["submission"],
+        ],
+    ),
     ("sandbox", [["faults", "policy_headers", "serving"], ["app"]]),
     (
         "cli",
         [
             ["config", "crontab", "board"],
-            ["progress", "overview"],
-            ["reports", "submission"],
-            ["arguments"],
+            ["plain_log", "overview", "defaults"],
+            ["progress", "targets"],
+            ["reports", "terminal"],
+            ["arguments", "flags"],
+            ["read_commands"],
             ["commands"],
         ],
     ),
@@ -81,7 +92,7 @@ ORDER |= {name: (len(WINGS), 0) for name in TOP}
 BENCH = [
     ["anchors", "oracle", "stock", "chart", "fastserver", "learner"],
     ["drivers", "spread", "ledgers", "overhead"],
-    ["pacing", "throughput", "stricter"],
+    ["pacing", "throughput", "stricter", "arrival"],
     ["bigfile"],
     ["startup"],
     ["report"],

@@ -15,7 +15,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from batchrun.api.client import asgi_transport
-from batchrun.cli.submission import Target, open_run
 from batchrun.core.clock import LoopClock
 from batchrun.core.events import RuleLearned
 from batchrun.core.limits import (
@@ -42,7 +41,8 @@ from batchrun.pacing.learning import (
 )
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.slots import eta
-from batchrun.run.runner import Settings
+from batchrun.run.settings import Settings
+from batchrun.run.wiring import Target, open_run
 from batchrun.sandbox.app import create_app
 from tests.fakes import ListRecorder, ListSink
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from batchrun.cli.board import Board, next_slot
-from batchrun.cli.progress import QUIET, log_tag, open_progress, stamped
+from batchrun.cli.plain_log import log_tag, stamped
+from batchrun.cli.progress import open_progress
 from batchrun.core import durations
 from batchrun.core.events import (
     JobFinished,
@@ -25,6 +26,7 @@ from batchrun.core.events import (
 )
 from batchrun.core.limits import LimitKey, Pace, parse_rule
 from batchrun.pacing.slots import eta
+from batchrun.run.view import QUIET
 
 RQ, INVITE = LimitKey.RUN_QUERY, LimitKey.INVITE
 STAMP = "2024-05-01 12:00:00"

@@ -434,10 +434,10 @@ async def test_stop_ends_the_waits_and_lets_requests_in_flight_finish():
 def test_a_queue_hands_out_its_retry_even_if_the_clock_stepped_back():
     """Checked as due at 10 s, taken at 9 s (the wall clock stepped back): the
     retry is handed out, not lost."""
-    from batchrun.run.runner import _Queue, _Try
+    from batchrun.run.queues import Attempt, KeyQueue
 
-    queue = _Queue(iter([]))
-    retry = _Try(query("a"), attempts=1)
+    queue = KeyQueue(iter([]))
+    retry = Attempt(query("a"), attempts=1)
     queue.retries.append((10.0, 0, retry))
     assert queue.due() == 10.0
     assert queue.pop(9.0) is retry

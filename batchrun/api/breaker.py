@@ -3,12 +3,14 @@
 `TRIP_AFTER` requests in a row refused with 401 or 403 (the token is missing,
 wrong or lacks the rights), or that never reached the server (the host is down,
 unknown or refuses connections), stop the run: every other job would end the same
-way, at the paced rate, using the budget. Any other answer resets the count.
+way, at the paced rate, using the budget. Any other answer resets the count: a 403
+that says it is a rate limit (`Kind.RATE_LIMITED`) is the server asking to wait,
+as a 429 does, not a refused token.
 """
 
 from __future__ import annotations
 
-from batchrun.api.outcome import Outcome
+from batchrun.api.outcome import Kind, Outcome
 
 # Consecutive requests failing the same way that stop a run.
 TRIP_AFTER = 5
@@ -39,6 +41,8 @@ class Breaker:
 
 
 def _cause(outcome: Outcome) -> str | None:
+    if outcome.kind is Kind.RATE_LIMITED:
+        return None
     if outcome.status in _REFUSED:
         return "refused"
     return None if outcome.reached else "unreached"

@@ -12,7 +12,8 @@ from __future__ import annotations
 import hashlib
 import ssl
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Self, cast
 
@@ -20,13 +21,17 @@ import anyio
 import httpx
 
 from batchrun import __version__
-from batchrun.api.hints import Hints, read_hints
-from batchrun.api.outcome import Kind, Outcome
+from batchrun.api.hints import read_hints
+from batchrun.api.outcome import Kind, Outcome, rate_limited_wait, says_rate_limited
+from batchrun.api.trace import ExchangeTrace
 from batchrun.core import strict_json
 from batchrun.core.errors import UsageError
+from batchrun.core.limits import LimitKey
 from batchrun.jobs.job import Job
 
-# Longest Retry-After honoured; a server asking for more is capped, with a note.
+# Longest Retry-After honoured for a key whose windows are all shorter; a key's
+# longest window raises it (`Client(waits=…)`): a 500/1h key told to wait 40 min
+# waits 40 min. A server asking for more is capped, with a note.
 RETRY_AFTER_CAP = 900.0
 # Bodies longer than this are kept truncated in the results, with a note; the rest
 # is not read, so a huge answer costs no memory.
@@ -90,6 +95,8 @@ class Client:
 
     TLS certificates are always verified; `ca_bundle` adds CAs to trust (a private
     CA). `timeout` bounds each whole exchange, from sending to the last body byte.
+    `waits` maps a limit key to its longest window: the longest server-named
+    wait honoured for its jobs, when longer than `RETRY_AFTER_CAP`.
     """
 
     def __init__(
@@ -102,8 +109,10 @@ class Client:
         connections: int = 8,
         transport: httpx.AsyncBaseTransport | None = None,
         ca_bundle: Path | None = None,
+        waits: Mapping[LimitKey, float] | None = None,
     ) -> None:
         headers = {"User-Agent": f"batchrun/{__version__}"}
+        self._waits = dict(waits or {})
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self._secret = token if token and len(token) >= _SHORTEST_SECRET else None
@@ -127,10 +136,16 @@ class Client:
         await self._http.aclose()
 
     async def send(self, job: Job) -> Outcome:
-        """Make the job's request once and classify the answer."""
+        """Make the job's request once and classify the answer; say, when the
+        transport reports it, when the request left and the connect's round trip."""
+        trace = ExchangeTrace()
         headers = {"Idempotency-Key": idempotency_key(self._scope, job.id)}
         request = self._http.build_request(
-            job.endpoint.method, job.path, json=job.payload, headers=headers
+            job.endpoint.method,
+            job.path,
+            json=job.payload,
+            headers=headers,
+            extensions={"trace": trace},
         )
         try:
             # httpx times each phase (connect, each read); a server dripping its
@@ -152,7 +167,9 @@ class Client:
             )
         except httpx.TransportError as exc:
             return _transport_failure(exc, self._secret)
-        return _classify(response, raw, cut=cut, secret=self._secret)
+        cap = max(RETRY_AFTER_CAP, self._waits.get(job.key, 0.0))
+        outcome = _classify(response, raw, cut=cut, secret=self._secret, cap=cap)
+        return replace(outcome, written=trace.written, round_trip=trace.round_trip)
 
     async def _exchange(
         self, request: httpx.Request
@@ -178,27 +195,31 @@ class Client:
 
 
 def classify(response: httpx.Response) -> Outcome:
-    """Turn an answer into an Outcome: 2xx done, 429 requeue, 5xx retry, else fail."""
-    return _classify(response, response.content, cut=False, secret=None)
+    """Turn an answer into an Outcome: 2xx done, 429 (or a 403 that says it is a
+    rate limit) requeue, 5xx retry, else fail."""
+    return _classify(
+        response, response.content, cut=False, secret=None, cap=RETRY_AFTER_CAP
+    )
 
 
 def _classify(
-    response: httpx.Response, raw: bytes, *, cut: bool, secret: str | None
+    response: httpx.Response, raw: bytes, *, cut: bool, secret: str | None, cap: float
 ) -> Outcome:
     body, note = _body(raw, cut=cut, secret=secret)
     headers = {name.lower(): value for name, value in response.headers.items()}
-    hints = read_hints(headers, now=time.time(), cap=RETRY_AFTER_CAP)
+    hints = read_hints(headers, now=time.time(), cap=cap)
     note = _joined(*hints.notes, note)
     status = response.status_code
     if 200 <= status < 300:
         return Outcome(Kind.DONE, status, body, note=note, hints=hints)
-    if status == 429:
+    if status == 429 or (status == 403 and says_rate_limited(hints)):
+        error = "HTTP 429" if status == 429 else "HTTP 403 (a rate limit)"
         return Outcome(
             Kind.RATE_LIMITED,
             status,
             body,
-            _delay(hints),
-            "HTTP 429",
+            rate_limited_wait(hints),
+            error,
             note,
             hints=hints,
             maybe_processed=False,
@@ -217,14 +238,6 @@ def _classify(
         hints=hints,
         maybe_processed=not declined,
     )
-
-
-def _delay(hints: Hints) -> float | None:
-    """How long a 429 says to wait: Retry-After, else the reset of a quota the
-    server says is spent."""
-    if hints.retry_after is not None:
-        return hints.retry_after
-    return hints.reset if hints.remaining == 0 else None
 
 
 def parse_retry_after(

@@ -41,3 +41,23 @@ class Outcome:
     maybe_processed: bool = True
     # False when the request never reached the server (no connection was made).
     reached: bool = True
+    # Seconds after the send began that the request's last byte left, when the
+    # transport reports it (httpx's trace extension); None when it does not.
+    written: float | None = None
+    # The TCP connect's round trip, when this attempt opened its connection.
+    round_trip: float | None = None
+
+
+def says_rate_limited(hints: Hints) -> bool:
+    """Whether a 403 says it is a rate limit, as GitHub's do: a wait named
+    (Retry-After), or a quota with none remaining. A 403 without either is a
+    refusal of the token or its rights, and fails."""
+    return hints.retry_after is not None or hints.remaining == 0
+
+
+def rate_limited_wait(hints: Hints) -> float | None:
+    """How long a 429 says to wait: Retry-After, else the reset of a quota the
+    server says is spent."""
+    if hints.retry_after is not None:
+        return hints.retry_after
+    return hints.reset if hints.remaining == 0 else None

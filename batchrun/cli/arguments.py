@@ -1,23 +1,22 @@
 """What the command line's strings mean: checked values and settings built from flags.
 
 `cli` hands the strings Typer parsed to these functions and gets back checked
-values (a results path, a round's name, the rules in force) or a `UsageError`
-(exit 2) that says which flag is wrong. No Typer here: warnings go through the
-`warn` the caller gives. Modules that load httpx or Starlette are imported inside
-the functions that need them, as in `cli`, so `--help`, `validate` and `status`
+values (a results path, a round's name, the rules in force, the whole
+`Submission` of a `submit`) or a `UsageError` (exit 2) that says which flag is
+wrong. No Typer here: warnings go through the `warn` the caller gives. Where
+`submit` sends is `targets`'; what the config files make the defaults is
+`defaults`'. Modules that load httpx or Starlette are imported inside the
+functions that need them, as in `commands`, so `--help`, `validate` and `status`
 start fast.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING
 
 from batchrun.cli import config
 from batchrun.core import durations
@@ -38,11 +37,8 @@ from batchrun.store.results import default_results_path
 
 if TYPE_CHECKING:
     from batchrun.cli.crontab import CronJob
-    from batchrun.cli.submission import Target
-    from batchrun.run.runner import Settings
-
-# --concurrency's default, which `config` shows too.
-CONCURRENCY = 8
+    from batchrun.run.settings import Settings
+    from batchrun.run.submission import Submission
 
 
 def results_path(jobs_file: Path, results: Path | None) -> Path:
@@ -188,7 +184,7 @@ def settings(
     limits: list[str] | None,
 ) -> Settings:
     """The runner's settings from submit's flags (backoff scaled with the windows)."""
-    from batchrun.run.runner import Settings
+    from batchrun.run.settings import Settings
 
     overrides = [parse_override(text) for text in limits or []]
     return Settings(
@@ -202,138 +198,75 @@ def settings(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Server:
-    """What `submit` says about the in-process sandbox: whether to use it, the
-    rules it enforces (the client's, with `--server-limit` on top) and how."""
-
-    sandbox: bool
-    rules: dict[LimitKey, Rule]
-    inject: list[str] | None
-    limits: list[str] | None
-    counting: LimiterKind | None
-    headers: HeaderStyle | None
-    burst: int | None = None
-
-    def check(self) -> None:
-        """Sandbox-only flags without --sandbox are a usage error."""
-        given = {
-            "--inject": self.inject,
-            "--server-limit": self.limits,
-            "--server-counting": self.counting,
-            "--server-headers": self.headers,
-            "--server-burst": self.burst,
-        }
-        named = [flag for flag, value in given.items() if value]
-        if named and not self.sandbox:
-            verb = "works" if len(named) == 1 else "work"
-            msg = f"{', '.join(named)} only {verb} with --sandbox."
-            raise UsageError(msg)
-
-
-def target(
+def submission(
+    jobs_file: Path,
+    *,
     base_url: str | None,
     token: str | None,
+    profile: Profile,
+    limit: list[str],
+    pace: Pace,
+    concurrency: int,
+    max_attempts: int,
     timeout: float,
-    server: Server,
+    results: Path | None,
+    sandbox: bool,
+    inject: list[str] | None,
+    server_limit: list[str] | None,
+    server_counting: LimiterKind | None,
+    server_headers: HeaderStyle | None,
+    server_burst: int | None,
+    time_scale: float,
+    state_dir: Path | None,
+    ledger: str | None,
     ca_bundle: Path | None,
+    deadline: str | None,
+    retry_failed: bool,
+    retry_unknown: bool,
+    restart: bool,
+    run_id: str | None,
+    no_color: bool,
+    quiet: bool,
+    verbose: bool,
+    stdin: Callable[[Path, StatePaths], Path],
     warn: Callable[[str], None],
-) -> Target:
-    """Where submit sends: the in-process sandbox, or the checked --base-url
-    (a missing token for a remote host is warned about, not refused)."""
-    from batchrun.cli.submission import Target
+) -> Submission:
+    """The `Submission` that `submit`'s flags ask for, each checked in turn; jobs
+    from stdin (`-`) are first kept in the state folder by `stdin`."""
+    from batchrun.cli import targets
+    from batchrun.cli.progress import view
+    from batchrun.run.submission import Submission
 
-    server.check()
-    if server.sandbox:
-        return _sandbox_target(server, token, timeout, ca_bundle)
-    if not base_url:
-        msg = "No API to talk to: give --base-url (or BATCHRUN_BASE_URL), or --sandbox."
-        raise UsageError(msg)
-    check_base_url(base_url, warn)
-    _check_ca_bundle(ca_bundle)
-    host = urlsplit(base_url).hostname or ""
-    if not token and not _is_loopback(host):
-        warn(
-            f"WARNING: no token for {host} (BATCHRUN_TOKEN or --token): requests go "
-            "without Authorization."
-        )
-    return Target(base_url=base_url, token=token, timeout=timeout, ca_bundle=ca_bundle)
-
-
-def _sandbox_target(
-    server: Server, token: str | None, timeout: float, ca_bundle: Path | None
-) -> Target:
-    """The sandbox served in process, through an ASGI transport."""
-    from batchrun.api.client import asgi_transport
-    from batchrun.cli.submission import Target
-    from batchrun.sandbox import faults
-    from batchrun.sandbox.app import create_app
-
-    app = create_app(
-        rules=server.rules,
-        faults=faults.parse_faults(server.inject or []),
-        counting=server.counting or LimiterKind.SLIDING,
-        headers=server.headers or HeaderStyle.NONE,
-        burst=server.burst or 0,
+    targets.check_time_scale(time_scale, sandbox=sandbox, base_url=base_url)
+    rules_in_force = rules(profile, limit, time_scale)
+    server = targets.Server(
+        sandbox,
+        server_rules(profile, limit, server_limit, time_scale),
+        inject,
+        server_limit,
+        server_counting,
+        server_headers,
+        server_burst,
     )
-    _check_ca_bundle(ca_bundle)
-    return Target(
-        base_url="http://sandbox.local",
-        token=token,
-        timeout=timeout,
-        transport=asgi_transport(app),
-        ca_bundle=ca_bundle,
+    state = StatePaths.resolve(state_dir)
+    results = results_path(jobs_file, results)
+    if str(jobs_file) == "-":
+        jobs_file = stdin(results, state)
+    return Submission(
+        jobs_file=jobs_file,
+        target=targets.target(base_url, token, timeout, server, ca_bundle, warn),
+        rules=rules_in_force,
+        settings=settings(concurrency, max_attempts, time_scale, pace, profile, limit),
+        results=results,
+        state=state,
+        deadline=None if deadline is None else durations.parse(deadline),
+        retry_failed=retry_failed,
+        retry_unknown=retry_unknown,
+        restart=restart,
+        ledger_url=ledger,
+        view=view(jobs_file, color=not no_color, verbosity=verbosity(quiet, verbose)),
+        run_id=round_name(run_id),
     )
-
-
-def check_time_scale(time_scale: float, *, sandbox: bool, base_url: str | None) -> None:
-    """Scaling a real API's windows would multiply its limits: only the sandbox,
-    in process or on loopback (`batchrun sandbox --time-scale N`), is scaled."""
-    host = urlsplit(base_url or "").hostname or ""
-    if time_scale != 1 and not sandbox and not _is_loopback(host):
-        msg = (
-            f"--time-scale {time_scale:g} only works with --sandbox or a sandbox on "
-            f"loopback: against a real API it would send {time_scale:g} times "
-            "faster than its limits allow."
-        )
-        raise UsageError(msg)
-
-
-def _check_ca_bundle(ca_bundle: Path | None) -> None:
-    """A bad bundle exits 2 before anything starts."""
-    from batchrun.api.client import tls_context
-
-    if ca_bundle is not None:
-        tls_context(ca_bundle)
-
-
-def check_base_url(url: str, warn: Callable[[str], None]) -> None:
-    """An http(s) URL with a host and no credentials; plain http:// to a host
-    that is not loopback is warned about (the token would travel in clear)."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        msg = f"--base-url must be an http:// or https:// URL with a host, got {url!r}."
-        raise UsageError(msg)
-    if parts.username or parts.password:
-        msg = (
-            "--base-url must not hold credentials; pass the token with BATCHRUN_TOKEN."
-        )
-        raise UsageError(msg)
-    if parts.scheme == "http" and not _is_loopback(parts.hostname):
-        warn(
-            f"WARNING: {parts.hostname} is reached over plain http://: the token "
-            "travels unencrypted. Use https://."
-        )
-
-
-def _is_loopback(host: str) -> bool:
-    """localhost, or a loopback IP address (127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def cron_job(
@@ -383,64 +316,3 @@ def _project_folder() -> Path | None:
 def _default_log(jobs_file: Path) -> Path:
     """cron-line's log file: logs/NAME.log beside the jobs file."""
     return jobs_file.absolute().parent / "logs" / f"{jobs_file.stem}.log"
-
-
-def _shown_defaults() -> dict[str, str]:
-    """The defaults `config` shows for the settings no source sets."""
-    return {
-        "base-url": "(none)",
-        "profile": Profile.B.value,
-        "concurrency": str(CONCURRENCY),
-        "ledger": "SQLite in the state folder",
-        "state-dir": str(StatePaths.resolve(None, create=False).root),
-    }
-
-
-def limits_in_force(found: config.Config, profile: Profile) -> list[config.InForce]:
-    """Each key's rule with no --limit, and where it came from."""
-    table = limit_table(
-        profile=profile,
-        overrides=[parse_override(text) for text in found.limit_flags()],
-    )
-    return [
-        config.InForce(key.value, str(table[key]), _limit_source(found, key, profile))
-        for key in LimitKey
-    ]
-
-
-def _limit_source(found: config.Config, key: LimitKey, profile: Profile) -> str:
-    """The config file that set a key's rule, else its profile or the default."""
-    if key.value in found.limits:
-        return str(found.limits[key.value].source)
-    return f"profile {profile.value}" if key is LimitKey.RUN_QUERY else "default"
-
-
-# Serves limits of its own: the client's config does not make the server.
-_UNCONFIGURED = frozenset({"sandbox"})
-
-
-def config_defaults(found: config.Config, group: object) -> dict[str, Any]:
-    """Click's default_map: for each command, the options the config files set.
-    Click reads it after the command line and the envvar, so flags and
-    BATCHRUN_* win over the files."""
-    values = found.params()
-    commands: dict[str, Any] = getattr(group, "commands", {})
-    return {
-        name: {p.name: values[p.name] for p in command.params if p.name in values}
-        for name, command in commands.items()
-        if name not in _UNCONFIGURED
-    }
-
-
-def settings_in_force(
-    found: config.Config, environ: Mapping[str, str]
-) -> list[config.InForce]:
-    """The settings no flag gives, and where each came from; URLs redacted."""
-    from batchrun.ledgers.redis_ledger import redacted
-
-    return [
-        replace(row, value=redacted(row.value))
-        if row.key in ("base-url", "ledger")
-        else row
-        for row in config.in_force(found, environ, _shown_defaults())
-    ]

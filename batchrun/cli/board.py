@@ -1,8 +1,8 @@
 """What a run looks like as numbers: counts per key, ETAs and summary rows.
 
-`Board` is built from the runner's events and read by both views in `progress.py`;
-it knows no terminal. ETAs come from the limits (`slots.eta` over the jobs not yet
-sent and each key's recent sends), never from the past rate.
+`Board` is built from the runner's events and read by both views (`progress` and
+`plain_log`); it knows no terminal. ETAs come from the limits (`slots.eta` over the
+jobs not yet sent and each key's recent sends), never from the past rate.
 """
 
 from __future__ import annotations

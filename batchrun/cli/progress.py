@@ -1,20 +1,19 @@
-"""What a person sees of a run: a Rich live view on a terminal, plain lines elsewhere.
+"""What a person sees of a run: a Rich live view on a terminal, plain lines
+(`plain_log`) elsewhere.
 
 Both sinks keep a `board.Board` of counts built from the runner's events, and both
-end with the same summary on `close()`. Plain lines carry no escape codes. This is
-the only module that imports Rich.
+end with the same summary on `close()`. This is the only module that imports Rich.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
 import os
+import sys
 import threading
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
-from typing import Protocol, TextIO
+from typing import TextIO
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -25,68 +24,25 @@ from rich.text import Text
 from batchrun.cli.board import (
     NONE,
     Board,
-    KeyCounts,
     closing_lines,
-    ended_text,
-    failure_text,
-    learned_text,
     next_slot,
     overall,
     rule_text,
     summary_rows,
-    tally,
 )
+from batchrun.cli.plain_log import PlainLog, log_tag
 from batchrun.core import durations
 from batchrun.core.clock import Clock
 from batchrun.core.events import (
     Event,
-    EventSink,
-    JobFinished,
-    JobRequeued,
-    RuleLearned,
-    RunFinished,
     RunStarted,
-    Status,
 )
 from batchrun.core.limits import LimitKey
+from batchrun.run.view import ProgressSink, View
 
-# Enough to see a pattern in a cron mail; the results file holds every failure.
-_FAILURES_LISTED = 20
-_STAMP = "%Y-%m-%d %H:%M:%S"
 _VIEW_COLUMNS = "endpoint,rule,done,failed,429s,retries,sending,next slot,ETA"
-# A plain log quiet this long (a long wait for a slot or a cool-down) says what it
-# waits for; `tick()` is called often enough that a cron log gets a line a minute.
-QUIET = 50.0
 # Terminals that cannot move the cursor: a live view would be a blank screen there.
 _DUMB_TERMINALS = ("dumb", "unknown")
-
-
-class ProgressSink(EventSink, Protocol):
-    """An event sink that shows a run as it goes and sums it up on `close`."""
-
-    def close(self) -> None:
-        """Stop any live display and print the final summary; idempotent."""
-        ...
-
-    def note(self, text: str) -> None:
-        """Show a message (a signal's acknowledgement) without breaking the view."""
-        ...
-
-    def tick(self) -> None:
-        """Say what the run waits for, if nothing was said for `QUIET` seconds."""
-        ...
-
-
-def log_tag(jobs_file: Path) -> str:
-    """What each line of a log names: the process and the jobs file, so that the
-    lines of two runs (or a refused run's error) appended to one log tell apart."""
-    return f"batchrun[{os.getpid()}] {jobs_file.name}: "
-
-
-def stamped(text: str, *, tag: str, wall: Callable[[], datetime]) -> str:
-    """`text`, each of its lines prefixed with the local time and `tag`."""
-    stamp = wall().strftime(_STAMP)
-    return "\n".join(f"{stamp} {tag}{line}" for line in text.splitlines())
 
 
 def open_progress(
@@ -120,7 +76,7 @@ def open_progress(
     if live and verbosity >= 0:
         console = Console(file=stream, force_terminal=True, no_color=_no_color(color))
         return _LiveView(console, clock=clock, notes=notes)
-    return _PlainLog(
+    return PlainLog(
         stream,
         clock=clock,
         every=every,
@@ -131,156 +87,26 @@ def open_progress(
     )
 
 
+def view(jobs_file: Path, *, color: bool, verbosity: int) -> View:
+    """How `submit` shows its run: `open_progress` on stdout, its plain lines
+    tagged with the process and `jobs_file`."""
+
+    def opened(*, clock: Clock, notes: Callable[[str], None]) -> ProgressSink:
+        return open_progress(
+            sys.stdout,
+            clock=clock,
+            notes=notes,
+            color=color,
+            tag=log_tag(jobs_file),
+            verbosity=verbosity,
+        )
+
+    return opened
+
+
 def _no_color(color: bool) -> bool:
     # https://no-color.org: set and not empty.
     return not color or bool(os.environ.get("NO_COLOR"))
-
-
-class _PlainLog:
-    """Timestamped lines, no escape codes: start, progress, failures, summary."""
-
-    def __init__(
-        self,
-        stream: TextIO,
-        *,
-        clock: Clock,
-        every: float,
-        wall: Callable[[], datetime],
-        notes: Callable[[str], None] | None,
-        tag: str,
-        verbosity: int = 0,
-    ) -> None:
-        self._stream = stream
-        self._verbosity = verbosity
-        self._notes = notes or self._line
-        self._tag = tag
-        self._clock = clock
-        self._said = clock.now()
-        self._every = every
-        self._wall = wall
-        self._board = Board()
-        self._last = -math.inf
-        self._requeues = 0
-        self._closed = False
-
-    def emit(self, event: Event) -> None:
-        state = self._board.apply(event)
-        if isinstance(event, RunStarted):
-            self._last = event.at
-            self._chatter(self._start_text(event.at))
-        elif state is not None and not isinstance(event, RunFinished):
-            if isinstance(event, JobFinished):
-                self._finished(event, state)
-            elif isinstance(event, JobRequeued):
-                self._requeued(event)
-            elif isinstance(event, RuleLearned):
-                self._chatter(learned_text(event))
-            if event.at - self._last >= self._every:
-                self._progress(event.at)
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._board.started is not None:
-            self._summary()
-
-    def note(self, text: str) -> None:
-        self._notes(text)
-
-    def tick(self) -> None:
-        now = self._clock.now()
-        board = self._board
-        if self._closed or board.started is None or now - self._said < QUIET:
-            return
-        waits = "; ".join(
-            f"{key} next slot {self._slot_text(s, now)}"
-            for key, s in board.keys.items()
-            if s.left > 0
-        )
-        counts = tally(overall(board.keys.values()))
-        eta_text = durations.spoken(board.eta(now))
-        self._chatter(f"waiting: {waits} — {counts}; ETA {eta_text}")
-
-    def _slot_text(self, state: KeyCounts, now: float) -> str:
-        if state.slot is None or state.slot <= now:
-            return next_slot(state, now)
-        at = self._wall() + timedelta(seconds=state.slot - now)
-        return f"in {durations.spoken(state.slot - now)} (at {at:%H:%M:%S})"
-
-    def _start_text(self, at: float) -> str:
-        board = self._board
-        keys = ", ".join(f"{k} {s.total} at {s.rule}" for k, s in board.keys.items())
-        total = overall(board.keys.values()).total
-        eta_text = durations.spoken(board.eta(at))
-        return f"starting: {total} jobs — {keys}; pace {board.pace}; ETA {eta_text}"
-
-    def _finished(self, event: JobFinished, state: KeyCounts) -> None:
-        if event.status is not Status.DONE:
-            self._failure(event)
-        if state.left == 0:
-            self._chatter(
-                f"{event.key}: all {state.total} jobs ended ({ended_text(state)})"
-            )
-
-    def _requeued(self, event: JobRequeued) -> None:
-        self._requeues += 1
-        listed = math.inf if self._verbosity > 0 else _FAILURES_LISTED
-        if self._requeues > listed:
-            return
-        why = event.reason
-        if event.rate_limited:
-            extra = why.removeprefix("HTTP 429").lstrip("; ")
-            why = "429 (rate limited)" + (f"; {extra}" if extra else "")
-        self._chatter(
-            f"job {event.job_id} ({event.key}): {why}; requeued, next try in "
-            f"{durations.spoken(event.delay)}"
-        )
-        if self._requeues == listed:
-            self._chatter("further requeues are only counted (--verbose lists all)")
-
-    def _failure(self, event: JobFinished) -> None:
-        count = self._board.failures
-        if count <= _FAILURES_LISTED:
-            self._line(failure_text(event))
-        elif count == _FAILURES_LISTED + 1:
-            self._line(
-                f"more than {_FAILURES_LISTED} failures: further ones are only "
-                "counted here (the results file lists every one)"
-            )
-
-    def _progress(self, at: float) -> None:
-        self._last = at
-        board = self._board
-        keys = "; ".join(f"{k} {tally(s)}" for k, s in board.keys.items())
-        eta_text = durations.spoken(board.eta(at))
-        counts = tally(overall(board.keys.values()))
-        self._chatter(f"progress: {counts} — {keys}; ETA {eta_text}")
-
-    def _summary(self) -> None:
-        rows = summary_rows(self._board)
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        self._line("summary:")
-        for row in rows:
-            cells = (
-                cell.ljust(width) if i == 0 else cell.rjust(width)
-                for i, (cell, width) in enumerate(zip(row, widths, strict=True))
-            )
-            self._line("  " + "  ".join(cells))
-        for text in closing_lines(self._board, self._clock.now()):
-            self._line(text)
-
-    def _chatter(self, text: str) -> None:
-        """A line about how the run goes, which --quiet leaves out."""
-        if self._verbosity >= 0:
-            self._line(text)
-
-    def _line(self, text: str) -> None:
-        self._said = self._clock.now()
-        # A closed pipe (`| head`) must not stop the run this log reports on.
-        with contextlib.suppress(OSError, ValueError):
-            self._stream.write(stamped(text, tag=self._tag, wall=self._wall) + "\n")
-            self._stream.flush()
 
 
 class _LiveView:

@@ -10,7 +10,8 @@ Keys, per client fingerprint (never the token) and limit key; the `{client}` has
 tag puts one client's keys on one Redis Cluster slot:
 
     batchrun:{client}:KEY:open     sorted set: request → lease expiry (start + hold)
-    batchrun:{client}:KEY:done     sorted set: request → answer time
+    batchrun:{client}:KEY:done     sorted set: request → counts until (its answer,
+                                   or its bounded arrival: `pacing.arrival`)
     batchrun:{client}:KEY:meta     hash: `last` start (for `spread`), `keep` seconds
     batchrun:{client}:KEY:learned  string: a learned limit (`remember`), 30 days
 

@@ -1,10 +1,11 @@
 """The send log of one client in SQLite, shared by every process on the machine.
 
 Invariant: a process grants a slot only if `slots.earliest_slot` allows it over
-every send and answer any process of the client has written, read and written in
-one `BEGIN IMMEDIATE` transaction, so two processes never both take the last slot of
-a window. A request whose answer is not (yet) written counts as in flight until its
-start + the request timeout, then as answered at that moment.
+every send and answer any process of the client has written (an answer row holds
+the moment its request counts until: the answer, or its bounded arrival), read
+and written in one `BEGIN IMMEDIATE` transaction, so two processes never both take
+the last slot of a window. A request whose answer is not (yet) written counts as
+in flight until its start + the request timeout, then as answered at that moment.
 
 Stamps are on the machine clock (`clock.MachineClock`, seconds since boot), each
 with the id of its boot, never on the wall clock, which can be stepped. A stamp is

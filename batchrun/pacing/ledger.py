@@ -26,7 +26,8 @@ class Ledger(Protocol):
         ...
 
     def release(self, ticket: int, now: float, *, sent: bool = True) -> None:
-        """Record that the request of `ticket` got its answer (or failed) at `now`;
+        """Record that the request of `ticket` ended: it counts until `now` (its
+        answer, or the latest moment it can have arrived, which may be past);
         `sent=False`: it never reached the server (no connection was made), so it
         takes no room in any window, as if never granted.
 

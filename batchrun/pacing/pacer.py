@@ -11,6 +11,9 @@ server that still refuses costs one 429, not a burst of them. Past what the serv
 has been seen to accept in a window (kept in the ledger beside the lessons, so a
 rerun starts at full speed), requests in flight grow as answers come back, as
 TCP's slow start does (`learning.KeyLog.gated`).
+
+A request counts until its answer, or until the latest moment it can have reached
+the server (`arrival.ArrivalBound`) when the network says that is sooner.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import anyio
 from batchrun.core.clock import Clock, wall_time
 from batchrun.core.events import EventSink, SlotWait
 from batchrun.core.limits import LimitKey, Pace, Rule, Window
+from batchrun.pacing.arrival import ArrivalBound, Trip
 from batchrun.pacing.learning import (
     RECORD_SUFFIX,
     Learner,
@@ -34,7 +38,7 @@ from batchrun.pacing.learning import (
     stored,
 )
 from batchrun.pacing.ledger import Ledger
-from batchrun.pacing.slots import Grant, Wait, earliest_slot
+from batchrun.pacing.slots import Grant, Wait, earliest_slot, reach
 
 
 @dataclass(slots=True)
@@ -80,6 +84,11 @@ class Pacer:
         self.learner = Learner(time_scale=time_scale)
         self._time_scale = time_scale
         self._kept_records: dict[LimitKey, dict[float, int]] = {}
+        self.arrival = ArrivalBound()
+        # Per key, the latest answer of a request counted until before it (by
+        # the arrival bound): until then plus the rule's reach, a grant may
+        # have come only from the bound, and a refusal may say it is too tight.
+        self._bounded: dict[LimitKey, float] = {}
 
     @property
     def rules(self) -> Mapping[LimitKey, Rule]:
@@ -96,15 +105,26 @@ class Pacer:
                 self._emit(SlotWait(self._clock.now(), key, wait.until))
                 await self._sleep(key, wait.until)
 
-    def release(self, key: LimitKey, ticket: int, *, sent: bool = True) -> None:
+    def release(
+        self,
+        key: LimitKey,
+        ticket: int,
+        *,
+        sent: bool = True,
+        trip: Trip | None = None,
+    ) -> None:
         """Record the answer of a granted request, waking a sender waiting on it;
         `sent=False`: it never reached the server, and takes no room in the windows.
+        `trip`, what the client saw of the exchange, may let the request count
+        until the latest moment it can have arrived rather than until its answer.
 
         The answer of a half-open key's probe closes the circuit: the key sends at
         its rule again, unless the answer was a 429 and `cool_down` follows. A probe
         that never reached the server proves nothing: another goes.
         """
-        self._ledger.release(ticket, self._clock.now(), sent=sent)
+        now = self._clock.now()
+        ends = now if trip is None else self._counts_until(key, trip, now)
+        self._ledger.release(ticket, ends, sent=sent)
         cooling = self._cooling[key]
         if cooling.probe == ticket:
             cooling.probe = None
@@ -112,6 +132,20 @@ class Pacer:
         answer = self._answers.pop(key, None)
         if answer is not None:
             answer.set()
+
+    def _counts_until(self, key: LimitKey, trip: Trip, now: float) -> float:
+        """Until when a request answered `now` counts: its answer, or the latest
+        moment it can have arrived when the bound says that is sooner. A refusal
+        of a request that left while the bound was in play widens the bound."""
+        in_play = self._bounded.get(key, -math.inf) + reach(self._rules[key])
+        if trip.refused and trip.written < in_play:
+            self.arrival.widen(trip, now)
+        self.arrival.observe(trip, now)
+        latest = self.arrival.latest(trip.written)
+        if latest is None or latest >= now:
+            return now
+        self._bounded[key] = now
+        return latest
 
     def cool_down(self, key: LimitKey, until: float, *, asked: bool = False) -> None:
         """Grant no slot of `key` before `until` (after a 429 from the server), then

@@ -4,14 +4,19 @@ The rule that keeps every reading of the limits safe (fixed or sliding windows,
 counted at arrival, whatever the network latency):
 
     A request of key K may be sent at time s only if fewer than COUNT earlier
-    requests of K are still in flight or got their answer after s - WINDOW,
+    requests of K are still in flight or count until after s - WINDOW,
     for every window of K's rule.
 
+A request counts until its answer, or until the latest moment it can have arrived
+when the network bounds that sooner (`arrival`: its last byte's departure plus a
+bound on the one-way delay); either way no earlier than its arrival.
+
 Why: two requests that fall in one server window arrived less than WINDOW apart; the
-earlier one arrived before its answer came back, so the later one counted it. Hence
-the earliest send time is `completion of the COUNT-th most recent request + WINDOW`
+earlier one counted until no earlier than its arrival, so the later one counted it.
+Hence the earliest send time is `the COUNT-th most recent "counts until" + WINDOW`
 (in-flight requests count as the most recent), over all windows. Every request sent
-counts, whatever its answer: a 429 may count on the server too.
+counts, whatever its answer: a 429 may count on the server too. A "completion" below
+is that "counts until" moment.
 
 `earliest_slot` is that computation as a pure function of a key's `History`;
 `eta` simulates it forward. Ledgers and the pacer build on these values and never

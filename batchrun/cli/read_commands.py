@@ -1,0 +1,238 @@
+"""The commands that send nothing: validate, status, plan, limits, show, cron-line
+and config. `commands` registers them on the Typer app, in the order `--help` lists
+them; each hands its flags to `arguments` and its findings to `reports`.
+
+Modules that load httpx or Starlette are imported inside the commands that need
+them, so `validate` and `status` start fast (start-up matters under cron).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from batchrun.cli import arguments, config, defaults, flags, reports, terminal
+from batchrun.core.errors import JobsFileError
+from batchrun.core.limits import Pace, Profile
+from batchrun.store.paths import StatePaths, client_fingerprint
+from batchrun.store.results import default_results_path
+
+
+def validate(jobs_file: flags.JobsArg, as_json: flags.JsonFlag = False) -> None:
+    """Check JOBS_FILE without sending anything: every bad row, or a summary."""
+    from batchrun.store.state import check_jobs_file
+
+    with terminal.reported():
+        try:
+            summary = check_jobs_file(jobs_file)
+        except JobsFileError as exc:
+            if not as_json:
+                raise
+            terminal.echo([json.dumps(reports.problems_json(exc), indent=2)])
+            raise typer.Exit(exc.exit_code) from None
+    if as_json:
+        terminal.echo([json.dumps(reports.summary_json(jobs_file, summary), indent=2)])
+    else:
+        terminal.echo(reports.summary_lines(jobs_file, summary))
+
+
+def status(
+    jobs_file: flags.JobsArg,
+    state_dir: flags.StateDirOpt = None,
+    ledger: flags.LedgerOpt = None,
+    base_url: flags.BaseUrlOpt = None,
+    token: flags.TokenOpt = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object, for scripts.")
+    ] = False,
+    show: Annotated[
+        str,
+        typer.Option(
+            "--show",
+            metavar="N|all",
+            help="How many failed and unknown jobs to list (all: every one).",
+        ),
+    ] = "20",
+) -> None:
+    """Where the latest run of JOBS_FILE stands: counts, failures, budget, ETA."""
+    from batchrun.cli.overview import status as read_status
+
+    with terminal.reported():
+        shown = arguments.shown_count(show)
+        paths = StatePaths.resolve(state_dir, create=False)
+        found = read_status(
+            jobs_file,
+            paths,
+            arguments.stores(base_url, token),
+            ledger_url=ledger,
+            shown=shown,
+        )
+    if as_json:
+        terminal.echo([json.dumps(reports.status_json(jobs_file, found), indent=2)])
+    else:
+        terminal.echo(reports.status_lines(jobs_file, found))
+
+
+def plan(
+    ctx: typer.Context,
+    jobs_file: flags.JobsArg,
+    profile: flags.ProfileOpt = Profile.B,
+    limit: flags.LimitOpt = None,
+    pace: flags.PaceOpt = Pace.EXACT,
+    state_dir: flags.StateDirOpt = None,
+    ledger: flags.LedgerOpt = None,
+    base_url: flags.BaseUrlOpt = None,
+    token: flags.TokenOpt = None,
+    as_json: flags.JsonFlag = False,
+) -> None:
+    """How long the jobs of JOBS_FILE not yet done take (nothing is sent)."""
+    from batchrun.cli.overview import plan as make_plan
+
+    limit = flags.with_file_limits(ctx, limit)
+    with terminal.reported():
+        rules = arguments.rules(profile, limit, 1.0)
+        client = arguments.client(base_url, token) or client_fingerprint("", None)
+        paths = StatePaths.resolve(state_dir, create=False)
+        plans = make_plan(
+            jobs_file,
+            rules,
+            pace,
+            paths,
+            client,
+            ledger_url=ledger,
+            fallback=arguments.fallback_rules(profile, limit),
+            names=arguments.stores(base_url, token),
+        )
+    if as_json:
+        terminal.echo([json.dumps(reports.plan_json(jobs_file, plans), indent=2)])
+    else:
+        terminal.echo(reports.plan_lines(plans) if plans else ["Nothing to send."])
+
+
+def limits_command(
+    ctx: typer.Context,
+    base_url: flags.BaseUrlOpt = None,
+    token: flags.TokenOpt = None,
+    profile: flags.ProfileOpt = Profile.B,
+    limit: flags.LimitOpt = None,
+    state_dir: flags.StateDirOpt = None,
+    ledger: flags.LedgerOpt = None,
+    forget: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--forget",
+            metavar="KEY",
+            help="Forget what was learned of KEY's limit (or 'all'); repeatable.",
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object, for scripts.")
+    ] = False,
+) -> None:
+    """The rule each key is paced by for a client, and what was learned of it."""
+    from batchrun.cli import overview
+
+    limit = flags.with_file_limits(ctx, limit)
+    with terminal.reported():
+        client = arguments.learning_client(base_url, token)
+        rules = arguments.rules(profile, limit, 1.0)
+        asked = arguments.forgotten(forget)
+        paths = StatePaths.resolve(state_dir, create=bool(asked))
+        forgotten = (
+            overview.forget(asked, paths, client, ledger_url=ledger) if asked else []
+        )
+        found = overview.limits(
+            rules,
+            paths,
+            client,
+            ledger_url=ledger,
+            fallback=arguments.fallback_rules(profile, limit),
+        )
+    if as_json:
+        terminal.echo([json.dumps(reports.limits_json(found), indent=2)])
+    else:
+        terminal.echo(reports.limits_lines(found, asked, forgotten))
+
+
+def show(
+    jobs_file: flags.JobsArg,
+    job_id: Annotated[str, typer.Argument(metavar="ID", help="The job's id.")],
+    results: flags.ResultsOpt = None,
+    state_dir: flags.StateDirOpt = None,
+    base_url: flags.BaseUrlOpt = None,
+    token: flags.TokenOpt = None,
+    as_json: flags.JsonFlag = False,
+) -> None:
+    """One job of JOBS_FILE's latest run: its state, attempts, error and response."""
+    from batchrun.cli.overview import show as find
+
+    with terminal.reported():
+        paths = StatePaths.resolve(state_dir, create=False)
+        where = results or default_results_path(jobs_file)
+        shown = find(jobs_file, job_id, paths, arguments.stores(base_url, token), where)
+    if as_json:
+        terminal.echo([json.dumps(reports.show_json(shown), indent=2)])
+    else:
+        terminal.echo(reports.show_lines(shown))
+
+
+def cron_line(
+    ctx: typer.Context,
+    jobs_file: flags.JobsArg,
+    schedule: Annotated[
+        str, typer.Option(help="When: five cron fields or an @word.")
+    ] = "0 1 * * *",
+    deadline: Annotated[
+        str, typer.Option(metavar="DURATION", help="Each run's --deadline.")
+    ] = "55m",
+    log: Annotated[
+        Path | None,
+        typer.Option(help="Log file, appended to. Default: logs/NAME.log beside JOBS."),
+    ] = None,
+    env_file: Annotated[
+        Path | None,
+        typer.Option(help="A file of KEY=value lines (BATCHRUN_TOKEN=…) read first."),
+    ] = None,
+    state_dir: flags.StateDirOpt = None,
+    base_url: flags.BaseUrlOpt = None,
+) -> None:
+    """Print a crontab line that runs `submit JOBS_FILE` under cron's bare
+    environment; other options (--profile a, --limit …) are passed on to submit."""
+    from batchrun.cli.crontab import crontab_line
+
+    with terminal.reported():
+        job = arguments.cron_job(
+            jobs_file,
+            schedule=schedule,
+            deadline=deadline,
+            log=log,
+            env_file=env_file,
+            state_dir=state_dir,
+            base_url=base_url,
+            extra=tuple(ctx.args),
+        )
+    if env_file is None and os.environ.get("BATCHRUN_TOKEN"):
+        terminal.to_stderr(
+            "The line holds no token: put BATCHRUN_TOKEN=… in a file only you can "
+            "read (chmod 600) and add --env-file FILE."
+        )
+    terminal.echo([crontab_line(job)])
+
+
+def config_command(ctx: typer.Context, as_json: flags.JsonFlag = False) -> None:
+    """The settings in force with no flag (BATCHRUN_* variables, batchrun.toml,
+    the user's config.toml, defaults) and where each came from; never the token."""
+    found = ctx.obj if isinstance(ctx.obj, config.Config) else config.Config(())
+    rows = defaults.settings_in_force(found, os.environ)
+    profile = Profile(next(row.value for row in rows if row.key == "profile"))
+    limits = defaults.limits_in_force(found, profile)
+    token = "BATCHRUN_TOKEN" if os.environ.get("BATCHRUN_TOKEN") else None
+    if as_json:
+        shown = reports.config_json(rows, limits, token, found.files)
+        terminal.echo([json.dumps(shown, indent=2)])
+    else:
+        terminal.echo(reports.config_lines(rows, limits, token, found.files))

@@ -1,0 +1,127 @@
+"""What a run's answers teach its pacer: a policy stated in headers, a 429
+episode reviewed once settled, a spent budget counted, and the safer rule a key
+falls back to (--profile auto) taken or ruled out.
+
+Each lesson goes to the pacer (which keeps it for later runs) and is reported as
+a `RuleLearned` event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from batchrun.api.hints import Hints
+from batchrun.core.clock import Clock
+from batchrun.core.events import EventSink, RuleLearned
+from batchrun.core.limits import LimitKey, Pace, Rule
+from batchrun.pacing.learning import Fallback, Lesson, Sent, adopt
+from batchrun.pacing.pacer import Pacer
+
+
+class Lessons:
+    """The learning side of a run: what earlier runs taught, what this one's
+    answers teach, and each key's fallback while it is in question."""
+
+    def __init__(
+        self,
+        *,
+        pacer: Pacer,
+        clock: Clock,
+        sink: EventSink,
+        fallback: Mapping[LimitKey, Rule],
+    ) -> None:
+        self._pacer = pacer
+        self._clock = clock
+        self._sink = sink
+        self._learner = pacer.learner
+        self._recalled = pacer.recall(list(pacer.rules))
+        # What an earlier run learned of a key settles its fallback too.
+        settled = {key for key, _ in self._recalled}
+        self._fallback = {
+            key: Fallback(Lesson(rule, f"the safer statement {rule}"), stated=True)
+            for key, rule in fallback.items()
+            if key in pacer.rules and key not in settled
+        }
+        # A faster reading kept in doubt is still in doubt.
+        for key, lesson in self._recalled:
+            if lesson.fallback is not None:
+                self._fallback[key] = Fallback(lesson.fallback)
+
+    def recalled(self) -> None:
+        """Report what earlier runs taught, as the run starts."""
+        for key, lesson in self._recalled:
+            spread = self._pacer.pace(key) is Pace.SPREAD
+            at = self._clock.now()
+            self._sink.emit(
+                RuleLearned(at, key, lesson.rule, spread, lesson.evidence, kept=True)
+            )
+
+    def heed(self, key: LimitKey, hints: Hints | None, accepted: Sent | None) -> None:
+        """Follow what an answer's headers say: a stated policy stricter than the
+        rule is adopted before it costs a 429; a spent budget waits for its reset.
+
+        A spent budget that the ledger accounts for is only our own count: the rule
+        waits it out to the moment (a reset is often rounded up to whole seconds).
+        One that it does not (the server counts stricter, another client of the
+        token, an earlier run) is held until the stated reset, and if the server
+        let this request (`accepted`) through and states no policy (which would
+        explain it), it teaches the count as a 429 would.
+        """
+        if hints is None:
+            return
+        if hints.policy:
+            lesson = adopt(self._pacer.rules[key], hints.policy, "rate-limit headers")
+            if lesson is not None:
+                self._learned(key, lesson)
+        if hints.remaining != 0 or self._pacer.full(key):
+            return
+        if accepted is not None and not hints.policy:
+            # A stated policy explains its own "none remaining": the rule holds
+            # to it already (a request's answer can come after the server
+            # counted the next one), and the count is no news.
+            self._learner.spent(key, accepted)
+        if hints.reset:
+            self._pacer.hold(key, self._clock.now() + hints.reset)
+
+    def review(self, key: LimitKey) -> None:
+        """Once a 429 episode of `key` has settled, pace by what it taught."""
+        spread = self._pacer.pace(key) is Pace.SPREAD
+        safer = self._fallback.get(key)
+        rule = self._pacer.rules[key]
+        lesson = self._learner.review(key, rule, spread=spread, safer=safer)
+        if lesson is not None:
+            self._learned(key, lesson)
+
+    def rule_out(self, key: LimitKey) -> None:
+        """Drop `key`'s fallback once the server let through more than it allows."""
+        if key not in self._fallback:
+            return
+        given = self._pacer.rules[key]
+        lesson = self._fallback[key].ruled_out(self._learner, key, given)
+        if lesson is not None:
+            self._learned(key, lesson, ruled_out=True)
+
+    def _learned(
+        self, key: LimitKey, lesson: Lesson, *, ruled_out: bool = False
+    ) -> None:
+        # A lesson settles a fallback, unless it is the first to only space the
+        # same rule evenly (the count is still in question): one that rules the
+        # fallback out drops it; any other (a tighter rule, a refusal past what
+        # the fallback allows, 429s that still come when spread) takes it.
+        given = self._pacer.rules[key]
+        spread = self._pacer.pace(key) is Pace.SPREAD
+        first_spread = lesson.spread and lesson.rule == given and not spread
+        fallback = None if first_spread else self._fallback.pop(key, None)
+        if fallback is not None and not ruled_out:
+            lesson = fallback.taken(lesson, given)
+        if lesson.fallback is not None:
+            self._fallback[key] = Fallback(lesson.fallback)
+        # Later runs start from a faster reading with the safer one behind it,
+        # as this one goes on; while a safer rule stands that is no reading of
+        # the log (--profile auto's B), from the lesson joined with it.
+        standing = None if lesson.fallback else self._fallback.get(key)
+        kept = None if standing is None else standing.kept(lesson)
+        self._pacer.learn(key, lesson, kept=kept)
+        at = self._clock.now()
+        spread = self._pacer.pace(key) is Pace.SPREAD
+        self._sink.emit(RuleLearned(at, key, lesson.rule, spread, lesson.evidence))

@@ -1,0 +1,190 @@
+"""One `batchrun submit`: lock the jobs file, take it in, run it, settle the exit code.
+
+    RunLock ─▶ RunStore.sync (validate and import in one streaming pass; exit 2 on
+    any bad row, nothing sent) ─▶ recover (what a killed run left in flight)
+    ─▶ Runner over the store's pending jobs, paced by the client's shared ledger
+    ─▶ exit code from the store's counts (`exit_code`).
+
+SIGINT, SIGTERM and `--deadline` stop starting requests and wait for those in
+flight (`supervisor`); either way the store stays consistent. The caller gives
+the view the run is shown in (`Submission.view`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+
+from batchrun.core.clock import MachineClock, wall_time
+from batchrun.core.limits import LimitKey, Rule, table_text
+from batchrun.jobs.job import scan
+from batchrun.ledgers.shared_ledger import open_shared_ledger
+from batchrun.pacing.ledger import Ledger, MemoryLedger
+from batchrun.run.exit_code import exit_code
+from batchrun.run.journal import Journal
+from batchrun.run.settings import Settings
+from batchrun.run.supervisor import pending_counts, supervise
+from batchrun.run.view import View
+from batchrun.run.wiring import Target, open_run
+from batchrun.store import runs
+from batchrun.store.generation import marker_of
+from batchrun.store.paths import StatePaths
+from batchrun.store.results import ResultsFile
+from batchrun.store.runlock import RunLock
+from batchrun.store.state import JobState, RunStore
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Submission:
+    """Everything one `submit` needs, as settled by the command line."""
+
+    jobs_file: Path
+    target: Target
+    rules: dict[LimitKey, Rule]
+    settings: Settings
+    results: Path
+    state: StatePaths
+    # The live view or plain log the run is shown in (the command line's).
+    view: View
+    deadline: float | None = None
+    retry_failed: bool = False
+    retry_unknown: bool = False
+    restart: bool = False
+    # --ledger: Redis URL, or None for SQLite; out of repr, as it may hold a password.
+    ledger_url: str | None = field(default=None, repr=False)
+    # --run-id: a round's name; a new name sends every job again (a new night).
+    run_id: str | None = None
+
+
+def submit(job: Submission, *, say: Callable[[str], None]) -> int:
+    """Run one submission; return its exit code (CONTRACT.md section 4).
+
+    Raises:
+        StoppedEarly: when jobs are left after a deadline, a lost ledger or a
+            signal, and none failed (exit 75), or after a signal (130, 143).
+    """
+    lock = RunLock(job.state.make_run_folder(job.jobs_file), job.jobs_file)
+    # A ledger that cannot be used stops the run before the jobs file is read;
+    # closing it writes the last answers for the other processes.
+    with lock, _store(job, say) as store, contextlib.closing(_ledger(job)) as ledger:
+        if getattr(ledger, "lost_history", False):
+            say(
+                f"The send ledger {job.state.ledger} was emptied, deleted or replaced "
+                "since it was last used: each window is paced as if it were full."
+            )
+        restart = runs.starts_over(
+            store, restart=job.restart, run_id=job.run_id, say=say
+        )
+        rows = scan(job.jobs_file, check_duplicates=False)
+        store.sync(rows, path=str(job.jobs_file), restart=restart)
+        if job.run_id is not None:
+            store.set_meta("round", job.run_id)
+        store.recover(retry_failed=job.retry_failed, retry_unknown=job.retry_unknown)
+        store.set_meta("rules", table_text(job.rules))
+        store.set_meta("pace", job.settings.pace)
+        store.set_meta("fallback", table_text(job.settings.fallback))
+        # For `status`: where this run writes, and when it started.
+        store.set_meta("results", str(job.results.absolute()))
+        store.set_meta("started_at", f"{wall_time():.3f}")
+        _announce(store, job, say)
+        if pending_counts(store):
+            with ResultsFile(job.results) as results:
+                journal = Journal(store, results)
+                stop = anyio.run(_run, job, store, ledger, journal, say)
+            say(f"Results: {job.results}")
+        else:
+            stop = None
+        kept = not job.target.is_sandbox
+        return exit_code(store, stop=stop, kept=kept, say=say)
+
+
+async def _run(
+    job: Submission,
+    store: RunStore,
+    ledger: Ledger,
+    journal: Journal,
+    say: Callable[[str], None],
+) -> int | None:
+    clock = MachineClock()
+    sink = job.view(clock=clock, notes=say)
+    try:
+        async with open_run(
+            job.target,
+            rules=job.rules,
+            settings=job.settings,
+            ledger=ledger,
+            clock=clock,
+            sink=sink,
+            recorder=journal,
+            scope=runs.scope(store, job.jobs_file),
+        ) as runner:
+            return await supervise(runner, store, job.deadline, sink)
+    finally:
+        sink.close()
+
+
+@contextlib.contextmanager
+def _store(job: Submission, say: Callable[[str], None]) -> Iterator[RunStore]:
+    if not job.target.is_sandbox:
+        target = job.target
+        path = runs.locate(
+            job.state,
+            job.jobs_file,
+            base_url=target.base_url,
+            client=target.client,
+            say=say,
+        )
+        if not job.restart:
+            runs.refuse_a_lost_store(path, job.jobs_file, job.results, job.state.root)
+        with RunStore(path) as store:
+            runs.mark(store, marker_of(path))
+            runs.record(store, job.jobs_file, base_url=target.base_url)
+            store.set_meta("client", target.client)
+            yield store
+        return
+    # The in-process sandbox forgets its limits when it stops: so do its runs.
+    # A file, not memory, so that a huge jobs file does not fill the memory.
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        RunStore(Path(folder) / "run.db") as store,
+    ):
+        yield store
+
+
+def _ledger(job: Submission) -> Ledger:
+    if job.target.is_sandbox and job.ledger_url is None:
+        return MemoryLedger()
+    return open_shared_ledger(
+        job.ledger_url,
+        state=job.state,
+        client=job.target.client,
+        hold=job.target.timeout,
+        now=MachineClock().now,
+    )
+
+
+def _announce(store: RunStore, job: Submission, say: Callable[[str], None]) -> None:
+    total = runs.totals(store)
+    earlier = total[JobState.DONE] + total[JobState.FAILED] + total[JobState.UNKNOWN]
+    if earlier and total[JobState.PENDING]:
+        say(
+            f"Resuming: {total[JobState.DONE]} done earlier, {total[JobState.PENDING]}"
+            f" to send, {total[JobState.FAILED]} failed (--retry-failed retries"
+            f" them), {total[JobState.UNKNOWN]} unknown (--retry-unknown)."
+        )
+    if total[JobState.PENDING]:
+        return
+    round_ = store.get_meta("round")
+    named = f" (round {round_})" if round_ else ""
+    say(
+        f"Nothing to send: every job of {job.jobs_file} ended in an earlier run"
+        f"{named}: {total[JobState.DONE]} done, {total[JobState.FAILED]} failed "
+        f"(--retry-failed), {total[JobState.UNKNOWN]} unknown (--retry-unknown). "
+        "To send every job again as a new round, give a new --run-id (--run-id %F: "
+        "one round a day); --restart forgets the run."
+    )

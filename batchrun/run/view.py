@@ -1,0 +1,43 @@
+"""What a run asks of the view it is shown in, which its caller opens for it.
+
+The run emits its events to a `ProgressSink`, passes it notes (a signal's
+acknowledgement), ticks it in quiet spells, and closes it at the end; the caller
+(the command line's live view or plain log) decides what a person sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from batchrun.core.clock import Clock
+from batchrun.core.events import EventSink
+
+# A plain log quiet this long (a long wait for a slot or a cool-down) says what it
+# waits for; `tick()` is called often enough that a cron log gets a line a minute.
+QUIET = 50.0
+
+
+class ProgressSink(EventSink, Protocol):
+    """An event sink that shows a run as it goes and sums it up on `close`."""
+
+    def close(self) -> None:
+        """Stop any live display and print the final summary; idempotent."""
+        ...
+
+    def note(self, text: str) -> None:
+        """Show a message (a signal's acknowledgement) without breaking the view."""
+        ...
+
+    def tick(self) -> None:
+        """Say what the run waits for, if nothing was said for `QUIET` seconds."""
+        ...
+
+
+class View(Protocol):
+    """Opens the sink a run is shown in: it reads `clock`, and says its notes
+    through `notes` unless it draws them itself."""
+
+    def __call__(
+        self, *, clock: Clock, notes: Callable[[str], None]
+    ) -> ProgressSink: ...

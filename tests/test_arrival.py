@@ -1,0 +1,267 @@
+"""The arrival bound: how late a request can have reached the server, from the
+network's round trips alone (`pacing.arrival`), and what the pacer does with it."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchrun.api.client import Client, asgi_transport
+from batchrun.api.outcome import Kind
+from batchrun.core.limits import LimitKey, Pace, limit_table, parse_rule
+from batchrun.jobs.endpoints import JobType
+from batchrun.jobs.job import Job
+from batchrun.ledgers.redis_ledger import RedisLedger
+from batchrun.ledgers.sqlite_ledger import SqliteLedger
+from batchrun.pacing.arrival import ArrivalBound, Trip
+from batchrun.pacing.ledger import MemoryLedger
+from batchrun.pacing.pacer import Pacer
+from batchrun.pacing.slots import Grant, Wait
+from batchrun.sandbox.app import create_app
+from batchrun.sandbox.serving import running
+
+KEY = LimitKey.RUN_QUERY
+
+
+class FakeClock:
+    """A clock that moves only when told."""
+
+    def __init__(self) -> None:
+        self.moment = 0.0
+
+    def now(self) -> float:
+        return self.moment
+
+    def advance(self, seconds: float) -> None:
+        self.moment += seconds
+
+    def set(self, moment: float) -> None:
+        self.moment = moment
+
+
+def test_nothing_seen_means_no_bound():
+    """Without a round trip seen there is no bound: a request counts until its
+    answer, as it always did."""
+    bound = ArrivalBound()
+    assert (bound.bound, bound.latest(10.0)) == (None, None)
+
+
+def test_a_connect_trace_sets_the_bound_as_tcp_does():
+    """The first round trip R gives RFC 6298's first timeout, R + 4 * R/2 = 3R."""
+    bound = ArrivalBound()
+    bound.observe(Trip(written=1.0, round_trip=0.010), answered=1.2)
+    assert bound.bound == pytest.approx(0.030)
+    assert bound.latest(5.0) == pytest.approx(5.030)
+
+
+def test_steady_round_trips_narrow_the_bound_toward_them():
+    """Round trips that keep to one value shrink the deviation: the bound nears
+    the round trip itself, never below it."""
+    bound = ArrivalBound()
+    for _ in range(40):
+        bound.observe(Trip(written=0.0, round_trip=0.010), answered=0.5)
+    assert bound.bound == pytest.approx(0.010, abs=1e-4)
+    assert bound.bound is not None
+    assert bound.bound >= 0.010
+
+
+def test_an_answer_with_work_in_it_is_no_sample():
+    """An accepted answer holds the server's work: it teaches nothing of the
+    network, however quick or slow."""
+    bound = ArrivalBound()
+    bound.observe(Trip(written=0.0), answered=0.100)
+    assert bound.bound is None
+
+
+def test_a_refusal_is_a_round_trip_of_the_network():
+    """A 429 is refused before any work: its whole trip is a sample."""
+    bound = ArrivalBound()
+    bound.observe(Trip(written=2.0, refused=True), answered=2.004)
+    assert bound.bound == pytest.approx(0.012)
+
+
+def test_a_slower_round_trip_widens_the_bound():
+    """A round trip slower than the ones before raises the bound above both."""
+    bound = ArrivalBound()
+    for _ in range(40):
+        bound.observe(Trip(written=0.0, round_trip=0.010), answered=0.5)
+    bound.observe(Trip(written=0.0, round_trip=0.030), answered=0.5)
+    assert bound.bound is not None
+    assert bound.bound > 0.030
+
+
+def test_a_refusal_doubles_the_bound_once_per_episode():
+    """A refusal says the bound was too tight: it doubles; refusals of requests
+    that left before that doubling (the same burst) do not double it again."""
+    bound = ArrivalBound()
+    bound.observe(Trip(written=0.0, round_trip=0.010), answered=0.5)
+    assert bound.widen(Trip(written=1.0, refused=True), now=1.1)
+    assert bound.bound == pytest.approx(0.060)
+    assert not bound.widen(Trip(written=1.05, refused=True), now=1.2)
+    assert bound.widen(Trip(written=1.3, refused=True), now=1.4)
+    assert bound.bound == pytest.approx(0.120)
+
+
+def test_widening_without_a_bound_does_nothing():
+    """No bound, nothing to widen: requests count until their answers."""
+    bound = ArrivalBound()
+    assert not bound.widen(Trip(written=1.0, refused=True), now=1.1)
+    assert bound.bound is None
+
+
+# --- the pacer counts a request until its bounded arrival --------------------
+
+
+def pacer(rule: str = "2/1s") -> tuple[Pacer, MemoryLedger, FakeClock]:
+    clock = FakeClock()
+    ledger = MemoryLedger()
+    made = Pacer(rules={KEY: parse_rule(rule)}, ledger=ledger, clock=clock)
+    return made, ledger, clock
+
+
+def grant(made: Pacer, ledger: MemoryLedger, clock: FakeClock) -> int:
+    result = ledger.reserve(KEY.value, made.rules[KEY], made.pace(KEY), clock.now())
+    assert isinstance(result, Grant)
+    return result.ticket
+
+
+def test_a_slow_answer_counts_until_its_bounded_arrival():
+    """A request that left at 0 on a network of 10 ms round trips, answered
+    after 100 ms of work, counts until 0.030 (3R, the first bound), not 0.1."""
+    made, ledger, clock = pacer("1/1s")
+    ticket = grant(made, ledger, clock)
+    clock.advance(0.1)
+    made.release(KEY, ticket, trip=Trip(written=0.0, round_trip=0.010))
+    assert list(ledger.usage(KEY.value, made.rules[KEY]).finished) == [
+        pytest.approx(0.030)
+    ]
+
+
+def test_a_quick_answer_counts_until_its_answer():
+    """An answer sooner than the bound is the better bound: it is kept."""
+    made, ledger, clock = pacer("1/1s")
+    ticket = grant(made, ledger, clock)
+    clock.advance(0.005)
+    made.release(KEY, ticket, trip=Trip(written=0.0, round_trip=0.010))
+    assert list(ledger.usage(KEY.value, made.rules[KEY]).finished) == [0.005]
+
+
+def test_without_a_trip_a_request_counts_until_its_answer():
+    """A transport that says nothing of the exchange (in process) leaves the
+    rule as it was: until the answer."""
+    made, ledger, clock = pacer("1/1s")
+    made.arrival.observe(Trip(written=0.0, round_trip=0.010), answered=0.0)
+    ticket = grant(made, ledger, clock)
+    clock.advance(0.1)
+    made.release(KEY, ticket)
+    assert list(ledger.usage(KEY.value, made.rules[KEY]).finished) == [0.1]
+
+
+@pytest.mark.parametrize(
+    ("refused_at", "factor"),
+    [
+        pytest.param(1.05, 2, id="within-a-window-of-a-bounded-request"),
+        pytest.param(10.0, 1, id="long-after"),
+    ],
+)
+def test_a_refusal_while_the_bound_was_in_play_widens_it(refused_at, factor):
+    """A 429 for a request that left within the rule's reach of a request
+    counted by the bound doubles the bound; a 429 long after only adds its
+    round trip as a sample."""
+    made, ledger, clock = pacer("1/1s")
+    first = grant(made, ledger, clock)
+    clock.advance(0.1)
+    connect = Trip(written=0.0, round_trip=0.010)
+    made.release(KEY, first, trip=connect)
+    clock.set(refused_at)
+    second = grant(made, ledger, clock)
+    clock.advance(0.001)
+    refusal = Trip(written=refused_at, refused=True)
+    made.release(KEY, second, trip=refusal)
+    alone = ArrivalBound()  # the same samples, never widened
+    alone.observe(connect, answered=0.1)
+    alone.observe(refusal, answered=refused_at + 0.001)
+    assert alone.bound is not None
+    assert made.arrival.bound == pytest.approx(alone.bound * factor)
+
+
+# --- what the client reports of an exchange ---------------------------------
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+async def test_the_client_reports_the_connect_and_when_the_request_left():
+    """Over loopback, httpx's trace gives the TCP connect's round trip on the
+    request that opened the connection, and on every request the moment its last
+    byte left, before its answer; a reused connection measures no new connect."""
+    app = create_app(rules=limit_table())
+    with running(app) as url:
+        async with Client(base_url=url, token="t", scope="s") as client:
+            first = await client.send(Job("a", JobType.AVATAR))
+            second = await client.send(Job("b", JobType.AVATAR))
+    assert (first.kind, second.kind) == (Kind.DONE, Kind.DONE)
+    assert first.round_trip is not None
+    assert 0 < first.round_trip < 1.0
+    assert second.round_trip is None
+    for outcome in (first, second):
+        assert outcome.written is not None
+        assert 0 <= outcome.written < 1.0
+
+
+async def test_an_in_process_transport_reports_nothing():
+    """The in-process sandbox has no network: no trace, so no bound, and its
+    requests count until their answers."""
+    app = create_app(rules=limit_table())
+    async with Client(
+        base_url="http://sandbox", token="t", scope="s", transport=asgi_transport(app)
+    ) as client:
+        outcome = await client.send(Job("a", JobType.AVATAR))
+    assert (outcome.written, outcome.round_trip) == (None, None)
+
+
+# --- every process reads the same "counts until" --------------------------------
+
+
+def test_another_process_counts_a_request_until_its_bounded_arrival(tmp_path):
+    """A SQLite ledger keeps the moment a request counts until, not its answer:
+    another process on the machine opens its next slot a window after it."""
+    rule, now = parse_rule("1/10s"), [0.0]
+    path = tmp_path / "ledger.db"
+    sender = SqliteLedger(path, client="c", hold=30.0, now=lambda: now[0])
+    other = SqliteLedger(path, client="c", hold=30.0, now=lambda: now[0])
+    granted = sender.reserve("k", rule, Pace.EXACT, 0.0)
+    assert isinstance(granted, Grant)
+    now[0] = 0.5  # answered at 0.5; it arrived by 0.1
+    sender.release(granted.ticket, 0.1)
+    sender.close()
+    wait = other.reserve("k", rule, Pace.EXACT, 0.5)
+    assert isinstance(wait, Wait)
+    assert wait.until == pytest.approx(10.1)
+    other.close()
+
+
+def test_another_host_counts_a_request_until_its_bounded_arrival(redis_url):
+    """A Redis ledger keeps the moment a request counts until: another host
+    opens its next slot a window after it, not a window after the answer."""
+    rule, clock = parse_rule("1/10s"), [0.0]
+    sender, other = (
+        RedisLedger(
+            redis_url,
+            client="c",
+            hold=30.0,
+            now=lambda: clock[0],
+            server_clock=lambda: clock[0],
+        )
+        for _ in range(2)
+    )
+    granted = sender.reserve("k", rule, Pace.EXACT, 0.0)
+    assert isinstance(granted, Grant)
+    clock[0] = 0.5
+    sender.release(granted.ticket, 0.1)
+    sender.close()
+    wait = other.reserve("k", rule, Pace.EXACT, 0.5)
+    assert isinstance(wait, Wait)
+    assert wait.until == pytest.approx(10.1)
+    other.close()
