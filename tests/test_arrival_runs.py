@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchrun.core.limits import LimitKey, Pace, Rule, parse_rule
-from batchrun.pacing.learning import Learner
+from batchrun.pacing.learning.learner import Learner
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.slots import Grant

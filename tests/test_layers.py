@@ -35,8 +35,11 @@ WINGS: list[tuple[str, list[list[str]]]] = [
         "pacing",
         [
             ["slots", "limiters", "arrival"],
-            ["counters", "ledger"],
-            ["learning"],
+            ["ledger", "learning.log", "learning.lessons", "learning.counters"],
+            ["learning.readings"],
+            ["learning.alternatives"],
+            ["learning.storage", "learning.fallback"],
+            ["learning.learner"],
             ["pacer"],
         ],
     ),
@@ -226,5 +229,13 @@ def test_the_check_sees_an_upward_import(tmp_path):
     path.write_text(
         "def f():\n    from batchrun.cli import commands\n    import batchrun.x.y\n"
         "from batchrun.pacing.slots import earliest_slot\n"
+        "from batchrun.pacing.learning import counters\n"
+        "from batchrun.pacing.learning.log import KeyLog\n"
     )
-    assert imported(path) == {"cli.commands", "x.y", "pacing.slots"}
+    assert imported(path) == {
+        "cli.commands",
+        "x.y",
+        "pacing.slots",
+        "pacing.learning.counters",
+        "pacing.learning.log",
+    }

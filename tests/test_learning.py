@@ -29,16 +29,12 @@ from batchrun.core.limits import (
 )
 from batchrun.jobs.endpoints import JobType
 from batchrun.jobs.job import Job
-from batchrun.pacing.learning import (
-    Fallback,
-    Learner,
-    Lesson,
-    Sent,
-    candidates,
-    infer,
-    recalled,
-    stored,
-)
+from batchrun.pacing.learning.fallback import Fallback
+from batchrun.pacing.learning.learner import Learner
+from batchrun.pacing.learning.lessons import Lesson, candidates
+from batchrun.pacing.learning.log import Sent
+from batchrun.pacing.learning.readings import infer
+from batchrun.pacing.learning.storage import recalled, stored
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.slots import eta
 from batchrun.run.settings import Settings

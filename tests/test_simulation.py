@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 from batchrun.core.clock import wall_time
 from batchrun.core.events import Status
 from batchrun.core.limits import Rule, Window, parse_rule
-from batchrun.pacing.learning import (
+from batchrun.pacing.learning.storage import (
     KEPT_FOR,
     RECORD_SUFFIX,
     accepted_record,
     recalled_record,
 )
-from batchrun.pacing.learning import recalled as recalled_lesson
+from batchrun.pacing.learning.storage import recalled as recalled_lesson
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.slots import eta
@@ -123,7 +123,7 @@ def test_a_shorter_server_window_is_learned_from_retry_after(seed):
 def test_without_retry_after_a_shorter_window_is_read_as_the_rules_own(seed):
     """The known cost of trying a leaky bucket first: behind it, a shorter
     window is tried only if the rule's own would pace 3 x slower or more
-    (`learning._WORTH`), so a server whose window is half the rule's, and says
+    (`alternatives._WORTH`), so a server whose window is half the rule's, and says
     nothing of when it has room, is paced by the safe reading (5/2s), at half
     its speed, for no more 429s."""
     server = Server(LimiterKind.SLIDING, parse_rule("5/1s"), retry_after=False)
@@ -277,7 +277,7 @@ def test_fixed_and_weighted_counters_at_every_phase(kind, retry_after, phase):
     it lets through: up to 16 when a reset comes in the middle of it (the last
     phase here). That count is read, then lowered to what the server accepts
     when the server's windows are read (`counters.read`) or spaced evenly
-    (`learning._lowered`). Under a 30/2s client, at every phase: every job
+    (`alternatives.lowered`). Under a 30/2s client, at every phase: every job
     accepted once, at most 3 429s (4 where the burst straddled a reset; 2
     at every phase against a fixed window that sends Retry-After), and a
     rerun from the ledger sends none (one, against a

@@ -10,7 +10,7 @@ breaker is: it grants one probe and nothing more until the probe's answer, so a
 server that still refuses costs one 429, not a burst of them. Past what the server
 has been seen to accept in a window (kept in the ledger beside the lessons, so a
 rerun starts at full speed), requests in flight grow as answers come back, as
-TCP's slow start does (`learning.KeyLog.gated`).
+TCP's slow start does (`learning.log.KeyLog.gated`).
 
 A request counts until its answer, or until the latest moment it can have reached
 the server (`arrival.ArrivalBound`) when the network says that is sooner.
@@ -28,10 +28,10 @@ from batchrun.core.clock import Clock, wall_time
 from batchrun.core.events import EventSink, SlotWait
 from batchrun.core.limits import LimitKey, Pace, Rule, Window
 from batchrun.pacing.arrival import ArrivalBound, Trip
-from batchrun.pacing.learning import (
+from batchrun.pacing.learning.learner import Learner
+from batchrun.pacing.learning.lessons import Lesson
+from batchrun.pacing.learning.storage import (
     RECORD_SUFFIX,
-    Learner,
-    Lesson,
     accepted_record,
     recalled,
     recalled_record,
