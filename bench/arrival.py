@@ -26,7 +26,7 @@ from collections.abc import Callable
 import anyio
 
 from batchrun.core.limits import LimitKey, Rule, parse_rule
-from batchrun.pacing import learning
+from batchrun.pacing.learning.learner import Learner
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.slots import eta
 from batchrun.run import runner
@@ -46,10 +46,10 @@ def _serial_start(on: bool) -> Callable[[], None]:
     """Turn the learner's one-at-a-time start beyond what the server was seen to
     accept (issue 24 item 3 replaces it) off, where it would hide what is
     measured; returns the undo."""
-    kept = learning.Learner.careful
+    kept = Learner.gated
     if not on:
-        learning.Learner.careful = lambda self, key, rule, now: False  # type: ignore[method-assign]
-    return lambda: setattr(learning.Learner, "careful", kept)
+        Learner.gated = lambda self, key, windows, now: False  # type: ignore[method-assign]
+    return lambda: setattr(Learner, "gated", kept)
 
 
 def _bound(on: bool) -> Callable[[], None]:

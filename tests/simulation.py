@@ -52,6 +52,20 @@ class Server:
     rule: Rule
     options: Mapping[str, Any] = field(default_factory=dict)
     retry_after: bool = True
+    # Seconds the server works on an accepted request before it answers (an
+    # expensive query); a refusal is answered at once.
+    work: float = 0.0
+    # Stray 429s: this share of the requests it accepts (and counts) answered 429
+    # with no Retry-After, from `stray_from` for `stray_for` seconds of the run
+    # (an overloaded gateway).
+    stray: float = 0.0
+    stray_from: float = 0.0
+    stray_for: float = math.inf
+    # Another consumer of the same budget: one request every `rival_every`
+    # seconds, from `rival_from` for `rival_for` seconds (0: none).
+    rival_every: float = 0.0
+    rival_from: float = 0.0
+    rival_for: float = 0.0
 
     def limiter(self) -> Limiter:
         return make_limiter(self.kind, self.rule, **self.options)
@@ -135,6 +149,7 @@ class _Server:
         self._network = network
         self._opened = 0
         self._start = anyio.current_time()
+        self._strays = random.Random(rng.random())
         self.arrivals: list[Arrival] = []
 
     async def send(self, job: Job) -> Outcome:
@@ -144,10 +159,12 @@ class _Server:
         await anyio.sleep(out)
         at = anyio.current_time() - self._start
         wait = self._limiter.admit("client", job.key, at)
-        status = 200 if wait is None else 429
+        stray = wait is None and self._stray(at)
+        status = 200 if wait is None and not stray else 429
         self.arrivals.append(Arrival(sent, at, job.key, job.id, status))
-        await anyio.sleep(trip - out + (self._network.work if wait is None else 0))
-        return self._traced(self._outcome(wait))
+        work = self._server.work + self._network.work if status == 200 else 0.0
+        await anyio.sleep(work + trip - out)
+        return self._traced(self._outcome(wait, stray=stray))
 
     def _traced(self, outcome: Outcome) -> Outcome:
         """The outcome as a traced transport reports it: written at once, and a
@@ -160,7 +177,24 @@ class _Server:
             connect = self._rng.uniform(*self._latency)
         return replace(outcome, written=0.0, round_trip=connect)
 
-    def _outcome(self, wait: float | None) -> Outcome:
+    def _stray(self, at: float) -> bool:
+        server = self._server
+        during = server.stray_from <= at < server.stray_from + server.stray_for
+        return during and self._strays.random() < server.stray
+
+    async def rival(self) -> None:
+        """Another consumer of the client's budget (`Server.rival_every`)."""
+        server = self._server
+        if server.rival_every <= 0:
+            return
+        await anyio.sleep(server.rival_from)
+        for _ in range(int(server.rival_for / server.rival_every)):
+            self._limiter.admit("client", KEY, anyio.current_time() - self._start)
+            await anyio.sleep(server.rival_every)
+
+    def _outcome(self, wait: float | None, *, stray: bool = False) -> Outcome:
+        if stray:
+            return Outcome(Kind.RATE_LIMITED, 429, error="429 (stray)")
         if wait is None:
             return Outcome(Kind.DONE, 200, {"ok": True})
         if not self._server.retry_after:
@@ -256,6 +290,7 @@ class _Run:
         start = anyio.current_time()
         async with anyio.create_task_group() as watch:
             watch.start_soon(_stop_after, runner, self.bound)
+            watch.start_soon(sender.rival)
             tally = await runner.run({KEY: jobs(self.count)}, {KEY: self.count})
             watch.cancel_scope.cancel()
         ended: dict[str, tuple[Status, ...]] = {}

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchrun.core.limits import LimitKey, Pace, Rule, parse_rule
-from batchrun.pacing.learning import Learner
+from batchrun.pacing.learning.learner import Learner
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.slots import Grant
@@ -105,7 +105,7 @@ def test_slow_answers_cost_no_round_trip_per_window_once_traced(monkeypatch, lat
     arrival: traced, each window opens from the bounded arrivals, not from the
     answers, so the run ends sooner, with no 429 (serial start off, as the
     learner's proof of the count is not what this measures)."""
-    monkeypatch.setattr(Learner, "careful", lambda self, key, rule, now: False)
+    monkeypatch.setattr(Learner, "gated", lambda self, key, windows, now: False)
     server = Server(LimiterKind.SLIDING, parse_rule("30/2s"))
 
     def run(traced: bool) -> Simulated:

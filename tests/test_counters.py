@@ -9,7 +9,14 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from batchrun.core.limits import Rule, Window
-from batchrun.pacing.counters import Counting, Request, _fits, _Log, _State, read
+from batchrun.pacing.learning.counters import (
+    Counting,
+    Request,
+    _fits,
+    _Log,
+    _State,
+    read,
+)
 from batchrun.pacing.limiters import FixedWindow, WeightedCounter
 
 # A fixed 4/2s server whose windows start at odd seconds: 4 of a burst of 8 were

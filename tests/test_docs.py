@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from batchrun import __version__
+from tests import layout_map
 from tests.cli_reference import PAGE, reference
 from tests.conftest import free_port
 
@@ -221,6 +222,12 @@ def test_the_readme_begins_with_the_demo_and_the_suite():
 def test_the_cli_reference_is_current():
     """docs/reference/cli.md is what `python -m tests.cli_reference` writes."""
     assert PAGE.read_text() == reference(), "run `python -m tests.cli_reference`"
+
+
+def test_the_module_map_is_current():
+    """docs/design/layout.md's map of every module is what `python -m
+    tests.layout_map` writes from the layer map and the modules' docstrings."""
+    assert layout_map.current() == layout_map.table(), "run python -m tests.layout_map"
 
 
 def test_the_changelog_names_the_version():

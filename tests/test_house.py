@@ -14,13 +14,6 @@ ROOT = Path(__file__).parent.parent
 PACKAGE = ROOT / "batchrun"
 MAX_MODULE_LINES = 350
 MAX_BODY_LINES = 40
-# Temporary: these modules are being rewritten by other helpers of issue 20 and
-# the adaptation work. Each helper removes its entries here when its part lands;
-# the set must end empty.
-BEING_REWRITTEN = {
-    "pacing/learning.py",  # removed by the learner's rewrite into a package
-    "pacing/counters.py",  # removed by the learner's rewrite into a package
-}
 
 
 def _modules() -> list[Path]:
@@ -62,7 +55,6 @@ def test_no_module_is_over_350_lines():
         f"{_name(path)} ({n} lines)"
         for path in _modules()
         if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
-        and _name(path) not in BEING_REWRITTEN
     ]
     assert not offenders, f"modules over {MAX_MODULE_LINES} lines: {offenders}"
 
@@ -72,16 +64,9 @@ def test_no_function_body_is_over_40_lines():
     offenders = [
         f"{_name(path)}: {name}"
         for path in _modules()
-        if _name(path) not in BEING_REWRITTEN
         for name in long_functions(path.read_text())
     ]
     assert not offenders, f"bodies over {MAX_BODY_LINES} lines: {offenders}"
-
-
-def test_the_exemptions_name_real_modules():
-    """Each exemption names a module that exists, so a stale one is noticed
-    (remove it from BEING_REWRITTEN once its module is gone or split)."""
-    assert {_name(p) for p in _modules()} >= BEING_REWRITTEN
 
 
 def test_a_body_is_measured_without_signature_or_docstring():

@@ -36,8 +36,11 @@ WINGS: list[tuple[str, list[list[str]]]] = [
         "pacing",
         [
             ["slots", "limiters", "arrival"],
-            ["counters", "ledger"],
-            ["learning"],
+            ["ledger", "learning.log", "learning.lessons", "learning.counters"],
+            ["learning.readings"],
+            ["learning.alternatives"],
+            ["learning.storage", "learning.fallback"],
+            ["learning.learner"],
             ["pacer"],
         ],
     ),
@@ -68,7 +71,7 @@ WINGS: list[tuple[str, list[list[str]]]] = [
     (
         "cli",
         [
-            ["config", "crontab", "board", "clients"],
+            ["config", "crontab", "board", "helps", "clients"],
             ["plain_log", "overview", "defaults", "metrics"],
             ["progress", "targets", "metrics_file"],
             ["reports", "terminal"],
@@ -92,7 +95,7 @@ ORDER |= {name: (len(WINGS), 0) for name in TOP}
 
 # bench/: the same rule, one flat package.
 BENCH = [
-    ["anchors", "oracle", "stock", "chart", "fastserver", "case_server"],
+    ["anchors", "oracle", "stock", "chart", "fastserver", "case_server", "learner"],
     ["script_pyrate", "script_limits", "script_aiolimiter", "script_sleep"],
     ["drivers", "spread", "ledgers", "overhead", "script_cases"],
     ["pacing", "throughput", "stricter", "against_scripts", "arrival"],
@@ -229,5 +232,13 @@ def test_the_check_sees_an_upward_import(tmp_path):
     path.write_text(
         "def f():\n    from batchrun.cli import commands\n    import batchrun.x.y\n"
         "from batchrun.pacing.slots import earliest_slot\n"
+        "from batchrun.pacing.learning import counters\n"
+        "from batchrun.pacing.learning.log import KeyLog\n"
     )
-    assert imported(path) == {"cli.commands", "x.y", "pacing.slots"}
+    assert imported(path) == {
+        "cli.commands",
+        "x.y",
+        "pacing.slots",
+        "pacing.learning.counters",
+        "pacing.learning.log",
+    }

@@ -29,16 +29,12 @@ from batchrun.core.limits import (
 )
 from batchrun.jobs.endpoints import JobType
 from batchrun.jobs.job import Job
-from batchrun.pacing.learning import (
-    Fallback,
-    Learner,
-    Lesson,
-    Sent,
-    candidates,
-    infer,
-    recalled,
-    stored,
-)
+from batchrun.pacing.learning.fallback import Fallback
+from batchrun.pacing.learning.learner import Learner
+from batchrun.pacing.learning.lessons import Lesson, candidates
+from batchrun.pacing.learning.log import Sent
+from batchrun.pacing.learning.readings import infer
+from batchrun.pacing.learning.storage import recalled, stored
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.slots import eta
 from batchrun.run.settings import Settings
@@ -733,7 +729,7 @@ def test_acceptances_before_a_lesson_count_against_its_safer_reading():
     for n in range(6):
         entry = learner.sent("k", 0.5 + n * 0.07)
         learner.answered("k", entry, 0.5 + n * 0.07 + 0.001, refused=False)
-    assert learner._logs["k"].proven.most(2.0) == 6  # the proof starts again
+    assert learner._logs["k"].proven(2.0) == 6  # the proof starts again
     given = Rule((Window(30, 2.0),), 5)
     lesson = Fallback(Lesson(parse_rule("6/2s"), "s")).ruled_out(learner, "k", given)
     assert lesson is not None

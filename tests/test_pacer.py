@@ -302,7 +302,7 @@ def kept(ledger: MemoryLedger) -> dict[str, object]:
 async def test_spaced_evenly_stays_kept_after_a_later_lesson():
     """A key that was switched to spread stays spread in the ledger when a
     later lesson (a header, a settled reading) says nothing of pace."""
-    from batchrun.pacing.learning import Lesson
+    from batchrun.pacing.learning.lessons import Lesson
 
     ledger = MemoryLedger()
     pacer = Pacer(rules={KEY: parse_rule("30/2s")}, ledger=ledger, clock=LoopClock())
@@ -315,7 +315,7 @@ async def test_spaced_evenly_stays_kept_after_a_later_lesson():
 async def test_a_lesson_does_not_shorten_a_wait_the_server_asked_for():
     """A backoff guess ends when a rule is learned; a hold until the server's
     stated reset (or a Retry-After) does not."""
-    from batchrun.pacing.learning import Lesson
+    from batchrun.pacing.learning.lessons import Lesson
 
     pacer = Pacer(
         rules={KEY: parse_rule("30/2s")}, ledger=MemoryLedger(), clock=LoopClock()
@@ -327,7 +327,7 @@ async def test_a_lesson_does_not_shorten_a_wait_the_server_asked_for():
 
 
 async def test_a_lesson_ends_a_backoff_guess():
-    from batchrun.pacing.learning import Lesson
+    from batchrun.pacing.learning.lessons import Lesson
 
     pacer = Pacer(
         rules={KEY: parse_rule("30/2s")}, ledger=MemoryLedger(), clock=LoopClock()

@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 from batchrun.core.clock import wall_time
 from batchrun.core.events import Status
 from batchrun.core.limits import Rule, Window, parse_rule
-from batchrun.pacing.learning import recalled as recalled_lesson
+from batchrun.pacing.learning.storage import (
+    KEPT_FOR,
+    RECORD_SUFFIX,
+    accepted_record,
+    recalled_record,
+)
+from batchrun.pacing.learning.storage import recalled as recalled_lesson
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.slots import eta
@@ -117,7 +123,7 @@ def test_a_shorter_server_window_is_learned_from_retry_after(seed):
 def test_without_retry_after_a_shorter_window_is_read_as_the_rules_own(seed):
     """The known cost of trying a leaky bucket first: behind it, a shorter
     window is tried only if the rule's own would pace 3 x slower or more
-    (`learning._WORTH`), so a server whose window is half the rule's, and says
+    (`alternatives._WORTH`), so a server whose window is half the rule's, and says
     nothing of when it has room, is paced by the safe reading (5/2s), at half
     its speed, for no more 429s."""
     server = Server(LimiterKind.SLIDING, parse_rule("5/1s"), retry_after=False)
@@ -271,7 +277,7 @@ def test_fixed_and_weighted_counters_at_every_phase(kind, retry_after, phase):
     it lets through: up to 16 when a reset comes in the middle of it (the last
     phase here). That count is read, then lowered to what the server accepts
     when the server's windows are read (`counters.read`) or spaced evenly
-    (`learning._lowered`). Under a 30/2s client, at every phase: every job
+    (`alternatives.lowered`). Under a 30/2s client, at every phase: every job
     accepted once, at most 3 429s (4 where the burst straddled a reset; 2
     at every phase against a fixed window that sends Retry-After), and a
     rerun from the ledger sends none (one, against a
@@ -361,3 +367,47 @@ def test_auto_never_takes_a_fixed_window_b_for_a(origin, retry_after):
         client="30/1m", server=server, count=60, fallback=b, ledger=rerun_from(first)
     )
     assert again.tally.rate_limited == 0
+
+
+def test_a_rerun_starts_at_full_speed_from_the_accepted_record():
+    """A fresh key proves its budget one request at a time past what the server
+    was seen to accept; the ledger keeps that record, so a rerun (or a second
+    process) sends up to it at full speed from its first request."""
+    server = Server(LimiterKind.SLIDING, parse_rule("30/2s"), work=0.1)
+    first = MemoryLedger()
+    run = simulate(client="30/2s", server=server, count=30, ledger=first)
+    again = simulate(
+        client="30/2s", server=server, count=30, ledger=rerun_with_record(first)
+    )
+
+    def early(sim) -> int:
+        return sum(1 for a in sim.arrivals if a.sent < 0.1)
+
+    assert early(run) <= 2
+    assert early(again) == 8  # --concurrency's worth at once
+    assert again.tally.rate_limited == 0
+    assert again.makespan < run.makespan
+
+
+def test_the_accepted_record_is_kept_only_for_its_rule():
+    """The record reads back capped at the rule's count, for that rule only, and
+    not when damaged or older than lessons are kept."""
+    rule = parse_rule("30/2s")
+    now = wall_time()
+    text = accepted_record({2.0: 40, 10.0: 7}, rule, 1.0, now)
+    assert recalled_record(text, rule, 1.0) == {2.0: 30, 10.0: 7}
+    assert recalled_record(text, parse_rule("20/2s"), 1.0) == {}
+    assert recalled_record("{not json", rule, 1.0) == {}
+    old = accepted_record({2.0: 5}, rule, 1.0, now - KEPT_FOR - 60)
+    assert recalled_record(old, rule, 1.0) == {}
+    scaled = accepted_record({0.2: 5}, rule.scaled(10), 10.0, now)
+    assert recalled_record(scaled, rule, 1.0) == {2.0: 5}
+
+
+def rerun_with_record(run_ledger: MemoryLedger) -> MemoryLedger:
+    """`rerun_from`, with the accepted record too."""
+    ledger = rerun_from(run_ledger)
+    text = run_ledger.recall(KEY.value + RECORD_SUFFIX)
+    if text is not None:
+        ledger.remember(KEY.value + RECORD_SUFFIX, text)
+    return ledger

@@ -11,25 +11,12 @@ start fast (start-up matters under cron).
 
 from __future__ import annotations
 
-from typing import Annotated
-
-import typer
-
-from batchrun import __version__
 from batchrun.cli import arguments, config, defaults, flags, read_commands, terminal
 from batchrun.core.limits import Pace, Profile
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.sandbox.policy_headers import HeaderStyle
 
-app = typer.Typer(
-    name="batchrun",
-    help="Spread a queue of API jobs over time, inside the API's rate limits.",
-    no_args_is_help=True,
-    add_completion=True,
-    # A traceback with locals could show the token; terminal.reported reports errors.
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+app = flags.app
 
 # Shown under `submit --help`; README's table says the same at more length.
 _EXIT_CODES = (
@@ -44,7 +31,7 @@ _EXIT_CODES = (
 
 @app.command(epilog=_EXIT_CODES)
 def submit(
-    ctx: typer.Context,
+    ctx: flags.Context,
     jobs_file: flags.JobsArg,
     base_url: flags.BaseUrlOpt = None,
     token: flags.TokenOpt = None,
@@ -117,7 +104,7 @@ def submit(
             stdin=terminal.from_stdin,
             warn=terminal.to_stderr,
         )
-        raise typer.Exit(submit(job, say=say))
+        flags.done(submit(job, say=say))
 
 
 # The commands that send nothing, in the order `--help` lists them.
@@ -135,10 +122,8 @@ app.command("config")(read_commands.config_command)
 
 @app.command("sandbox")
 def sandbox_command(
-    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
-    port: Annotated[
-        int, typer.Option(min=0, max=65535, help="Port to listen on.")
-    ] = 8000,
+    host: flags.HostOpt = "127.0.0.1",
+    port: flags.PortOpt = 8000,
     profile: flags.ProfileOpt = Profile.B,
     limit: flags.LimitOpt = None,
     inject: flags.InjectOpt = None,
@@ -165,7 +150,7 @@ def sandbox_command(
     how = f"counting {counting.value}{bucket}, headers {headers.value}"
 
     def announce(url: str) -> None:
-        typer.echo(f"Sandbox on {url} ({limits}; {how}). Ctrl-C stops it.")
+        terminal.echo([f"Sandbox on {url} ({limits}; {how}). Ctrl-C stops it."])
 
     with terminal.reported():
         serving.serve(server, host=host, port=port, announce=announce)
@@ -186,21 +171,10 @@ def main() -> None:
         terminal.internal_error(exc)
 
 
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"batchrun {__version__}")
-        raise typer.Exit()
-
-
 @app.callback()
 def _options(
-    ctx: typer.Context,
-    version: Annotated[
-        bool,
-        typer.Option(
-            "--version", callback=_version, is_eager=True, help="Show the version."
-        ),
-    ] = False,
+    ctx: flags.Context,
+    version: flags.VersionFlag = False,
 ) -> None:
     """Spread a queue of API jobs over time so that they never trip the rate limits."""
     with terminal.reported():

@@ -1,19 +1,56 @@
-"""The flags and arguments of the commands, as Typer declares them: names, help
-texts, defaults' checks and help panels. What their strings mean is `arguments`'.
+"""Typer, declared once: the app, every flag and argument of the commands (names,
+help texts, checks of defaults, help panels), and the two calls a command makes of
+it (`done`, and `Context`'s type). The only module that imports typer; what the
+flags' strings mean is `arguments`'.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, NoReturn
 
 import typer
 
-from batchrun.cli import config
+from batchrun import __version__
+from batchrun.cli import config, helps
 from batchrun.core.limits import Pace, Profile
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.sandbox.policy_headers import HeaderStyle
 
+app = typer.Typer(
+    name="batchrun",
+    help="Spread a queue of API jobs over time, inside the API's rate limits.",
+    no_args_is_help=True,
+    add_completion=True,
+    # A traceback with locals could show the token; terminal.reported reports errors.
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+Context = typer.Context
+
+
+def done(code: int = 0) -> NoReturn:
+    """End the command with exit code `code`."""
+    raise typer.Exit(code)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"batchrun {__version__}")
+        raise typer.Exit()
+
+
+def _switch(*names: str, help: str, panel: str) -> Any:
+    """An on/off flag with no value shown in --help."""
+    return typer.Option(*names, help=help, rich_help_panel=panel, metavar="")
+
+
+VersionFlag = Annotated[
+    bool,
+    typer.Option(
+        "--version", callback=_version, is_eager=True, help="Show the version."
+    ),
+]
 JobsArg = Annotated[
     Path, typer.Argument(help="The jobs file: CSV, or JSON Lines if it ends in .jsonl.")
 ]
@@ -21,8 +58,7 @@ ProfileOpt = Annotated[
     Profile,
     typer.Option(
         "--profile",
-        help="run-query limit: b = 15/1m+500/1h (the stricter, default), a = 30/1m; "
-        "auto = a until the server shows it is b (at most one 429 to find out).",
+        help=helps.PROFILE,
         rich_help_panel="Limits",
     ),
 ]
@@ -48,47 +84,28 @@ InjectOpt = Annotated[
     typer.Option(
         "--inject",
         metavar="FAULT=RATE",
-        help="Sandbox faults: 429=0.05, 5xx=0.1, drop=0.05, slow=0.1, "
-        "slow-seconds=2, seed=7 (repeatable).",
+        help=helps.INJECT,
         rich_help_panel="Sandbox faults",
     ),
 ]
-_COUNTING_HELP = (
-    "How the sandbox counts: sliding (a log, exact), fixed (aligned windows), "
-    "weighted (a sliding-window estimate from two fixed counts), leaky (nginx "
-    "limit_req: one request per WINDOW/COUNT, and --burst more at once)."
-)
-_BURST_HELP = (
-    "With --counting leaky: requests the bucket lets through at once beyond the "
-    "first (nginx's limit_req burst=B nodelay)."
-)
-_HEADERS_HELP = (
-    "Rate-limit headers the sandbox states on every answer: none (only a 429's "
-    "Retry-After), ietf (RateLimit-Policy and RateLimit, draft 08 on), draft7 "
-    "(express-rate-limit's RateLimit: limit=, remaining=, reset=), x-ratelimit "
-    "(X-RateLimit-Limit/-Remaining/-Reset)."
-)
-CountingOpt = Annotated[LimiterKind, typer.Option("--counting", help=_COUNTING_HELP)]
-BurstOpt = Annotated[int, typer.Option("--burst", min=0, help=_BURST_HELP)]
+CountingOpt = Annotated[LimiterKind, typer.Option("--counting", help=helps.COUNTING)]
+BurstOpt = Annotated[int, typer.Option("--burst", min=0, help=helps.BURST)]
 ServerBurstOpt = Annotated[
     int | None,
     typer.Option(
         "--server-burst",
         min=0,
         show_default=False,
-        help="With --sandbox and --server-counting leaky: its burst, as "
-        "`batchrun sandbox --burst`.",
+        help=helps.SERVER_BURST,
     ),
 ]
-HeadersOpt = Annotated[HeaderStyle, typer.Option("--headers", help=_HEADERS_HELP)]
+HeadersOpt = Annotated[HeaderStyle, typer.Option("--headers", help=helps.HEADERS)]
 ServerLimitOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--server-limit",
         metavar="KEY=RULE",
-        help="With --sandbox: the sandbox enforces this rule for KEY instead of "
-        "the client's, e.g. run-query=10/1m, to watch the client learn it "
-        "(repeatable).",
+        help=helps.SERVER_LIMIT,
     ),
 ]
 ServerCountingOpt = Annotated[
@@ -96,8 +113,7 @@ ServerCountingOpt = Annotated[
     typer.Option(
         "--server-counting",
         show_default=False,
-        help="With --sandbox: how it counts, as `batchrun sandbox --counting` "
-        "(default sliding).",
+        help=helps.SERVER_COUNTING,
     ),
 ]
 ServerHeadersOpt = Annotated[
@@ -105,8 +121,7 @@ ServerHeadersOpt = Annotated[
     typer.Option(
         "--server-headers",
         show_default=False,
-        help="With --sandbox: the rate-limit headers it states, as `batchrun "
-        "sandbox --headers` (default none).",
+        help=helps.SERVER_HEADERS,
     ),
 ]
 StateDirOpt = Annotated[
@@ -124,9 +139,7 @@ LedgerOpt = Annotated[
         envvar="BATCHRUN_LEDGER_URL",
         metavar="URL",
         show_default=False,
-        help="Where the client's budget lives: redis://[:PASSWORD@]HOST:PORT/DB "
-        "(rediss:// for TLS) shares it across machines. Default: SQLite in the "
-        "state folder (this machine).",
+        help=helps.LEDGER,
         rich_help_panel="State",
     ),
 ]
@@ -185,11 +198,10 @@ ResultsOpt = Annotated[
 ]
 SandboxFlag = Annotated[
     bool,
-    typer.Option(
+    _switch(
         "--sandbox",
         help="Run against the built-in local sandbox.",
-        rich_help_panel="Where to send",
-        metavar="",
+        panel="Where to send",
     ),
 ]
 CaBundleOpt = Annotated[
@@ -210,30 +222,26 @@ DeadlineOpt = Annotated[
 ]
 RetryFailedFlag = Annotated[
     bool,
-    typer.Option(
+    _switch(
         "--retry-failed",
         help="Try failed jobs again.",
-        rich_help_panel="Run control",
-        metavar="",
+        panel="Run control",
     ),
 ]
 RetryUnknownFlag = Annotated[
     bool,
-    typer.Option(
+    _switch(
         "--retry-unknown",
-        help="Resend invites left unknown (a timeout, a 5xx, or a run that died "
-        "mid-request: the server may have processed them).",
-        rich_help_panel="Run control",
-        metavar="",
+        help=helps.RETRY_UNKNOWN,
+        panel="Run control",
     ),
 ]
 RestartFlag = Annotated[
     bool,
-    typer.Option(
+    _switch(
         "--restart",
         help="Forget earlier runs of this file; start over.",
-        rich_help_panel="Run control",
-        metavar="",
+        panel="Run control",
     ),
 ]
 RunIdOpt = Annotated[
@@ -241,50 +249,79 @@ RunIdOpt = Annotated[
     typer.Option(
         "--run-id",
         metavar="ID",
-        help="Name this round; a new name sends every job again (a new night). "
-        "%-codes take today's date: --run-id %F is one round a day.",
+        help=helps.RUN_ID,
         rich_help_panel="Run control",
     ),
 ]
 JsonFlag = Annotated[
     bool,
-    typer.Option(
+    _switch(
         "--json",
         help="One JSON object on stdout, for scripts.",
-        rich_help_panel="Output",
-        metavar="",
+        panel="Output",
     ),
 ]
 QuietFlag = Annotated[
     bool,
-    typer.Option(
+    _switch(
         "--quiet",
         "-q",
         help="Only failures and the summary (plain lines, no live view).",
-        rich_help_panel="Output",
-        metavar="",
+        panel="Output",
     ),
 ]
 VerboseFlag = Annotated[
     bool,
-    typer.Option(
+    _switch(
         "--verbose",
         "-v",
         help="Every requeue in the plain log, not only the first 20.",
-        rich_help_panel="Output",
-        metavar="",
+        panel="Output",
     ),
 ]
 NoColorFlag = Annotated[
     bool,
-    typer.Option(
+    _switch(
         "--no-color",
         help="No colour in the live view (as NO_COLOR=1).",
-        rich_help_panel="Output",
-        metavar="",
+        panel="Output",
     ),
 ]
 
+ScriptJsonFlag = Annotated[
+    bool, typer.Option("--json", help="One JSON object, for scripts.")
+]
+ShowOpt = Annotated[
+    str,
+    typer.Option(
+        "--show",
+        metavar="N|all",
+        help="How many failed and unknown jobs to list (all: every one).",
+    ),
+]
+ForgetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--forget",
+        metavar="KEY",
+        help="Forget what was learned of KEY's limit (or 'all'); repeatable.",
+    ),
+]
+JobIdArg = Annotated[str, typer.Argument(metavar="ID", help="The job's id.")]
+ScheduleOpt = Annotated[str, typer.Option(help="When: five cron fields or an @word.")]
+CronDeadlineOpt = Annotated[
+    str, typer.Option(metavar="DURATION", help="Each run's --deadline.")
+]
+LogOpt = Annotated[
+    Path | None,
+    typer.Option(help="Log file, appended to. Default: logs/NAME.log beside JOBS."),
+]
+EnvFileOpt = Annotated[
+    Path | None,
+    typer.Option(help="A file of KEY=value lines (BATCHRUN_TOKEN=…) read first."),
+]
+HostOpt = Annotated[str, typer.Option(help="Interface to listen on.")]
+PortOpt = Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")]
 
 BudgetKeyOpt = Annotated[
     str | None,
@@ -333,7 +370,7 @@ FailedAsJobsOpt = Annotated[
 ]
 
 
-def with_file_limits(ctx: typer.Context, limit: list[str] | None) -> list[str]:
+def with_file_limits(ctx: Context, limit: list[str] | None) -> list[str]:
     """The config files' [limits], then --limit, which wins key by key."""
     found = ctx.obj if isinstance(ctx.obj, config.Config) else config.Config(())
     return [*found.limit_flags(), *(limit or [])]

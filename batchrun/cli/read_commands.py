@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
-
-import typer
+from typing import TYPE_CHECKING
 
 from batchrun.cli import (
     arguments,
@@ -30,6 +27,8 @@ from batchrun.store.paths import StatePaths, client_fingerprint
 from batchrun.store.results import default_results_path
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from batchrun.cli.overview import Status
 
 
@@ -44,7 +43,7 @@ def validate(jobs_file: flags.JobsArg, as_json: flags.JsonFlag = False) -> None:
             if not as_json:
                 raise
             terminal.echo([json.dumps(reports.problems_json(exc), indent=2)])
-            raise typer.Exit(exc.exit_code) from None
+            flags.done(exc.exit_code)
     if as_json:
         terminal.echo([json.dumps(reports.summary_json(jobs_file, summary), indent=2)])
     else:
@@ -57,17 +56,8 @@ def status(
     ledger: flags.LedgerOpt = None,
     base_url: flags.BaseUrlOpt = None,
     token: flags.TokenOpt = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="One JSON object, for scripts.")
-    ] = False,
-    show: Annotated[
-        str,
-        typer.Option(
-            "--show",
-            metavar="N|all",
-            help="How many failed and unknown jobs to list (all: every one).",
-        ),
-    ] = "20",
+    as_json: flags.ScriptJsonFlag = False,
+    show: flags.ShowOpt = "20",
     failed_as_jobs: flags.FailedAsJobsOpt = None,
 ) -> None:
     """Where the latest run of JOBS_FILE stands: counts, failures, answers by
@@ -110,7 +100,7 @@ def _export_failed(jobs_file: Path, found: Status, dest: Path) -> None:
 
 
 def plan(
-    ctx: typer.Context,
+    ctx: flags.Context,
     jobs_file: flags.JobsArg,
     profile: flags.ProfileOpt = Profile.B,
     limit: flags.LimitOpt = None,
@@ -149,7 +139,7 @@ def plan(
 
 
 def limits_command(
-    ctx: typer.Context,
+    ctx: flags.Context,
     base_url: flags.BaseUrlOpt = None,
     token: flags.TokenOpt = None,
     budget_key: flags.BudgetKeyOpt = None,
@@ -157,17 +147,8 @@ def limits_command(
     limit: flags.LimitOpt = None,
     state_dir: flags.StateDirOpt = None,
     ledger: flags.LedgerOpt = None,
-    forget: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--forget",
-            metavar="KEY",
-            help="Forget what was learned of KEY's limit (or 'all'); repeatable.",
-        ),
-    ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="One JSON object, for scripts.")
-    ] = False,
+    forget: flags.ForgetOpt = None,
+    as_json: flags.ScriptJsonFlag = False,
 ) -> None:
     """The rule each key is paced by for a client, and what was learned of it."""
     from batchrun.cli import overview
@@ -196,7 +177,7 @@ def limits_command(
 
 def show(
     jobs_file: flags.JobsArg,
-    job_id: Annotated[str, typer.Argument(metavar="ID", help="The job's id.")],
+    job_id: flags.JobIdArg,
     results: flags.ResultsOpt = None,
     state_dir: flags.StateDirOpt = None,
     base_url: flags.BaseUrlOpt = None,
@@ -217,22 +198,12 @@ def show(
 
 
 def cron_line(
-    ctx: typer.Context,
+    ctx: flags.Context,
     jobs_file: flags.JobsArg,
-    schedule: Annotated[
-        str, typer.Option(help="When: five cron fields or an @word.")
-    ] = "0 1 * * *",
-    deadline: Annotated[
-        str, typer.Option(metavar="DURATION", help="Each run's --deadline.")
-    ] = "55m",
-    log: Annotated[
-        Path | None,
-        typer.Option(help="Log file, appended to. Default: logs/NAME.log beside JOBS."),
-    ] = None,
-    env_file: Annotated[
-        Path | None,
-        typer.Option(help="A file of KEY=value lines (BATCHRUN_TOKEN=…) read first."),
-    ] = None,
+    schedule: flags.ScheduleOpt = "0 1 * * *",
+    deadline: flags.CronDeadlineOpt = "55m",
+    log: flags.LogOpt = None,
+    env_file: flags.EnvFileOpt = None,
     state_dir: flags.StateDirOpt = None,
     base_url: flags.BaseUrlOpt = None,
 ) -> None:
@@ -259,7 +230,7 @@ def cron_line(
     terminal.echo([crontab_line(job)])
 
 
-def config_command(ctx: typer.Context, as_json: flags.JsonFlag = False) -> None:
+def config_command(ctx: flags.Context, as_json: flags.JsonFlag = False) -> None:
     """The settings in force with no flag (BATCHRUN_* variables, batchrun.toml,
     the user's config.toml, defaults) and where each came from; never the token."""
     found = ctx.obj if isinstance(ctx.obj, config.Config) else config.Config(())

@@ -17,8 +17,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import NoReturn
 
-import typer
-
 from batchrun.core.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -30,7 +28,7 @@ from batchrun.store.paths import StatePaths
 
 
 def interrupted() -> NoReturn:
-    typer.echo("Interrupted.", err=True)
+    to_stderr("Interrupted.")
     sys.exit(EXIT_INTERRUPTED)
 
 
@@ -41,10 +39,8 @@ def internal_error(exc: BaseException) -> NoReturn:
         raise exc
     # No traceback: its frames could hold the token. BATCHRUN_DEBUG=1 shows it.
     for leaf in _leaves(exc):
-        typer.echo(f"batchrun: internal error: {type(leaf).__name__}: {leaf}", err=True)
-    typer.echo(
-        "Please report this (rerun with BATCHRUN_DEBUG=1 for details).", err=True
-    )
+        to_stderr(f"batchrun: internal error: {type(leaf).__name__}: {leaf}")
+    to_stderr("Please report this (rerun with BATCHRUN_DEBUG=1 for details).")
     sys.exit(EXIT_INTERNAL)
 
 
@@ -59,10 +55,11 @@ def echo(lines: list[str]) -> None:
     """Print on stdout; a reader that left early (`| head`) is not a failure."""
     try:
         for line in lines:
-            typer.echo(line)
+            sys.stdout.write(f"{line}\n")
+        sys.stdout.flush()
     except BrokenPipeError:
         # Python's advice: point stdout at /dev/null, or the flush at exit fails
-        # again, and Click would exit 1 for a command that did its work.
+        # again, and Python would exit 120 for a command that did its work.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
@@ -70,7 +67,7 @@ def from_stdin(results: Path, state: StatePaths) -> Path:
     """The jobs piped in, copied into the state folder under a name of their
     results file's, so that the same pipe run again finds its run and resumes.
     JSON Lines if the first character is `{`, else CSV."""
-    stream = typer.get_binary_stream("stdin")
+    stream = sys.stdin.buffer
     head = stream.read(65536)
     kind = ".jsonl" if head.lstrip().startswith(b"{") else ".csv"
     copy = state.stdin_copy(results, kind)
@@ -85,7 +82,8 @@ def from_stdin(results: Path, state: StatePaths) -> Path:
 
 
 def to_stderr(text: str) -> None:
-    typer.echo(text, err=True)
+    sys.stderr.write(f"{text}\n")
+    sys.stderr.flush()
 
 
 def log_for(jobs_file: Path) -> Callable[[str], None]:
@@ -111,4 +109,4 @@ def reported(say: Callable[[str], None] = to_stderr) -> Iterator[None]:
         # A state problem says most about what to do; else the first one raised.
         exc = min(errors, key=lambda e: not isinstance(e, StateError))
         say(f"{exc.label}{exc.message}")
-        raise typer.Exit(exc.exit_code) from None
+        raise SystemExit(exc.exit_code) from None

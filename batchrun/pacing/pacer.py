@@ -7,9 +7,10 @@ when in-flight requests fill a window.
 
 After a 429 the key cools down (`cool_down`), and then is half-open, as a circuit
 breaker is: it grants one probe and nothing more until the probe's answer, so a
-server that still refuses costs one 429, not a burst of them. Likewise, while a
-window holds more requests than the server has yet been seen to accept in it
-(`learning.KeyLog.careful`), the key has one request in flight at most.
+server that still refuses costs one 429, not a burst of them. Past what the server
+has been seen to accept in a window (kept in the ledger beside the lessons, so a
+rerun starts at full speed), requests in flight grow as answers come back, as
+TCP's slow start does (`learning.log.KeyLog.gated`).
 
 A request counts until its answer, or until the latest moment it can have reached
 the server (`arrival.ArrivalBound`) when the network says that is sooner.
@@ -25,9 +26,17 @@ import anyio
 
 from batchrun.core.clock import Clock, wall_time
 from batchrun.core.events import EventSink, SlotWait
-from batchrun.core.limits import LimitKey, Pace, Rule
+from batchrun.core.limits import LimitKey, Pace, Rule, Window
 from batchrun.pacing.arrival import ArrivalBound, Trip
-from batchrun.pacing.learning import Learner, Lesson, recalled, stored
+from batchrun.pacing.learning.learner import Learner
+from batchrun.pacing.learning.lessons import Lesson
+from batchrun.pacing.learning.storage import (
+    RECORD_SUFFIX,
+    accepted_record,
+    recalled,
+    recalled_record,
+    stored,
+)
 from batchrun.pacing.ledger import Ledger
 from batchrun.pacing.slots import Grant, Wait, earliest_slot, reach
 
@@ -74,6 +83,7 @@ class Pacer:
         self._cooling = {key: _Cooling() for key in self._rules}
         self.learner = Learner(time_scale=time_scale)
         self._time_scale = time_scale
+        self._kept_records: dict[LimitKey, dict[float, int]] = {}
         self.arrival = ArrivalBound()
         # Per key, the latest answer of a request counted until before it (by
         # the arrival bound): until then plus the rule's reach, a grant may
@@ -182,14 +192,37 @@ class Pacer:
         """Pace `keys` by what the ledger kept from earlier runs; say what."""
         found = []
         for key in keys:
+            kept = self._ledger.recall(f"{key.value}{RECORD_SUFFIX}")
+            record = recalled_record(kept, self._given[key], self._time_scale)
+            self._kept_records[key] = record
+            self.learner.seed(key, record)
             text = self._ledger.recall(key.value)
             rule = self._rules[key]
             scale = self._time_scale
             lesson = recalled(rule, text, time_scale=scale, now=wall_time())
             if lesson is not None:
                 self.learn(key, lesson, keep=False)
+                self.learner.rearm(key.value, lesson.rule)
                 found.append((key, lesson))
         return found
+
+    def gate(self, key: LimitKey) -> tuple[Window, ...]:
+        """The windows whose accepted record gates `key`: its rule's and the given's."""
+        return tuple({*self._rules[key].windows, *self._given[key].windows})
+
+    def probe(self, key: LimitKey) -> bool:
+        """Whether a request of `key` leaving now is a probe (`KeyLog.beyond`)."""
+        return self.learner.beyond(key, self.gate(key), self._clock.now())
+
+    def keep_record(self, key: LimitKey) -> None:
+        """Keep in the ledger what the server was seen to accept of `key`, when it
+        has grown: a rerun, or another process, starts from it."""
+        record = self.learner.record(key, self.gate(key))
+        if record == self._kept_records.get(key):
+            return
+        self._kept_records[key] = record
+        text = accepted_record(record, self._given[key], self._time_scale, wall_time())
+        self._ledger.remember(f"{key.value}{RECORD_SUFFIX}", text)
 
     def used(self, key: LimitKey) -> list[float]:
         """The moments of the requests of `key` that fill its windows now, as the
@@ -229,10 +262,8 @@ class Pacer:
             return Wait(cooling.until)
         if cooling.probe is not None:
             return Wait(None)  # half-open: the probe's answer decides
-        if self.learner.in_flight(key) and self.learner.careful(
-            key, self._rules[key], now
-        ):
-            return Wait(None)  # past what the server has been seen to accept
+        if self.learner.gated(key, self.gate(key), now):
+            return Wait(None)  # past what the server was seen to accept: slow start
         grant = self._ledger.reserve(key, self._rules[key], self._paces[key], now)
         if cooling.half_open and isinstance(grant, Grant):
             cooling.probe = grant.ticket

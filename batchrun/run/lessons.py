@@ -14,7 +14,9 @@ from batchrun.api.hints import Hints
 from batchrun.core.clock import Clock
 from batchrun.core.events import EventSink, RuleLearned
 from batchrun.core.limits import LimitKey, Pace, Rule
-from batchrun.pacing.learning import Fallback, Lesson, Sent, adopt
+from batchrun.pacing.learning.fallback import Fallback
+from batchrun.pacing.learning.lessons import Lesson, adopt
+from batchrun.pacing.learning.log import Sent
 from batchrun.pacing.pacer import Pacer
 
 

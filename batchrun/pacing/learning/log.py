@@ -1,0 +1,178 @@
+"""This process's log of one key's requests (`KeyLog`): when each left, its
+answer, what the server was seen to accept, and the probe gate."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from batchrun.core.limits import Rule, Window
+
+# Probes in flight (`KeyLog.gated`) grow by this many per accepted probe: 1 is
+# TCP's slow start (1, 2, 4 ...). It stays 0 (one probe at a time) until the
+# lessons are read from a whole burst's refusals: the readings below are made
+# for a log with one refused probe per window.
+_GROWTH = 0
+# Requests older than the longest candidate window cannot bear on a lesson; past
+# this many the oldest are dropped, which keeps `infer` cheap (quadratic in it).
+_KEPT = 2000
+
+
+@dataclass(slots=True)
+class Sent:
+    """One request of the key: when it left, when its answer came, and whether that
+    answer was a 429 (None while unanswered)."""
+
+    start: float
+    end: float | None = None
+    refused: bool | None = None
+    # The Retry-After of a refusal, if the server gave one.
+    wait: float | None = None
+    # It left past what the server had been seen to accept (`KeyLog.beyond`).
+    probe: bool = False
+
+
+@dataclass(slots=True)
+class _Accepted:
+    """Accepted arrivals (ascending), and the most of them seen within each window
+    asked for (`most`), kept up to date as more come."""
+
+    arrivals: list[float] = field(default_factory=list)
+    peaks: dict[float, int] = field(default_factory=dict)
+
+    def add(self, moment: float) -> None:
+        _bounded_insort(self.arrivals, moment)
+        for seconds, count in self.peaks.items():
+            within = count_within(self.arrivals, moment, seconds)
+            self.peaks[seconds] = max(count, within)
+
+    def most(self, seconds: float) -> int:
+        """The most arrivals within any `seconds`: counted from the list the
+        first time it is asked for, and kept up to date by `add` from then on."""
+        if seconds not in self.peaks:
+            self.peaks[seconds] = _most(self.arrivals, seconds)
+        return self.peaks[seconds]
+
+    def clear(self) -> None:
+        self.arrivals.clear()
+        self.peaks.clear()
+
+
+@dataclass(slots=True)
+class KeyLog:
+    """This process's recent requests of one key, in the order they left, and what
+    the server has been seen to let through.
+
+    `proven(W)` is the most accepted requests seen within any W: in this process
+    since the last lesson (`accepted`), or by earlier runs and processes
+    (`record`, kept in the ledger). A request that leaves while some window
+    already holds that many is a probe: at most `cwnd` probes are in flight,
+    and each accepted one lets one more go (1, 2, 4 ... as TCP's slow start
+    grows), so a server stricter than the rule refuses a few requests, not a
+    window of them, and a right rule is at full speed after a few round trips.
+    A refused probe starts again from one.
+    """
+
+    sent: deque[Sent] = field(default_factory=lambda: deque(maxlen=_KEPT))
+    ends: list[float] = field(default_factory=list)
+    accepted: _Accepted = field(default_factory=_Accepted)
+    seen: _Accepted = field(default_factory=_Accepted)
+    record: dict[float, int] = field(default_factory=dict)
+    unanswered: int = 0
+    probes: int = 0
+    cwnd: int = 1
+    # When the newest request accepted before the key was told to space its
+    # requests evenly arrived (a key spaced from the start: never).
+    unspaced: float = -math.inf
+
+    def started(self, at: float, *, probe: bool = False) -> Sent:
+        """Log a request that leaves at `at`; `answered` fills in its answer."""
+        entry = Sent(at, probe=probe)
+        self.sent.append(entry)
+        self.unanswered += 1
+        self.probes += probe
+        return entry
+
+    def answered(self, entry: Sent, at: float, refused: bool | None) -> None:
+        """Record the answer of `entry` (`refused` None: no answer, e.g. a timeout)."""
+        entry.end, entry.refused = at, refused
+        self.unanswered -= 1
+        self.probes -= entry.probe
+        _bounded_insort(self.ends, at)
+        if entry.probe and refused is not None:
+            self.cwnd = 1 if refused else self.cwnd + _GROWTH
+        if refused is False:
+            self.accepted.add(arrived(entry))
+            self.seen.add(arrived(entry))
+
+    def proven(self, seconds: float) -> int:
+        """The most accepted requests the server was seen to let through in W."""
+        return max(self.record.get(seconds, 0), self.accepted.most(seconds))
+
+    def beyond(self, windows: Iterable[Window], now: float) -> bool:
+        """Whether some window already holds as many requests as the server has
+        been seen to accept in it: the next one is a probe."""
+        for window in windows:
+            used = self.unanswered + len(self.ends)
+            used -= bisect.bisect_right(self.ends, now - window.seconds)
+            if used >= self.proven(window.seconds):
+                return True
+        return False
+
+    def gated(self, windows: Iterable[Window], now: float) -> bool:
+        """Whether the next request would be a probe with `cwnd` in flight."""
+        return self.probes >= self.cwnd and self.beyond(windows, now)
+
+    def spacing(self) -> None:
+        """The key is told to space its requests evenly from now (`unspaced`)."""
+        self.unspaced = max(arrived(s) for s in self.sent if s.refused is False)
+
+    def rearm(self, rule: Rule | None = None) -> None:
+        """After a lesson the server's state is in doubt: what it was seen to accept
+        is kept only up to what `rule` (the lesson's) allows in each of its windows."""
+        counts = {} if rule is None else {w.seconds: w.count for w in rule.windows}
+        self.record = {
+            seconds: min(count, self.proven(seconds))
+            for seconds, count in counts.items()
+        }
+        self.accepted.clear()
+
+    def settled(self, since: float) -> bool:
+        """Whether every request that left at or before `since` has its answer."""
+        return all(s.end is not None for s in self.sent if s.start <= since)
+
+
+def _most(arrivals: list[float], seconds: float) -> int:
+    """The most of `arrivals` (ascending) within any `seconds`."""
+    return max((count_within(arrivals, m, seconds) for m in arrivals), default=0)
+
+
+def count_within(arrivals: list[float], moment: float, seconds: float) -> int:
+    """How many of `arrivals` (ascending) fall in (moment - seconds, moment]."""
+    later = bisect.bisect_right(arrivals, moment)
+    return later - bisect.bisect_right(arrivals, moment - seconds)
+
+
+def _bounded_insort(values: list[float], value: float) -> None:
+    bisect.insort(values, value)
+    if len(values) > 2 * _KEPT:
+        del values[:_KEPT]
+
+
+def with_answers(log: Sequence[Sent]) -> list[Sent]:
+    """The requests of `log` that have an answer, 2xx or 429."""
+    return [s for s in log if s.end is not None and s.refused is not None]
+
+
+def arrival_leeway(entry: Sent) -> float:
+    """How far a request's arrival may be from `arrived`'s estimate: anywhere
+    between its send and its answer."""
+    return 0.0 if entry.end is None else (entry.end - entry.start) / 2
+
+
+def arrived(entry: Sent) -> float:
+    end = entry.start if entry.end is None else entry.end
+    return (entry.start + end) / 2

@@ -1,0 +1,200 @@
+"""Issue 24: what a server stricter than the rule, or noisy, costs a run.
+
+Every row is simulated in virtual time (tests/simulation.py: the real runner,
+pacer and learner against a `limiters` model), windows scaled (30/2s stands for
+30/1m). A row is the median over seeds of the makespan's ratio to the ideal under
+the server's own rule, and of the 429s the server answered. `then` rows are a
+second run with what the first left in the ledger (lessons, the accepted record),
+on a quiet server.
+
+`python -m bench.learner [--seeds N] [--json PATH]` prints Markdown rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from batchrun.core.limits import parse_rule
+from batchrun.pacing.ledger import MemoryLedger
+from batchrun.pacing.limiters import LimiterKind
+from tests.simulation import KEY, Server, Simulated, simulate
+
+_LOOPBACK = (0.002, 0.01)
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One row: a client rule against a server model, and what the ledger keeps
+    for a second run (`quiet`: that run's server, None: no second run)."""
+
+    name: str
+    client: str
+    server: Server
+    count: int = 60
+    quiet: Server | None = None
+    concurrency: int = 8
+
+
+def _server(kind: LimiterKind, rule: str, **options: object) -> Server:
+    fields = {k: v for k, v in options.items() if k in _FIELDS}
+    model = {k: v for k, v in options.items() if k not in _FIELDS}
+    return Server(kind, parse_rule(rule), model, **fields)  # type: ignore[arg-type]
+
+
+_FIELDS = {"retry_after", "work", "stray", "stray_for", "rival_every", "rival_from"}
+_FIELDS |= {"rival_for", "stray_from"}
+
+
+def cases() -> list[Case]:
+    """Issue 24's figures, as simulated rows."""
+    sliding, fixed = LimiterKind.SLIDING, LimiterKind.FIXED
+    weighted, leaky = LimiterKind.WEIGHTED, LimiterKind.LEAKY
+    right = _server(sliding, "30/2s")
+    rows = [
+        Case(
+            "right rule, 100 ms answers",
+            "30/2s",
+            _server(sliding, "30/2s", work=0.1),
+            120,
+        ),
+        Case(
+            "right rule, 100 ms answers, -c 32",
+            "30/2s",
+            _server(sliding, "30/2s", work=0.1),
+            120,
+            concurrency=32,
+        ),
+    ]
+    for told in (True, False):
+        ra = "R-A" if told else "no R-A"
+        rows.append(
+            Case(
+                f"30/2s vs sliding 10/2s, {ra}",
+                "30/2s",
+                _server(sliding, "10/2s", retry_after=told),
+                quiet=_server(sliding, "10/2s", retry_after=told),
+            )
+        )
+        for origin in (0.0, -0.7, -1.4):
+            for kind in (fixed, weighted):
+                server = _server(kind, "10/2s", retry_after=told, origin=origin)
+                rows.append(
+                    Case(
+                        f"30/2s vs {kind.value} 10/2s at {-origin:g}, {ra}",
+                        "30/2s",
+                        server,
+                        quiet=server,
+                    )
+                )
+        bucket = _server(leaky, "10/2s", retry_after=told, burst=4)
+        rows.append(
+            Case(f"30/2s vs leaky 5/s burst 4, {ra}", "30/2s", bucket, quiet=bucket)
+        )
+    b_shaped = _server(sliding, "15/4s+60/20s")
+    rows.append(
+        Case("a 30/4s vs b 15/4s+60/20s", "30/4s", b_shaped, 120, quiet=b_shaped)
+    )
+    noisy = _server(sliding, "30/2s", stray=0.05, stray_for=14.0)
+    rows.append(
+        Case("right rule, 5 % stray 429s for 14 s", "30/2s", noisy, 240, quiet=right)
+    )
+    rival = _server(sliding, "30/2s", rival_every=2 / 15, rival_from=2.0, rival_for=6.0)
+    rows.append(
+        Case(
+            "right rule, another consumer 15/2s for 6 s",
+            "30/2s",
+            rival,
+            240,
+            quiet=right,
+        )
+    )
+    return rows
+
+
+def _rerun_ledger(first: MemoryLedger) -> MemoryLedger:
+    """A fresh ledger with only what the first run kept (its sends are on another
+    virtual clock)."""
+    ledger = MemoryLedger()
+    for key in (KEY.value,):
+        for name in (key, f"{key}#accepted"):
+            text = first.recall(name)
+            if text is not None:
+                ledger.remember(name, text)
+    return ledger
+
+
+def _median(runs: list[Simulated], figure: Callable[[Simulated], float]) -> float:
+    return statistics.median(figure(run) for run in runs)
+
+
+def measure(case: Case, seeds: int) -> dict[str, object]:
+    """The row of `case`: median ratio and 429s of the run, and of the rerun."""
+    firsts, thens = [], []
+    for seed in range(seeds):
+        ledger = MemoryLedger()
+        first = simulate(
+            client=case.client,
+            server=case.server,
+            count=case.count,
+            seed=seed,
+            ledger=ledger,
+            latency=_LOOPBACK,
+            concurrency=case.concurrency,
+        )
+        firsts.append(first)
+        if case.quiet is not None:
+            quiet = replace(case.quiet)
+            thens.append(
+                simulate(
+                    client=case.client,
+                    server=quiet,
+                    count=case.count,
+                    seed=seed,
+                    ledger=_rerun_ledger(ledger),
+                    latency=_LOOPBACK,
+                    concurrency=case.concurrency,
+                )
+            )
+    row: dict[str, object] = {
+        "case": case.name,
+        "ratio": round(_median(firsts, lambda r: r.ratio), 3),
+        "429": _median(firsts, lambda r: r.tally.rate_limited),
+        "worst 429": max(r.tally.rate_limited for r in firsts),
+    }
+    if thens:
+        row["then ratio"] = round(_median(thens, lambda r: r.ratio), 3)
+        row["then 429"] = _median(thens, lambda r: r.tally.rate_limited)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--only", default="", help="rows whose name holds this")
+    args = parser.parse_args()
+    rows = []
+    print("| case | ratio | 429s (median, worst) | then ratio | then 429s |")
+    print("|---|---|---|---|---|")
+    for case in cases():
+        if args.only not in case.name:
+            continue
+        row = measure(case, args.seeds)
+        rows.append(row)
+        then = (row.get("then ratio", "-"), row.get("then 429", "-"))
+        print(
+            f"| {row['case']} | {row['ratio']} | {row['429']:g}, {row['worst 429']} "
+            f"| {then[0]} | {then[1]} |",
+            flush=True,
+        )
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
