@@ -323,51 +323,24 @@ EnvFileOpt = Annotated[
 HostOpt = Annotated[str, typer.Option(help="Interface to listen on.")]
 PortOpt = Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")]
 
+
+def _named(flag: str, metavar: str, text: str, panel: str | None = None) -> Any:
+    """An option that takes a value and shows no default."""
+    return typer.Option(
+        flag, metavar=metavar, show_default=False, help=text, rich_help_panel=panel
+    )
+
+
 BudgetKeyOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--budget-key",
-        metavar="NAME",
-        show_default=False,
-        help="Name the client's budget in the ledger: rotated or sibling tokens of "
-        "one quota that give the same NAME share it. Default: base URL + token.",
-        rich_help_panel="State",
-    ),
+    str | None, _named("--budget-key", "NAME", helps.BUDGET_KEY, "State")
 ]
 HaltAfterOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--halt-after",
-        metavar="N|P%",
-        show_default=False,
-        help="Stop starting jobs once N jobs of this run failed, or P% of those "
-        "ended (from 20 on); finish those in flight, exit 1, the rest left for a "
-        "resume.",
-        rich_help_panel="Run control",
-    ),
+    str | None, _named("--halt-after", "N|P%", helps.HALT_AFTER, "Run control")
 ]
 MetricsFileOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--metrics-file",
-        metavar="PATH",
-        show_default=False,
-        help="Write the run as Prometheus text (node_exporter's textfile "
-        "collector: name it *.prom) once a minute and at its end. Needs the "
-        "metrics extra: pip install 'batchrun[metrics]'.",
-        rich_help_panel="Output",
-    ),
+    Path | None, _named("--metrics-file", "PATH", helps.METRICS_FILE, "Output")
 ]
-FailedAsJobsOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--failed-as-jobs",
-        metavar="PATH",
-        show_default=False,
-        help="Write the failed jobs of the latest run to PATH as a jobs file of the "
-        "same format and columns, to fix and submit again.",
-    ),
-]
+FailedOpt = Annotated[Path | None, _named("--failed-as-jobs", "PATH", helps.FAILED)]
 
 
 def with_file_limits(ctx: Context, limit: list[str] | None) -> list[str]:

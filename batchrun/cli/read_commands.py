@@ -58,7 +58,7 @@ def status(
     token: flags.TokenOpt = None,
     as_json: flags.ScriptJsonFlag = False,
     show: flags.ShowOpt = "20",
-    failed_as_jobs: flags.FailedAsJobsOpt = None,
+    failed_as_jobs: flags.FailedOpt = None,
 ) -> None:
     """Where the latest run of JOBS_FILE stands: counts, failures, answers by
     status code, budget, ETA."""
