@@ -68,6 +68,21 @@ def test_a_relative_state_dir_is_the_files(project):
     assert config.load().params()["state_dir"] == project / ".state"
 
 
+def test_the_night_shift_keys_are_read(project):
+    """metrics-file (relative to the file), halt-after (a count or a share) and
+    budget-key are settings as their flags are."""
+    (project / "batchrun.toml").write_text(
+        'metrics-file = "m/run.prom"\nhalt-after = 10\nbudget-key = "prod"\n'
+    )
+    assert config.load().params() == {
+        "metrics_file": project / "m" / "run.prom",
+        "halt_after": "10",
+        "budget_key": "prod",
+    }
+    (project / "batchrun.toml").write_text('halt-after = "5 %"\n')
+    assert config.load().params() == {"halt_after": "5%"}
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -104,6 +119,24 @@ def test_a_relative_state_dir_is_the_files(project):
         ),
         pytest.param('limits = "x"\n', "limits must be a table", id="limits-not-table"),
         pytest.param('profile = "a\n', "is not valid TOML", id="bad-toml"),
+        pytest.param(
+            'halt-after = "0%"\n',
+            "halt-after = '0%': --halt-after must be a share above 0%",
+            id="halt-zero",
+        ),
+        pytest.param(
+            "halt-after = 2.5\n",
+            "halt-after = 2.5: bad --halt-after '2.5'",
+            id="halt-float",
+        ),
+        pytest.param(
+            'budget-key = ""\n', "budget-key must be a string", id="budget-empty"
+        ),
+        pytest.param(
+            'budget-key = "a\\u0007b"\n',
+            "--budget-key must be a name of 1 to 100 printable",
+            id="budget-control",
+        ),
     ],
 )
 def test_a_bad_file_exits_2_naming_file_and_key(project, text, expected):

@@ -29,6 +29,7 @@ WINGS: list[tuple[str, list[list[str]]]] = [
             ["durations"],
             ["limits"],
             ["events"],
+            ["responses"],
         ],
     ),
     (
@@ -43,7 +44,7 @@ WINGS: list[tuple[str, list[list[str]]]] = [
             ["pacer"],
         ],
     ),
-    ("jobs", [["endpoints", "jobfile"], ["job"]]),
+    ("jobs", [["endpoints", "jobfile"], ["job", "extract"]]),
     ("api", [["fields", "trace"], ["hints"], ["outcome"], ["breaker", "client"]]),
     (
         "store",
@@ -59,7 +60,7 @@ WINGS: list[tuple[str, list[list[str]]]] = [
     (
         "run",
         [
-            ["journal", "queues", "settings", "view", "exit_code"],
+            ["journal", "queues", "settings", "view", "exit_code", "halt"],
             ["lessons", "settlement"],
             ["runner"],
             ["wiring", "supervisor"],
@@ -70,9 +71,9 @@ WINGS: list[tuple[str, list[list[str]]]] = [
     (
         "cli",
         [
-            ["config", "crontab", "board", "helps"],
-            ["plain_log", "overview", "defaults"],
-            ["progress", "targets"],
+            ["config", "crontab", "board", "helps", "clients"],
+            ["plain_log", "overview", "defaults", "metrics"],
+            ["progress", "targets", "metrics_file"],
             ["reports", "terminal"],
             ["arguments", "flags"],
             ["read_commands"],

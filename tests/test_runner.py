@@ -11,7 +11,14 @@ import respx
 import trio.testing
 
 from batchrun.core.errors import LedgerLost
-from batchrun.core.events import JobRequeued, JobSent, RunFinished, Status, Tally
+from batchrun.core.events import (
+    JobAnswered,
+    JobRequeued,
+    JobSent,
+    RunFinished,
+    Status,
+    Tally,
+)
 from batchrun.core.limits import LimitKey, parse_rule
 from batchrun.jobs.endpoints import JobType
 from batchrun.jobs.job import Job
@@ -548,3 +555,35 @@ async def test_a_request_that_never_reached_the_server_spends_no_budget():
         tally = await runner.run({LimitKey.RUN_QUERY: jobs}, {LimitKey.RUN_QUERY: 2})
     assert tally.done == 2
     assert anyio.current_time() - start < 30.0
+
+
+async def test_every_attempt_reports_its_answer_and_latency():
+    """Each attempt is followed by a JobAnswered with its HTTP status (None with no
+    answer) and its round trip on the run's clock: a 429, then a 200 after a
+    second's wait on the server."""
+
+    tries = []
+
+    async def answer(request):
+        tries.append(request)
+        if len(tries) == 1:
+            return httpx.Response(429, headers={"Retry-After": "1"})
+        await anyio.sleep(1.0)
+        return httpx.Response(200, json={})
+
+    router = respx.Router(assert_all_called=True)
+    router.post(QUERY).mock(side_effect=answer)
+    _, _, sink = await run_jobs(router, [query("a")])
+    answers = sink.of(JobAnswered)
+    assert [(a.job_id, a.status) for a in answers] == [("a", 429), ("a", 200)]
+    assert answers[1].latency == pytest.approx(1.0, abs=0.01)
+
+
+async def test_an_attempt_without_an_answer_reports_no_status():
+    """A refused connection is reported as an answer of no HTTP status."""
+    router = respx.Router(assert_all_called=True)
+    router.post(QUERY).mock(
+        side_effect=[httpx.ConnectError("refused"), httpx.Response(200, json={})]
+    )
+    _, _, sink = await run_jobs(router, [query("a")])
+    assert [a.status for a in sink.of(JobAnswered)] == [None, 200]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,13 +33,15 @@ from batchrun.core.limits import (
 )
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.sandbox.policy_headers import HeaderStyle
-from batchrun.store.paths import StatePaths, api_fingerprint, client_fingerprint
+from batchrun.store.paths import StatePaths
 from batchrun.store.results import default_results_path
 
 if TYPE_CHECKING:
     from batchrun.cli.crontab import CronJob
+    from batchrun.cli.metrics import MetricsFile
     from batchrun.run.settings import Settings
     from batchrun.run.submission import Submission
+    from batchrun.run.view import View
 
 
 def results_path(
@@ -86,36 +89,12 @@ def shown_count(text: str) -> int | None:
     return int(text)
 
 
-def stores(base_url: str | None, token: str | None) -> tuple[str, ...]:
-    """The names of the run store of an API: its own, then a legacy one (of an
-    earlier batchrun, named by base URL and token); none without a base URL."""
-    if base_url is None:
-        return ()
-    return (api_fingerprint(base_url), client_fingerprint(base_url, token))
-
-
-def client(base_url: str | None, token: str | None) -> str | None:
-    """The client's fingerprint (base URL and token), or None without a base URL."""
-    return None if base_url is None else client_fingerprint(base_url, token)
-
-
 def rules(
     profile: Profile, limits: list[str] | None, time_scale: float
 ) -> dict[LimitKey, Rule]:
     """Each key's rule: the profile's table with every --limit in place."""
     overrides = [parse_override(text) for text in limits or []]
     return limit_table(profile=profile, overrides=overrides, time_scale=time_scale)
-
-
-def learning_client(base_url: str | None, token: str | None) -> str:
-    """The client whose limits `limits` shows: it needs a base URL."""
-    if base_url is None:
-        msg = (
-            "limits are learned per client: give its --base-url "
-            "(or BATCHRUN_BASE_URL) and its token"
-        )
-        raise UsageError(msg)
-    return client_fingerprint(base_url, token)
 
 
 def served_rules(
@@ -231,16 +210,22 @@ def submission(
     no_color: bool,
     quiet: bool,
     verbose: bool,
+    halt_after: str | None,
+    metrics_file: Path | None,
+    budget_key: str | None,
     stdin: Callable[[Path, StatePaths], Path],
     warn: Callable[[str], None],
 ) -> Submission:
     """The `Submission` that `submit`'s flags ask for, each checked in turn; jobs
     from stdin (`-`) are first kept in the state folder by `stdin`."""
-    from batchrun.cli import targets
-    from batchrun.cli.progress import view
+    from batchrun.cli import clients, targets
+    from batchrun.cli.metrics_file import metrics_writer
+    from batchrun.run.halt import HaltPolicy
     from batchrun.run.submission import Submission
 
     targets.check_time_scale(time_scale, sandbox=sandbox, base_url=base_url)
+    halt = None if halt_after is None else HaltPolicy.parse(halt_after)
+    metrics = metrics_writer(metrics_file, jobs_file, warn)
     rules_in_force = rules(profile, limit, time_scale)
     server = targets.Server(
         sandbox,
@@ -255,9 +240,10 @@ def submission(
     results = results_path(jobs_file, results, sandbox=sandbox)
     if str(jobs_file) == "-":
         jobs_file = stdin(results, state)
+    where = targets.target(base_url, token, timeout, server, ca_bundle, warn)
     return Submission(
         jobs_file=jobs_file,
-        target=targets.target(base_url, token, timeout, server, ca_bundle, warn),
+        target=replace(where, budget_key=clients.budget_key(budget_key)),
         rules=rules_in_force,
         settings=settings(concurrency, max_attempts, time_scale, pace, profile, limit),
         results=results,
@@ -267,9 +253,21 @@ def submission(
         retry_unknown=retry_unknown,
         restart=restart,
         ledger_url=ledger,
-        view=view(jobs_file, color=not no_color, verbosity=verbosity(quiet, verbose)),
+        view=_view(jobs_file, metrics, not no_color, verbosity(quiet, verbose)),
         run_id=round_name(run_id),
+        halt=halt,
+        ended=None if metrics is None else metrics.close,
     )
+
+
+def _view(
+    jobs_file: Path, metrics: MetricsFile | None, color: bool, verbosity: int
+) -> View:
+    """How a run is shown (`progress.view`), heard by the metrics file too."""
+    from batchrun.cli.progress import view
+
+    shown = view(jobs_file, color=color, verbosity=verbosity)
+    return shown if metrics is None else metrics.around(shown)
 
 
 def cron_job(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from batchrun.core import durations
 from batchrun.core.events import (
     Event,
+    JobAnswered,
     JobFinished,
     JobRequeued,
     JobSent,
@@ -26,6 +27,7 @@ from batchrun.core.events import (
     Tally,
 )
 from batchrun.core.limits import LimitKey, Pace, Rule
+from batchrun.core.responses import Responses
 from batchrun.pacing.slots import eta
 
 _FAILURES_RECENT = 3
@@ -66,6 +68,7 @@ class Board:
         self.finished: RunFinished | None = None
         self.failures = 0
         self.recent: deque[str] = deque(maxlen=_FAILURES_RECENT)
+        self.responses = Responses()
 
     def apply(self, event: Event) -> KeyCounts | None:
         """Count `event`; return the state of its key, if the run has jobs of it."""
@@ -74,6 +77,10 @@ class Board:
             return None
         if isinstance(event, RunFinished):
             self.finished = event
+            return None
+        if isinstance(event, JobAnswered):
+            # Only counted: the JobRequeued or JobFinished that follows moves the key.
+            self.responses.add(event.key, event.status, event.latency)
             return None
         state = self.keys.get(event.key)
         if state is not None:
@@ -227,4 +234,16 @@ def closing_lines(board: Board, now: float) -> list[str]:
     # Whether it stopped early, and how to resume, is said once, with the exit code
     # (submission.py): not here as well.
     unknown = f"{c.unknown} unknown, " if c.unknown else ""
-    return [f"{c.done} done, {c.failed} failed, {unknown}{c.left} left in {elapsed}."]
+    counts = f"{c.done} done, {c.failed} failed, {unknown}{c.left} left in {elapsed}."
+    return [*response_lines(board.responses), counts]
+
+
+def response_lines(responses: Responses) -> list[str]:
+    """Per endpoint, the answers by status code and their latencies (vegeta's and
+    k6's summaries): `run-query responses: 200: 1180, 429: 3; p50 120 ms, …`."""
+    lines = []
+    for key, found in responses.keys.items():
+        latency = found.latency_text()
+        timed = f"; {latency}" if latency else ""
+        lines.append(f"{key} responses: {found.codes_text()}{timed}")
+    return lines

@@ -25,7 +25,7 @@ _EXIT_CODES = (
     "unusable; 69 stopped early, every request failing the same way (401/403, or the "
     "server unreachable); 75 stopped early (deadline, ledger lost), resume by "
     "running again; 130 Ctrl-C; 143 SIGTERM. A signal's code wins, then 69, then "
-    "1, then 75."
+    "1, then 75. --halt-after stops with 1, the jobs left for a resume."
 )
 
 
@@ -60,19 +60,21 @@ def submit(
     no_color: flags.NoColorFlag = False,
     quiet: flags.QuietFlag = False,
     verbose: flags.VerboseFlag = False,
+    halt_after: flags.HaltAfterOpt = None,
+    metrics_file: flags.MetricsFileOpt = None,
+    budget_key: flags.BudgetKeyOpt = None,
 ) -> None:
     """Send every job of JOBS_FILE inside the rate limits; run it again to resume."""
     from batchrun.run.submission import submit
 
     say = terminal.log_for(jobs_file)
-    limit = flags.with_file_limits(ctx, limit)
     with terminal.reported(say):
         job = arguments.submission(
             jobs_file,
             base_url=base_url,
             token=token,
             profile=profile,
-            limit=limit,
+            limit=flags.with_file_limits(ctx, limit),
             pace=pace,
             concurrency=concurrency,
             max_attempts=max_attempts,
@@ -96,6 +98,9 @@ def submit(
             no_color=no_color,
             quiet=quiet,
             verbose=verbose,
+            halt_after=halt_after,
+            metrics_file=metrics_file,
+            budget_key=budget_key,
             stdin=terminal.from_stdin,
             warn=terminal.to_stderr,
         )

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from batchrun.core.errors import UsageError
 from batchrun.core.limits import Profile, parse_override
-from batchrun.store.paths import user_config_file
+from batchrun.run.halt import HaltPolicy
+from batchrun.store.paths import check_budget_key, user_config_file
 
 PROJECT_FILE = "batchrun.toml"
 # The variables that stand in for a flag, and so win over a file.
@@ -165,9 +166,28 @@ def _count(value: object, key: str, path: Path) -> int:
     return value
 
 
-def _folder(value: object, key: str, path: Path) -> Path:
-    """A folder, relative to the file that names it (`~` is the home folder)."""
+def _path(value: object, key: str, path: Path) -> Path:
+    """A file or folder, relative to the file that names it (`~`: the home folder)."""
     return path.parent / Path(_text(value, key, path)).expanduser()
+
+
+def _halt(value: object, key: str, path: Path) -> str:
+    """`halt-after = 10` or `"10%"`: as --halt-after reads it."""
+    # A TOML number or string reads as the flag's text; anything else fails to.
+    text = value if isinstance(value, str) else repr(value)
+    try:
+        return str(HaltPolicy.parse(text))
+    except UsageError as exc:
+        msg = f"{path}: halt-after = {value!r}: {exc.message}"
+        raise UsageError(msg) from None
+
+
+def _budget(value: object, key: str, path: Path) -> str:
+    try:
+        return check_budget_key(_text(value, key, path))
+    except UsageError as exc:
+        msg = f"{path}: budget-key = {value!r}: {exc.message}"
+        raise UsageError(msg) from None
 
 
 _CHECKS: Mapping[str, Callable[[object, str, Path], Value]] = {
@@ -175,7 +195,10 @@ _CHECKS: Mapping[str, Callable[[object, str, Path], Value]] = {
     "profile": _profile,
     "concurrency": _count,
     "ledger": _text,
-    "state-dir": _folder,
+    "state-dir": _path,
+    "budget-key": _budget,
+    "halt-after": _halt,
+    "metrics-file": _path,
 }
 
 

@@ -25,6 +25,9 @@ def _shown_defaults() -> dict[str, str]:
         "concurrency": str(CONCURRENCY),
         "ledger": "SQLite in the state folder",
         "state-dir": str(StatePaths.resolve(None, create=False).root),
+        "budget-key": "(base URL + token)",
+        "halt-after": "(none: every job is tried)",
+        "metrics-file": "(none)",
     }
 
 

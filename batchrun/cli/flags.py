@@ -324,6 +324,25 @@ HostOpt = Annotated[str, typer.Option(help="Interface to listen on.")]
 PortOpt = Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")]
 
 
+def _named(flag: str, metavar: str, text: str, panel: str | None = None) -> Any:
+    """An option that takes a value and shows no default."""
+    return typer.Option(
+        flag, metavar=metavar, show_default=False, help=text, rich_help_panel=panel
+    )
+
+
+BudgetKeyOpt = Annotated[
+    str | None, _named("--budget-key", "NAME", helps.BUDGET_KEY, "State")
+]
+HaltAfterOpt = Annotated[
+    str | None, _named("--halt-after", "N|P%", helps.HALT_AFTER, "Run control")
+]
+MetricsFileOpt = Annotated[
+    Path | None, _named("--metrics-file", "PATH", helps.METRICS_FILE, "Output")
+]
+FailedOpt = Annotated[Path | None, _named("--failed-as-jobs", "PATH", helps.FAILED)]
+
+
 def with_file_limits(ctx: Context, limit: list[str] | None) -> list[str]:
     """The config files' [limits], then --limit, which wins key by key."""
     found = ctx.obj if isinstance(ctx.obj, config.Config) else config.Config(())

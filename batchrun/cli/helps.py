@@ -66,3 +66,24 @@ HEADERS = (
     "(express-rate-limit's RateLimit: limit=, remaining=, reset=), x-ratelimit "
     "(X-RateLimit-Limit/-Remaining/-Reset)."
 )
+
+BUDGET_KEY = (
+    "Name the client's budget in the ledger: rotated or sibling tokens of one quota "
+    "that give the same NAME share it. Default: base URL + token."
+)
+
+HALT_AFTER = (
+    "Stop starting jobs once N jobs of this run failed, or P% of those ended (from "
+    "20 on); finish those in flight, exit 1, the rest left for a resume."
+)
+
+METRICS_FILE = (
+    "Write the run as Prometheus text (node_exporter's textfile collector: name it "
+    "*.prom) once a minute and at its end. Needs the metrics extra: pip install "
+    "'batchrun[metrics]'."
+)
+
+FAILED = (
+    "Write the failed jobs of the latest run to PATH as a jobs file of the same "
+    "format and columns, to fix and submit again."
+)

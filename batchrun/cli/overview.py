@@ -7,6 +7,7 @@ the same rule the pacer grants by.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ from typing import Any
 from batchrun.core.clock import MachineClock, wall_time
 from batchrun.core.errors import UsageError
 from batchrun.core.limits import LimitKey, Pace, Rule, read_table
+from batchrun.core.responses import Responses
 from batchrun.jobs.job import read_jobs
 from batchrun.ledgers.shared_ledger import open_shared_ledger
 from batchrun.pacing.learning.lessons import Lesson
@@ -53,6 +55,8 @@ class Status:
     failures: list[Failure] = field(default_factory=list)
     keys: list[KeyPlan] = field(default_factory=list)
     activity: Activity | None = None
+    # The latest run's answers by status code and their latencies.
+    responses: Responses = field(default_factory=Responses)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,13 +115,28 @@ def status(
         fallback = read_table(store.get_meta("fallback") or "{}")
         failures = store.failures(shown)
         activity = _activity(found, store)
+        responses = _responses(store.get_meta("responses"))
     pending = {
         k: s.get(JobState.PENDING, 0) + s.get(JobState.IN_FLIGHT, 0)
         for k, s in states.items()
     }
     budget = _Budget(paths, client, ledger_url, fallback)
     keys = _plans(pending, rules, pace, budget)
-    return Status(found, states, failures, keys, activity)
+    return Status(found, states, failures, keys, activity, responses)
+
+
+def _responses(text: str | None) -> Responses:
+    try:
+        return Responses.from_json(json.loads(text or "{}"))
+    except ValueError:
+        return Responses()
+
+
+def failed_ids(found: Status) -> set[str]:
+    """The ids of the jobs that ended failed in the run `status` found."""
+    assert found.store is not None
+    with RunStore(found.store, read_only=True) as store:
+        return store.ids_in([JobState.FAILED])
 
 
 @dataclass(frozen=True, slots=True)

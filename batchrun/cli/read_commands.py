@@ -10,12 +10,26 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING
 
-from batchrun.cli import arguments, config, defaults, flags, reports, terminal
+from batchrun.cli import (
+    arguments,
+    clients,
+    config,
+    defaults,
+    flags,
+    reports,
+    terminal,
+)
 from batchrun.core.errors import JobsFileError
 from batchrun.core.limits import Pace, Profile
 from batchrun.store.paths import StatePaths, client_fingerprint
 from batchrun.store.results import default_results_path
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from batchrun.cli.overview import Status
 
 
 def validate(jobs_file: flags.JobsArg, as_json: flags.JsonFlag = False) -> None:
@@ -44,8 +58,10 @@ def status(
     token: flags.TokenOpt = None,
     as_json: flags.ScriptJsonFlag = False,
     show: flags.ShowOpt = "20",
+    failed_as_jobs: flags.FailedOpt = None,
 ) -> None:
-    """Where the latest run of JOBS_FILE stands: counts, failures, budget, ETA."""
+    """Where the latest run of JOBS_FILE stands: counts, failures, answers by
+    status code, budget, ETA."""
     from batchrun.cli.overview import status as read_status
 
     with terminal.reported():
@@ -54,14 +70,33 @@ def status(
         found = read_status(
             jobs_file,
             paths,
-            arguments.stores(base_url, token),
+            clients.stores(base_url, token),
             ledger_url=ledger,
             shown=shown,
         )
+        if failed_as_jobs is not None:
+            _export_failed(jobs_file, found, failed_as_jobs)
     if as_json:
         terminal.echo([json.dumps(reports.status_json(jobs_file, found), indent=2)])
     else:
         terminal.echo(reports.status_lines(jobs_file, found))
+
+
+def _export_failed(jobs_file: Path, found: Status, dest: Path) -> None:
+    """--failed-as-jobs: the latest run's failed jobs, as a jobs file at `dest`."""
+    from batchrun.cli.overview import failed_ids
+    from batchrun.jobs.extract import extract
+
+    copied = extract(jobs_file, dest, failed_ids(found))
+    terminal.to_stderr(
+        f"{copied.written} failed job(s) written to {dest}: fix them, then "
+        f"`batchrun submit {dest}`."
+    )
+    if copied.missing:
+        terminal.to_stderr(
+            f"{len(copied.missing)} failed job(s) are no longer in {jobs_file} "
+            "(changed since the run): not copied."
+        )
 
 
 def plan(
@@ -74,6 +109,7 @@ def plan(
     ledger: flags.LedgerOpt = None,
     base_url: flags.BaseUrlOpt = None,
     token: flags.TokenOpt = None,
+    budget_key: flags.BudgetKeyOpt = None,
     as_json: flags.JsonFlag = False,
 ) -> None:
     """How long the jobs of JOBS_FILE not yet done take (nothing is sent)."""
@@ -82,7 +118,9 @@ def plan(
     limit = flags.with_file_limits(ctx, limit)
     with terminal.reported():
         rules = arguments.rules(profile, limit, 1.0)
-        client = arguments.client(base_url, token) or client_fingerprint("", None)
+        client = clients.client(base_url, token, budget_key) or client_fingerprint(
+            "", None
+        )
         paths = StatePaths.resolve(state_dir, create=False)
         plans = make_plan(
             jobs_file,
@@ -92,7 +130,7 @@ def plan(
             client,
             ledger_url=ledger,
             fallback=arguments.fallback_rules(profile, limit),
-            names=arguments.stores(base_url, token),
+            names=clients.stores(base_url, token),
         )
     if as_json:
         terminal.echo([json.dumps(reports.plan_json(jobs_file, plans), indent=2)])
@@ -104,6 +142,7 @@ def limits_command(
     ctx: flags.Context,
     base_url: flags.BaseUrlOpt = None,
     token: flags.TokenOpt = None,
+    budget_key: flags.BudgetKeyOpt = None,
     profile: flags.ProfileOpt = Profile.B,
     limit: flags.LimitOpt = None,
     state_dir: flags.StateDirOpt = None,
@@ -116,7 +155,7 @@ def limits_command(
 
     limit = flags.with_file_limits(ctx, limit)
     with terminal.reported():
-        client = arguments.learning_client(base_url, token)
+        client = clients.learning_client(base_url, token, budget_key)
         rules = arguments.rules(profile, limit, 1.0)
         asked = arguments.forgotten(forget)
         paths = StatePaths.resolve(state_dir, create=bool(asked))
@@ -151,7 +190,7 @@ def show(
     with terminal.reported():
         paths = StatePaths.resolve(state_dir, create=False)
         where = results or default_results_path(jobs_file)
-        shown = find(jobs_file, job_id, paths, arguments.stores(base_url, token), where)
+        shown = find(jobs_file, job_id, paths, clients.stores(base_url, token), where)
     if as_json:
         terminal.echo([json.dumps(reports.show_json(shown), indent=2)])
     else:

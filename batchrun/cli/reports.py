@@ -11,7 +11,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from batchrun.cli.board import response_lines
 from batchrun.core import durations
+from batchrun.core.responses import PERCENTILES, Responses
 
 if TYPE_CHECKING:
     # Types only: `status` and `plan` import overview when they run, so that
@@ -91,7 +93,8 @@ def status_lines(jobs_file: Path, found: Status) -> list[str]:
         lines.append(f"  … and {more} more (--show all lists every one)")
     if any(failure.state == "unknown" for failure in found.failures):
         lines.append(f"  unknown: {_UNKNOWN_HINT}")
-    return lines + _activity_lines(found) + plan_lines(found.keys)
+    answers = [f"latest run: {line}" for line in response_lines(found.responses)]
+    return lines + answers + _activity_lines(found) + plan_lines(found.keys)
 
 
 def _ended_badly(found: Status) -> int:
@@ -143,9 +146,24 @@ def status_json(jobs_file: Path, found: Status) -> dict[str, object]:
         },
         "failures": [_failure_json(f) for f in found.failures],
         "failures_total": _ended_badly(found),
+        "responses": _responses_json(found.responses),
         **_activity_json(found),
         "keys": [_plan_json(p) for p in found.keys],
     }
+
+
+def _responses_json(responses: Responses) -> dict[str, object]:
+    """The latest run's answers per endpoint: counts by code, and latency
+    percentiles in seconds (None without an answer)."""
+    found: dict[str, object] = {}
+    for key, answers in responses.keys.items():
+        latency = answers.latency
+        timed = {f"p{p:g}": latency.percentile(p) for p in PERCENTILES}
+        found[key.value] = {
+            "codes": dict(answers.ordered()),
+            "latency": {**timed, "max": latency.max if latency.count else None},
+        }
+    return found
 
 
 def _activity_json(found: Status) -> dict[str, object]:

@@ -76,6 +76,18 @@ class JobSent:
 
 
 @dataclass(frozen=True, slots=True)
+class JobAnswered:
+    """An attempt ended after `latency` s: the server's HTTP status, or None when
+    no answer came (a timeout, a refused or dropped connection)."""
+
+    at: float
+    key: LimitKey
+    job_id: str
+    status: int | None
+    latency: float
+
+
+@dataclass(frozen=True, slots=True)
 class JobRequeued:
     """A job will be tried again after `delay` s; `reason` is "429" or the error."""
 
@@ -140,6 +152,7 @@ class RunFinished:
 Event = (
     RunStarted
     | JobSent
+    | JobAnswered
     | JobRequeued
     | JobFinished
     | SlotWait
@@ -152,3 +165,14 @@ class EventSink(Protocol):
     """Anything that listens to a run's events. `emit` must not block or raise."""
 
     def emit(self, event: Event) -> None: ...
+
+
+class Tee:
+    """An event sink that hands each event to several, in order."""
+
+    def __init__(self, *sinks: EventSink) -> None:
+        self._sinks = sinks
+
+    def emit(self, event: Event) -> None:
+        for sink in self._sinks:
+            sink.emit(event)

@@ -12,9 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from batchrun.core.errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_SOME_FAILED,
     EXIT_STOPPED,
+    BatchrunError,
+    StateError,
     StoppedEarly,
 )
 from batchrun.store.state import JobState, RunStore
@@ -28,8 +32,19 @@ _NOT_KEPT = (
 
 
 def exit_code(
-    store: RunStore, *, stop: int | None, kept: bool, say: Callable[[str], None]
+    store: RunStore,
+    *,
+    stop: int | None,
+    kept: bool,
+    say: Callable[[str], None],
+    halted: str | None = None,
 ) -> int:
+    """The exit code, saying what is left and why; `halted` is why `--halt-after`
+    stopped the run, if it did.
+
+    Raises:
+        StoppedEarly: when jobs are left and none failed (75), or after a signal.
+    """
     counts = store.counts()
     by_state = {s: sum(n for (_, st), n in counts.items() if st is s) for s in JobState}
     left = by_state[JobState.PENDING] + by_state[JobState.IN_FLIGHT]
@@ -43,7 +58,8 @@ def exit_code(
     code = _code(stop, failed=failed, left=left)
     if left:
         then = _RESUME if kept else _NOT_KEPT
-        message = f"Stopped early with {left} job(s) left: {then}"
+        why = "" if halted is None else f"Halted: {halted}. "
+        message = f"{why}Stopped early with {left} job(s) left: {then}"
         if code != EXIT_SOME_FAILED:
             raise StoppedEarly(message, exit_code=code)
         say(message)
@@ -58,3 +74,22 @@ def _code(stop: int | None, *, failed: int, left: int) -> int:
     if failed:
         return EXIT_SOME_FAILED
     return EXIT_STOPPED if stop is not None or left else EXIT_OK
+
+
+def code_of(exc: BaseException) -> int:
+    """The exit code the command line ends with when a submission raises `exc`:
+    a BatchrunError's own (of a group's, a StateError's first), 130 for Ctrl-C,
+    else 70 (a bug)."""
+    leaves = _leaves(exc)
+    if all(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+        return EXIT_INTERRUPTED
+    errors = [leaf for leaf in leaves if isinstance(leaf, BatchrunError)]
+    if len(errors) < len(leaves):
+        return EXIT_INTERNAL
+    return min(errors, key=lambda e: not isinstance(e, StateError)).exit_code
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]

@@ -27,6 +27,7 @@ from batchrun.core.errors import StateError
 from batchrun.core.events import (
     Event,
     EventSink,
+    JobAnswered,
     JobSent,
     RunStarted,
     Tally,
@@ -215,10 +216,13 @@ class Runner:
         sent = self._learner.sent(key, attempt.sent_at, probe=probe)
         self._emit(JobSent(self._clock.now(), key, attempt.job.id, attempt.attempts))
         outcome = await self._send(key, ticket, attempt.job)
+        now = self._clock.now()
+        job_id, latency = attempt.job.id, now - attempt.sent_at
+        self._emit(JobAnswered(now, key, job_id, outcome.status, latency))
         # Only an answer says whether the server's limiter let the request through.
         refused = None if outcome.status is None else outcome.kind is Kind.RATE_LIMITED
         self._learner.answered(
-            key, sent, self._clock.now(), refused=refused, wait=outcome.retry_after
+            key, sent, now, refused=refused, wait=outcome.retry_after
         )
         if refused is False:
             self._pacer.keep_record(key)

@@ -13,6 +13,7 @@ the view the run is shown in (`Submission.view`).
 from __future__ import annotations
 
 import contextlib
+import json
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,10 +22,14 @@ from pathlib import Path
 import anyio
 
 from batchrun.core.clock import MachineClock, wall_time
+from batchrun.core.errors import EXIT_INTERNAL, RunLocked
+from batchrun.core.events import Tee
 from batchrun.core.limits import LimitKey, Rule, table_text
+from batchrun.core.responses import Responses
 from batchrun.ledgers.shared_ledger import open_shared_ledger
 from batchrun.pacing.ledger import Ledger, MemoryLedger
-from batchrun.run.exit_code import exit_code
+from batchrun.run.exit_code import code_of, exit_code
+from batchrun.run.halt import HaltPolicy, HaltWatch
 from batchrun.run.journal import Journal
 from batchrun.run.settings import Settings
 from batchrun.run.supervisor import pending_counts, supervise
@@ -58,15 +63,34 @@ class Submission:
     ledger_url: str | None = field(default=None, repr=False)
     # --run-id: a round's name; a new name sends every job again (a new night).
     run_id: str | None = None
+    # --halt-after: stop starting jobs once this many failed.
+    halt: HaltPolicy | None = None
+    # Told the exit code the submission ends with, however it ends, unless
+    # another run holds the jobs file (exit 3): the metrics file is that run's.
+    ended: Callable[[int], None] | None = field(default=None, repr=False)
 
 
 def submit(job: Submission, *, say: Callable[[str], None]) -> int:
-    """Run one submission; return its exit code (CONTRACT.md section 4).
+    """Run one submission; return its exit code (CONTRACT.md section 4), and
+    tell `job.ended` what it is.
 
     Raises:
         StoppedEarly: when jobs are left after a deadline, a lost ledger or a
             signal, and none failed (exit 75), or after a signal (130, 143).
     """
+    code = EXIT_INTERNAL
+    try:
+        code = _submit(job, say)
+    except BaseException as exc:
+        code = code_of(exc)
+        raise
+    finally:
+        if job.ended is not None and code != RunLocked.exit_code:
+            job.ended(code)
+    return code
+
+
+def _submit(job: Submission, say: Callable[[str], None]) -> int:
     lock = RunLock(job.state.make_run_folder(job.jobs_file), job.jobs_file)
     # A ledger that cannot be used stops the run before the jobs file is read;
     # closing it writes the last answers for the other processes.
@@ -91,16 +115,18 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
         store.set_meta("results", str(job.results.absolute()))
         store.set_meta("started_at", f"{wall_time():.3f}")
         _announce(store, job, say)
+        halt = None if job.halt is None else HaltWatch(job.halt)
         if pending_counts(store):
             with ResultsFile(job.results) as results:
                 journal = Journal(store, results)
-                stop = anyio.run(_run, job, store, ledger, journal, say)
+                stop = anyio.run(_run, job, store, ledger, journal, halt, say)
                 journal.caught_up()
             say(f"Results: {job.results}")
         else:
             stop = None
         kept = not job.target.is_sandbox
-        return exit_code(store, stop=stop, kept=kept, say=say)
+        why = None if halt is None else halt.reason
+        return exit_code(store, stop=stop, kept=kept, say=say, halted=why)
 
 
 async def _run(
@@ -108,10 +134,13 @@ async def _run(
     store: RunStore,
     ledger: Ledger,
     journal: Journal,
+    halt: HaltWatch | None,
     say: Callable[[str], None],
 ) -> int | None:
     clock = MachineClock()
     sink = job.view(clock=clock, notes=say)
+    responses = Responses()
+    heard = Tee(sink, responses, *([] if halt is None else [halt]))
     try:
         async with open_run(
             job.target,
@@ -119,13 +148,16 @@ async def _run(
             settings=job.settings,
             ledger=ledger,
             clock=clock,
-            sink=sink,
+            sink=heard,
             recorder=journal,
             scope=runs.scope(store, job.jobs_file),
         ) as runner:
-            return await supervise(runner, store, job.deadline, sink)
+            stop = await supervise(runner, store, job.deadline, sink, halt)
     finally:
         sink.close()
+    # For `status`: the latest run's answers by code, and their latencies.
+    store.set_meta("responses", json.dumps(responses.to_json()))
+    return stop
 
 
 @contextlib.contextmanager

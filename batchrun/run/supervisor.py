@@ -13,12 +13,14 @@ import anyio
 
 from batchrun.core.errors import (
     EXIT_INTERRUPTED,
+    EXIT_SOME_FAILED,
     EXIT_STOPPED,
     EXIT_TERMINATED,
     EXIT_UNAVAILABLE,
     LedgerLost,
 )
 from batchrun.core.limits import LimitKey
+from batchrun.run.halt import HaltWatch
 from batchrun.run.runner import Runner
 from batchrun.run.view import QUIET, ProgressSink
 from batchrun.store.state import JobState, RunStore
@@ -31,10 +33,21 @@ def pending_counts(store: RunStore) -> dict[LimitKey, int]:
     return dict(sorted(pending.items()))
 
 
+def _rank(code: int | None) -> int:
+    """Which stop's code a run ends with: a signal's over a halt's (1, some jobs
+    failed) over the deadline's (75)."""
+    return {None: 0, EXIT_STOPPED: 1, EXIT_SOME_FAILED: 2}.get(code, 3)
+
+
 async def supervise(
-    runner: Runner, store: RunStore, deadline: float | None, sink: ProgressSink
+    runner: Runner,
+    store: RunStore,
+    deadline: float | None,
+    sink: ProgressSink,
+    halt: HaltWatch | None = None,
 ) -> int | None:
-    """Run until done, a deadline or a signal; the exit code it stopped early with."""
+    """Run until done, a deadline, a halt (`--halt-after`) or a signal; the exit
+    code it stopped early with."""
     say = sink.note
     pending = pending_counts(store)
     sources = {key: store.pending(key) for key in pending}
@@ -45,9 +58,12 @@ async def supervise(
         if stopped is None:
             say(f"{why}: starting no new requests, waiting for those in flight.")
         # A signal after the deadline still stops a shell loop around batchrun.
-        if stopped in (None, EXIT_STOPPED):
+        if _rank(code) > _rank(stopped):
             stopped = code
         runner.stop()
+
+    if halt is not None:
+        halt.stop = lambda why: stop(f"Halted: {why}", EXIT_SOME_FAILED)
 
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(_on_signals, stop, tasks.cancel_scope, say)
@@ -58,7 +74,7 @@ async def supervise(
         tasks.cancel_scope.cancel()
     if runner.breaker.tripped is not None:
         say(f"Circuit breaker: {runner.breaker.tripped}")
-        return stopped if stopped not in (None, EXIT_STOPPED) else EXIT_UNAVAILABLE
+        return EXIT_UNAVAILABLE if _rank(stopped) < _rank(EXIT_INTERRUPTED) else stopped
     halted = runner.halted
     if isinstance(halted, LedgerLost):
         lost = halted.message

@@ -19,7 +19,7 @@ from batchrun.pacing.pacer import Pacer
 from batchrun.run.runner import Runner
 from batchrun.run.settings import Settings
 from batchrun.run.settlement import Recorder
-from batchrun.store.paths import client_fingerprint
+from batchrun.store.paths import budget_fingerprint, client_fingerprint
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,9 +32,15 @@ class Target:
     timeout: float
     transport: Any = None
     ca_bundle: Path | None = None
+    # --budget-key: the budget's name, shared by every token that gives it.
+    budget_key: str | None = None
 
     @property
     def client(self) -> str:
+        """Whose budget the requests draw on: the budget key's, else the base
+        URL's and token's."""
+        if self.budget_key is not None:
+            return budget_fingerprint(self.budget_key)
         return client_fingerprint(self.base_url, self.token)
 
     @property

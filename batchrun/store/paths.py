@@ -19,12 +19,37 @@ from pathlib import Path
 
 import platformdirs
 
-from batchrun.core.errors import StateError
+from batchrun.core.errors import StateError, UsageError
+
+_BUDGET_KEY_MAX = 100
 
 
 def client_fingerprint(base_url: str, token: str | None) -> str:
     """Names a client (base URL + token) without revealing the token."""
     text = f"{base_url.rstrip('/')}\0{token or ''}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def check_budget_key(name: str) -> str:
+    """A budget's name as given (`--budget-key`, `budget-key`): printable text.
+
+    Raises:
+        UsageError: when it is empty, too long or holds a control character.
+    """
+    if not name.strip() or len(name) > _BUDGET_KEY_MAX or not name.isprintable():
+        msg = (
+            f"--budget-key must be a name of 1 to {_BUDGET_KEY_MAX} printable "
+            "characters, e.g. --budget-key reporting-prod (every process that "
+            "gives it draws on one budget)."
+        )
+        raise UsageError(msg)
+    return name
+
+
+def budget_fingerprint(name: str) -> str:
+    """Names a client by the budget it draws on (`--budget-key NAME`), whatever
+    its base URL and token: rotated or sibling tokens of one quota share it."""
+    text = f"budget\0{name}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -1,0 +1,92 @@
+"""`--halt-after N|P%`: when a run stops starting jobs (run/halt.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchrun.core.errors import UsageError
+from batchrun.core.events import JobFinished, JobSent, Status
+from batchrun.core.limits import LimitKey
+from batchrun.run.halt import MIN_ENDED, HaltPolicy, HaltWatch
+
+
+@pytest.mark.parametrize(
+    ("text", "policy"),
+    [
+        pytest.param("10", HaltPolicy(count=10), id="count"),
+        pytest.param(" 1 ", HaltPolicy(count=1), id="spaces"),
+        pytest.param("10%", HaltPolicy(percent=10.0), id="percent"),
+        pytest.param("2.5 %", HaltPolicy(percent=2.5), id="fraction"),
+        pytest.param("100%", HaltPolicy(percent=100.0), id="all"),
+    ],
+)
+def test_a_policy_is_a_count_or_a_share(text, policy):
+    """`N` counts failed jobs; `P%` is a share of the ended ones."""
+    assert HaltPolicy.parse(text) == policy
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        pytest.param("0", "at least 1", id="zero"),
+        pytest.param("0%", "above 0%", id="zero-percent"),
+        pytest.param("101%", "up to 100%", id="over-100"),
+        pytest.param("ten", "bad --halt-after 'ten'", id="words"),
+        pytest.param("-3", "bad --halt-after", id="negative"),
+        pytest.param("", "bad --halt-after", id="empty"),
+    ],
+)
+def test_a_bad_policy_is_a_usage_error(text, said):
+    """Anything else exits 2 with an example of what works."""
+    with pytest.raises(UsageError, match=said) as caught:
+        HaltPolicy.parse(text)
+    assert caught.value.exit_code == 2
+
+
+def test_a_count_halts_at_the_nth_failure():
+    """`--halt-after 3`: two failures go on, the third halts."""
+    policy = HaltPolicy(count=3)
+    assert policy.reason(failed=2, ended=500) is None
+    assert policy.reason(failed=3, ended=3) == (
+        "3 job(s) failed in this run (--halt-after 3)"
+    )
+
+
+def test_a_share_waits_for_twenty_ended_jobs():
+    """`--halt-after 10%`: 1 failure of the first 2 is 50 %, but too few to judge."""
+    policy = HaltPolicy(percent=10.0)
+    assert policy.reason(failed=1, ended=2) is None
+    assert policy.reason(failed=10, ended=MIN_ENDED - 1) is None
+    assert policy.reason(failed=1, ended=MIN_ENDED) is None
+    assert policy.reason(failed=2, ended=MIN_ENDED) == (
+        "2 of 20 ended jobs failed in this run (10%, --halt-after 10%)"
+    )
+    assert policy.reason(failed=99, ended=1000) is None
+    assert policy.reason(failed=100, ended=1000) is not None
+
+
+def _finished(status: Status, n: int = 0) -> JobFinished:
+    return JobFinished(float(n), LimitKey.INVITE, f"j{n}", status, 1, 400, "HTTP 400")
+
+
+def test_the_watch_stops_once_with_the_reason():
+    """The watch counts ended jobs (unknown ones as failed) and stops the run once."""
+    stops: list[str] = []
+    watch = HaltWatch(HaltPolicy(count=2))
+    watch.stop = stops.append
+    watch.emit(JobSent(0.0, LimitKey.INVITE, "j0", 1))
+    watch.emit(_finished(Status.DONE))
+    watch.emit(_finished(Status.UNKNOWN))
+    assert stops == []
+    watch.emit(_finished(Status.FAILED))
+    watch.emit(_finished(Status.FAILED))
+    assert stops == ["2 job(s) failed in this run (--halt-after 2)"]
+    assert watch.reason == stops[0]
+    assert (watch.failed, watch.ended) == (2, 3)
+
+
+def test_a_watch_without_its_stop_is_a_bug_said_aloud():
+    """A watch nobody can act on must not pass silently."""
+    watch = HaltWatch(HaltPolicy(count=1))
+    with pytest.raises(RuntimeError, match="given its stop"):
+        watch.emit(_finished(Status.FAILED))
