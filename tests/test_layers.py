@@ -39,7 +39,7 @@ WINGS: list[tuple[str, list[list[str]]]] = [
             ["ledger", "learning.log", "learning.lessons", "learning.counters"],
             ["learning.readings"],
             ["learning.alternatives"],
-            ["learning.storage", "learning.fallback"],
+            ["learning.storage", "learning.fallback", "learning.evidence"],
             ["learning.learner"],
             ["pacer"],
         ],

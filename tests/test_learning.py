@@ -591,7 +591,8 @@ def test_a_retry_after_longer_than_one_drain_rules_the_bucket_out():
 
 def test_a_bucket_is_not_read_while_another_reading_is_in_doubt():
     safer = Fallback(Lesson(parse_rule("11/2s"), "the safe reading"))
-    lesson = settled_review(burst(11, 1), parse_rule("30/2s"), safer=safer)
+    log = [*burst(11, 1), *probe(0.01)]
+    lesson = settled_review(log, parse_rule("30/2s"), safer=safer)
     assert lesson is not None
     assert lesson.rule.burst is None
 
@@ -779,7 +780,14 @@ def straddled(learner: Learner) -> None:
     it), then spaced evenly at 16 per 2 s from 2.2 s: refused after 10."""
     logged(learner, burst(16, 1))
     logged(learner, spaced(11, 0.127, at=2.2, refused_last=True))
+    logged(learner, probe(2.2 + 10 * 0.127 + 0.01))
     learner.episode("k", 2.2 + 10 * 0.127)
+
+
+def probe(answered: float) -> list[Sent]:
+    """A request sent just after a refusal answered at `answered`, refused too:
+    the second word a lesson needs (`evidence`)."""
+    return [Sent(answered + 0.02, answered + 0.03, True)]
 
 
 def test_spaced_evenly_and_refused_lowers_the_count_to_what_was_accepted():
@@ -801,6 +809,7 @@ def test_a_refusal_after_fewer_than_half_the_count_lowers_it_by_one():
     learner = Learner()
     logged(learner, burst(16, 0))
     logged(learner, spaced(4, 0.6, at=10.0, refused_last=True))
+    logged(learner, probe(11.81))
     lesson = reviewed(learner, "16/2s", 11.8)
     assert str(lesson.rule) == "15/2s"
 
@@ -816,6 +825,7 @@ def test_a_refusal_soon_after_a_burst_lowers_the_count_by_one():
     # 7 within the 2 s before the refusal (half the count or more): spaced
     # evenly all along, the count would be lowered to 7.
     logged(learner, spaced(3, 0.2, at=2.2, refused_last=True))
+    logged(learner, probe(2.61))
     lesson = reviewed(learner, "11/2s", 2.6)
     assert str(lesson.rule) == "10/2s"
 
@@ -836,6 +846,7 @@ def test_a_quota_spaced_evenly_is_learned_as_its_longer_window():
     minute's count): a quota, learned as its window, not as a lower count."""
     learner = Learner()
     logged(learner, spaced(46, 4.05, at=0.0, refused_last=True))
+    logged(learner, probe(45 * 4.05 + 0.01))
     lesson = reviewed(learner, "15/1m", 45 * 4.05)
     assert str(lesson.rule) == "15/1m+45/5m"
 
@@ -934,6 +945,7 @@ def test_a_quota_is_learned_from_a_log_shorter_than_its_window():
     worth, a quota whatever the log covers."""
     learner = Learner()
     logged(learner, spaced(46, 2.7, at=0.0, refused_last=True))
+    logged(learner, probe(45 * 2.7 + 0.01))
     lesson = reviewed(learner, "15/1m", 45 * 2.7)
     assert str(lesson.rule) == "15/1m+45/5m"
 

@@ -99,8 +99,11 @@ class Lessons:
         if key not in self._fallback:
             return
         given = self._pacer.rules[key]
-        lesson = self._fallback[key].ruled_out(self._learner, key, given)
-        if lesson is not None:
+        fallback = self._fallback[key]
+        lesson = fallback.ruled_out(self._learner, key, given)
+        if lesson is not None and fallback.trial:
+            del self._fallback[key]  # a 429 in doubt, now known to be noise
+        elif lesson is not None:
             self._learned(key, lesson, ruled_out=True)
 
     def _learned(
@@ -117,13 +120,15 @@ class Lessons:
         if fallback is not None and not ruled_out:
             lesson = fallback.taken(lesson, given)
         if lesson.fallback is not None:
-            self._fallback[key] = Fallback(lesson.fallback)
+            self._fallback[key] = Fallback(lesson.fallback, trial=lesson.trial)
         # Later runs start from a faster reading with the safer one behind it,
         # as this one goes on; while a safer rule stands that is no reading of
         # the log (--profile auto's B), from the lesson joined with it.
         standing = None if lesson.fallback else self._fallback.get(key)
         kept = None if standing is None else standing.kept(lesson)
-        self._pacer.learn(key, lesson, kept=kept)
+        self._pacer.learn(key, lesson, kept=kept, keep=not lesson.trial)
+        if lesson.trial:
+            return  # a 429 in doubt: nothing learned yet
         at = self._clock.now()
         spread = self._pacer.pace(key) is Pace.SPREAD
         self._sink.emit(RuleLearned(at, key, lesson.rule, spread, lesson.evidence))

@@ -20,6 +20,10 @@ bucket's burst, stands only with a window reading to fall back to. Lessons and
 what the server was seen to accept are kept in the ledger as text (`storage`),
 read back only for the rule they were learned under.
 
+A lesson needs evidence (`evidence`): a refusal that the server's own record
+contradicts is noise and teaches nothing; one refusal alone is only tried in
+this process, never kept.
+
 Modules, bottom up: log, lessons, counters; readings; alternatives; storage,
-fallback; learner.
+fallback, evidence; learner.
 """

@@ -39,6 +39,9 @@ class Fallback:
     reading: Lesson
     # A statement of the limit (`--profile auto`'s B), not a reading of the log.
     stated: bool = False
+    # The reading of one refusal alone (`Lesson.trial`): ruled out, it is
+    # simply dropped (the rule it stood behind was never in doubt).
+    trial: bool = False
 
     @property
     def rule(self) -> Rule:

@@ -14,6 +14,7 @@ from batchrun.pacing.learning.alternatives import (
     lowered,
     stated_lesson,
 )
+from batchrun.pacing.learning.evidence import Weight, safest, weighed
 from batchrun.pacing.learning.fallback import Fallback
 from batchrun.pacing.learning.lessons import Lesson, candidates
 from batchrun.pacing.learning.log import KeyLog, Sent
@@ -120,7 +121,9 @@ class Learner:
         evenly is tried first, as it costs nothing if the count was right. If
         429s still come when spread, a longer window that is a quota is learned,
         or else the count is lowered (`lowered`). `safer`: the fallback that
-        stands, if a reading is in doubt.
+        stands, if a reading is in doubt. A reading the server's own record
+        contradicts is noise and teaches nothing; one refusal alone is only a
+        trial, never kept (`evidence.weighed`).
         """
         began = self._episodes.get(key)
         log = self._logs.get(key)
@@ -135,17 +138,45 @@ class Learner:
             self._stated.discard(key)
             lesson = self._window_lesson(log, rule, safer=safer, plain=True)
             return None if lesson is None else stated_lesson(lesson, rule)
+        lesson, spaces = self._taught(log, rule, spread=spread, safer=safer)
+        if lesson is None:
+            return None
+        standing = None if safer is None else safer.rule
+        stated = safer is not None and safer.stated
+        windows = candidates(rule, time_scale=self._time_scale)
+        longer = [w for w in windows if w > rule.longest]
+        weight = weighed(log.sent, lesson, standing, stated=stated, longer=longer)
+        if weight is Weight.NOISE or (weight is Weight.DOUBTED and safer):
+            return None  # the cool-down was all it cost (`evidence`)
+        if weight is Weight.DOUBTED:
+            # One refusal alone, in this process only: the rule stands, with
+            # the refusal's safest reading behind it, which the next refusal
+            # takes if it agrees (`Fallback`) and acceptances past it rule out.
+            why = f"a 429 in doubt: {lesson.evidence}"
+            if spaces and lesson.rule == rule:
+                # Spacing evenly costs nothing if the count was right.
+                log.spacing()
+                return Lesson(rule, why, spread=True, trial=True)
+            return Lesson(rule, why, fallback=safest(lesson), trial=True)
+        log.rearm()
+        if spaces:
+            log.spacing()
+        return lesson
+
+    def _taught(
+        self, log: KeyLog, rule: Rule, *, spread: bool, safer: Fallback | None
+    ) -> tuple[Lesson | None, bool]:
+        """The reading of a settled 429 episode's log (`review`), and whether
+        the key is told to space its requests evenly from now."""
         lesson = self._window_lesson(log, rule, safer=safer, spread=spread)
-        if lesson is not None:
-            log.rearm()
         if lesson is not None or not refused_amid_acceptances(log.sent, rule):
             # Refused with nothing accepted in any window (a spent quota, or
             # other clients of the token): there is no count to learn, only waiting.
-            return lesson
+            return lesson, False
         if spread:
-            return self._spread_lesson(log, rule, safer)
-        log.rearm()
-        return _other_counting(log, rule, safer)
+            return self._spread_lesson(log, rule, safer), False
+        lesson = _other_counting(log, rule, safer)
+        return lesson, lesson.spread
 
     def _window_lesson(
         self,
@@ -203,8 +234,6 @@ class Learner:
             lesson = Lesson(Rule(rule.windows), why, True)
         else:
             lesson = lowered(log, rule)
-        if lesson is not None:
-            log.rearm()
         return lesson
 
 
@@ -231,6 +260,4 @@ def _other_counting(log: KeyLog, rule: Rule, safer: Fallback | None) -> Lesson:
         why = "429s came although requests kept to the rule"
         plain = Rule(rule.windows)  # spaced evenly, a burst is no longer read
         lesson = Lesson(plain, f"{why}: the server counts in another way", True)
-    if lesson.spread:
-        log.spacing()
     return lesson

@@ -25,6 +25,8 @@ class Lesson:
     # A safer lesson that explains the log as well: the key falls back to it if
     # the server refuses again before it lets through more than it allows.
     fallback: Lesson | None = None
+    # One refusal alone (`evidence`): paced by in this process only, never kept.
+    trial: bool = False
 
 
 def candidates(rule: Rule, *, time_scale: float = 1.0) -> tuple[float, ...]:

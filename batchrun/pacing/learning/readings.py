@@ -21,7 +21,7 @@ _QUOTA = 3
 
 class Fit(Enum):
     """How a refusal's Retry-After must fit a window for the window to explain it
-    (`_agrees`)."""
+    (`agrees`)."""
 
     # It names when the oldest request counted in the window leaves it (a
     # sliding window): the reading that fits the server's word best.
@@ -63,7 +63,7 @@ def infer(
         # names its end.
         longer = seconds > shortest.seconds
         window_fit = Fit.SLIDING if fit is Fit.FIXED and longer else fit
-        most, least = _bounds(answered, seconds, fit=window_fit)
+        most, least = bounds(answered, seconds, fit=window_fit)
         # A window longer than the rule's shortest is read as a quota (at least
         # `_QUOTA` times the shortest's count), or if the log covers half of
         # it; else its count is only how long the log is (a weighted counter's
@@ -80,7 +80,7 @@ def infer(
     return None
 
 
-def _bounds(log: Sequence[Sent], seconds: float, *, fit: Fit) -> tuple[int, int]:
+def bounds(log: Sequence[Sent], seconds: float, *, fit: Fit) -> tuple[int, int]:
     """Bounds on the count per `seconds` of a server that refused and accepted as
     in `log`: at most the fewest accepted requests that arrived within `seconds`
     up to a refusal; at least the most that arrived within `seconds` up to an
@@ -98,14 +98,14 @@ def _bounds(log: Sequence[Sent], seconds: float, *, fit: Fit) -> tuple[int, int]
             arrivals, moment - seconds
         )
         if entry.refused:
-            agrees = _agrees(entry, arrivals, seconds, fit)
-            most = min(most, inside if agrees else 0)
+            fits = agrees(entry, arrivals, seconds, fit)
+            most = min(most, inside if fits else 0)
         else:
             least = max(least, inside)
     return most, least
 
 
-def _agrees(refusal: Sent, arrivals: list[float], seconds: float, fit: Fit) -> bool:
+def agrees(refusal: Sent, arrivals: list[float], seconds: float, fit: Fit) -> bool:
     """Whether a refusal's Retry-After fits a window of `seconds`: then it names
     about when the oldest accepted arrival within it leaves the window (`fit`
     SLIDING), or no later (FIXED). Servers round it up to whole seconds, and the
@@ -186,5 +186,5 @@ def refused_amid_acceptances(log: Sequence[Sent], rule: Rule) -> bool:
     (whatever its Retry-After: a server that counts another way computes it
     another way too)."""
     answered = with_answers(log)
-    most, _ = _bounds(answered, rule.longest, fit=Fit.NONE)
+    most, _ = bounds(answered, rule.longest, fit=Fit.NONE)
     return most > 0

@@ -1,0 +1,175 @@
+"""Whether a 429 episode is evidence for its lesson (`weighed`), or noise.
+
+The model: a refusal of a request that arrived with N accepted within W reads
+"at most N per W", and an acceptance with M within W reads "at least M". A
+reading explains a set of refusals if one count per W fits them all and the
+acceptances around them (within `SPAN` windows of W: "not long before"), or if
+an aligned counter of W (a fixed window or weighted counter, which lets up to
+twice its count through a sliding W) at a count no higher than the lesson's
+does (`counters.read`); W is any window of the lesson, of the safer reading
+behind it, or of the fallback that stands.
+
+- A refusal that no such reading explains is contradicted by the server's own
+  record (it accepted more in the same window length not long before or
+  after): noise, a stray 429 of an overloaded gateway. It teaches nothing.
+- One that is explained still needs a second word: another refusal, sent after
+  the first was answered, that the same reading explains (a probe refused, or
+  the next episode's refusal), a Retry-After that fits the reading, a stated
+  limit, or a safer reading already standing behind the lesson. Until then it
+  is only tried in this process (`Lesson.trial`: never kept in the ledger).
+- Explained only by a window longer than the rule's (a quota, which the
+  learner reads once requests are spaced evenly): the same, with that window.
+
+A server that became stricter for good is learned once its looser past has left
+the span, or at once if it says so (a Retry-After, a rate-limit header).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from enum import Enum
+
+from batchrun.core.limits import Rule, Window
+from batchrun.pacing.learning.alternatives import aligned_counter
+from batchrun.pacing.learning.lessons import Lesson, adopt
+from batchrun.pacing.learning.log import Sent, arrived, with_answers
+from batchrun.pacing.learning.readings import Fit, agrees, bounds
+
+# How many windows of the record around a refusal bear on it ("not long
+# before"): the span `counters.read` replays too.
+SPAN = 4
+
+
+class Weight(Enum):
+    """What a settled 429 episode is worth to its lesson."""
+
+    NOISE = "contradicted by what the server accepted"
+    DOUBTED = "explained, but by one refusal alone"
+    EVIDENCE = "explained, and corroborated"
+
+
+def weighed(
+    log: Sequence[Sent],
+    lesson: Lesson,
+    safer: Rule | None,
+    *,
+    stated: bool,
+    longer: Iterable[float] = (),
+) -> Weight:
+    """What the latest refusal of `log` is worth to `lesson`; `safer`: the rule
+    of a fallback that stands (the lesson is joined with it), a statement of
+    the limit if `stated` (a second word already); `longer`: window lengths
+    past the rule's, where a quota may be read once requests are spaced evenly
+    (`Learner.review`): a refusal one explains is the first step there."""
+    answered = with_answers(log)
+    latest = newest_refusal(answered)
+    if latest is None:
+        return Weight.NOISE
+    windows = _windows(lesson, safer)
+    quota = [Window(len(answered), seconds) for seconds in longer]
+
+    def reads(refusals: list[Sent]) -> bool:
+        return explained(answered, refusals, windows)
+
+    def spans(refusals: list[Sent]) -> bool:
+        return _slides(answered, refusals, quota)
+
+    refusals = [s for s in answered if s.refused]
+    # A refusal answered before the latest was sent: a second word, if one
+    # reading explains both.
+    earlier = [s for s in refusals if s.end is not None and s.end <= latest.start]
+    if reads([latest]):
+        fits = any(_fits(s, answered, windows) for s in refusals)
+        # A reading with a safer one behind it is in doubt already: one more
+        # request settles it (`Fallback`).
+        doubt = stated or lesson.fallback is not None
+        agree = doubt or fits or any(reads([s, latest]) for s in earlier)
+        return Weight.EVIDENCE if agree else Weight.DOUBTED
+    # Only a longer window explains it (a quota, read once spaced evenly):
+    # a second refusal it explains too is the evidence.
+    if not spans([latest]):
+        return Weight.NOISE
+    return (
+        Weight.EVIDENCE if any(spans([s, latest]) for s in earlier) else Weight.DOUBTED
+    )
+
+
+def newest_refusal(log: Sequence[Sent]) -> Sent | None:
+    """The refusal of `log` that arrived last; None if none was refused."""
+    refusals = [s for s in with_answers(log) if s.refused]
+    return max(refusals, key=arrived, default=None)
+
+
+def explained(
+    log: Sequence[Sent], refusals: Sequence[Sent], windows: Iterable[Window]
+) -> bool:
+    """Whether one reading of one of `windows` explains every one of `refusals`
+    and the acceptances of `log` around them: one sliding count per W, or an
+    aligned counter of W at a count no higher than the window's."""
+    for window in windows:
+        kept = _around(log, refusals, window.seconds)
+        most, least = bounds(kept, window.seconds, fit=Fit.NONE)
+        if least <= window.count <= most:
+            return True  # a sliding window of the reading's count
+        counter = aligned_counter(kept, Rule((window,)), leeway=False)
+        if counter is not None and counter.window == window:
+            return True  # an aligned counter of it
+    return False
+
+
+def _slides(
+    log: Sequence[Sent], refusals: Sequence[Sent], windows: Iterable[Window]
+) -> bool:
+    """Whether a sliding window of one of `windows`' lengths, at some count no
+    higher than its own, explains `refusals` and the acceptances around them."""
+    for window in windows:
+        kept = _around(log, refusals, window.seconds)
+        most, least = bounds(kept, window.seconds, fit=Fit.NONE)
+        if least <= min(most, window.count):
+            return True
+    return False
+
+
+def _around(
+    log: Sequence[Sent], refusals: Sequence[Sent], seconds: float
+) -> list[Sent]:
+    """`refusals` and the acceptances of `log` from `SPAN` windows of `seconds`
+    before the first of them on."""
+    first = min(arrived(s) for s in refusals)
+    since = first - SPAN * seconds
+    return [
+        s
+        for s in log
+        if arrived(s) > since and (s.refused is False or arrived(s) >= first)
+    ]
+
+
+def _fits(refusal: Sent, log: Sequence[Sent], windows: Iterable[Window]) -> bool:
+    """Whether `refusal`'s Retry-After fits a window of the reading: it names
+    no later a moment than the window's oldest accepted request leaves it."""
+    if refusal.wait is None:
+        return False
+    arrivals = sorted(arrived(s) for s in log if s.refused is False)
+    return any(agrees(refusal, arrivals, w.seconds, Fit.FIXED) for w in windows)
+
+
+def _windows(lesson: Lesson, safer: Rule | None) -> list[Window]:
+    """The windows a reading may be in: those of `lesson`, of `lesson` joined
+    with `safer` (what the key is paced by if the fallback is taken), and of
+    the safer lessons behind it."""
+    joined = None if safer is None else adopt(lesson.rule, safer.windows, "")
+    found = list(lesson.rule.windows)
+    if joined is not None:
+        found.extend(w for w in joined.rule.windows if w not in found)
+    behind = lesson.fallback
+    while behind is not None:
+        found.extend(behind.rule.windows)
+        behind = behind.fallback
+    return found
+
+
+def safest(lesson: Lesson) -> Lesson:
+    """The last of the safer lessons behind `lesson` (itself if none)."""
+    while lesson.fallback is not None:
+        lesson = lesson.fallback
+    return lesson

@@ -1,0 +1,108 @@
+"""Stray 429s (an overloaded gateway) at the right rule: refusals that the
+server's own record contradicts teach nothing (`learning.evidence`)."""
+
+from __future__ import annotations
+
+from batchrun.core.limits import parse_rule
+from batchrun.pacing.learning.evidence import Weight, weighed
+from batchrun.pacing.learning.learner import Learner
+from batchrun.pacing.learning.lessons import Lesson
+from batchrun.pacing.learning.log import Sent
+from batchrun.pacing.ledger import MemoryLedger
+from batchrun.pacing.limiters import LimiterKind
+from tests.simulation import KEY, Server, simulate
+
+
+def evenly(count: int, at: float, step: float) -> list[Sent]:
+    """`count` accepted requests `step` apart from `at`, 10 ms round trips."""
+    return [Sent(at + n * step, at + n * step + 0.01, False) for n in range(count)]
+
+
+def test_a_refusal_the_record_contradicts_is_noise():
+    """30 accepted within every 2 s, then one refused with 20 within its 2 s:
+    the server let more through just before, in any counting: 20/2s is not
+    what it enforces."""
+    log = [*evenly(60, 0.0, 2 / 30), *evenly(20, 4.0, 2 / 30)]
+    log.append(Sent(5.34, 5.35, True))
+    lesson = Lesson(parse_rule("20/2s"), "lowered", spread=True)
+    assert weighed(log, lesson, None, stated=False) is Weight.NOISE
+
+
+def test_one_refusal_alone_is_in_doubt_and_a_second_that_agrees_is_evidence():
+    """10 accepted, then refused: 10/2s explains it, but alone. A request sent
+    after that refusal's answer, refused at the same count, agrees."""
+    log = [*evenly(10, 0.0, 0.01), Sent(0.1, 0.11, True)]
+    lesson = Lesson(parse_rule("10/2s"), "10 within 2s")
+    assert weighed(log, lesson, None, stated=False) is Weight.DOUBTED
+    log.append(Sent(0.2, 0.21, True))
+    assert weighed(log, lesson, None, stated=False) is Weight.EVIDENCE
+
+
+def test_a_stray_refusal_after_a_full_record_leaves_the_rule_as_given():
+    """Paced evenly at 30/2s with 30 accepted in each window, a refusal after 20
+    lowered the count to 29 (and a few more such, the pace). Now the rule
+    stands: nothing is kept, at most a reading tried in this process."""
+    learner = Learner()
+    log = [*evenly(60, 0.0, 2 / 30), *evenly(20, 4.0, 2 / 30), Sent(5.34, 5.35, True)]
+    for entry in log:
+        sent = learner.sent("k", entry.start)
+        learner.answered("k", sent, entry.end or entry.start, refused=entry.refused)
+    learner.episode("k", 5.34)
+    lesson = learner.review("k", parse_rule("30/2s"), spread=True)
+    assert lesson is None or (lesson.trial and str(lesson.rule) == "30/2s")
+
+
+def test_stray_429s_at_the_right_rule_leave_no_lesson_lower_than_one_step():
+    """5 % of the requests accepted from 4 s to 14 s answered 429 (no
+    Retry-After) by a server at the client's own 30/2s. Each stray cost its
+    cool-down; the ledger keeps no lesson (at most one step, 29/2s, where two
+    strays agreed with the record), and a rerun on a quiet server sends no 429.
+    Before, each stray lowered the count: 9/2s to 27/2s kept for 30 days."""
+    noisy = Server(
+        LimiterKind.SLIDING,
+        parse_rule("30/2s"),
+        retry_after=False,
+        stray=0.05,
+        stray_from=4.0,
+        stray_for=10.0,
+    )
+    quiet = Server(LimiterKind.SLIDING, parse_rule("30/2s"), retry_after=False)
+    kept = []
+    for seed in range(4):
+        ledger = MemoryLedger()
+        run = simulate(
+            client="30/2s",
+            server=noisy,
+            count=240,
+            seed=seed,
+            ledger=ledger,
+            latency=(0.002, 0.01),
+        )
+        assert run.finished
+        assert set(run.accepted.values()) == {1}
+        text = ledger.recall(KEY.value)
+        kept.append(text)
+        again = simulate(
+            client="30/2s",
+            server=quiet,
+            count=240,
+            seed=seed,
+            ledger=rerun(ledger),
+            latency=(0.002, 0.01),
+        )
+        assert again.tally.rate_limited == 0
+        if text is None:
+            assert again.ratio <= 1.05
+        else:
+            assert '"windows": [[29, 2.0]]' in text
+    assert sum(text is None for text in kept) >= 3
+
+
+def rerun(first: MemoryLedger) -> MemoryLedger:
+    """A fresh ledger with only what the first run kept of the key."""
+    ledger = MemoryLedger()
+    for name in (KEY.value, f"{KEY.value}#accepted"):
+        text = first.recall(name)
+        if text is not None:
+            ledger.remember(name, text)
+    return ledger
