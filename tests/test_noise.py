@@ -3,6 +3,8 @@ server's own record contradicts teach nothing (`learning.evidence`)."""
 
 from __future__ import annotations
 
+import pytest
+
 from batchrun.core.limits import parse_rule
 from batchrun.pacing.learning.evidence import Weight, weighed
 from batchrun.pacing.learning.learner import Learner
@@ -52,12 +54,18 @@ def test_a_stray_refusal_after_a_full_record_leaves_the_rule_as_given():
     assert lesson is None or (lesson.trial and str(lesson.rule) == "30/2s")
 
 
-def test_stray_429s_at_the_right_rule_leave_no_lesson_lower_than_one_step():
+@pytest.mark.parametrize(
+    ("seed", "keeps"),
+    # One seed of four has two strays that agree with the record: one step kept.
+    [(0, False), (1, False), (2, False), (3, True)],
+)
+def test_stray_429s_at_the_right_rule_leave_no_lesson_lower_than_one_step(seed, keeps):
     """5 % of the requests accepted from 4 s to 14 s answered 429 (no
     Retry-After) by a server at the client's own 30/2s. Each stray cost its
     cool-down; the ledger keeps no lesson (at most one step, 29/2s, where two
     strays agreed with the record), and a rerun on a quiet server sends no 429.
-    Before, each stray lowered the count: 9/2s to 27/2s kept for 30 days."""
+    Before, each stray lowered the count: 9/2s to 27/2s kept for 30 days.
+    (One seed a test: a whole run is a few seconds under coverage.)"""
     noisy = Server(
         LimiterKind.SLIDING,
         parse_rule("30/2s"),
@@ -67,35 +75,33 @@ def test_stray_429s_at_the_right_rule_leave_no_lesson_lower_than_one_step():
         stray_for=10.0,
     )
     quiet = Server(LimiterKind.SLIDING, parse_rule("30/2s"), retry_after=False)
-    kept = []
-    for seed in range(4):
-        ledger = MemoryLedger()
-        run = simulate(
-            client="30/2s",
-            server=noisy,
-            count=240,
-            seed=seed,
-            ledger=ledger,
-            latency=(0.002, 0.01),
-        )
-        assert run.finished
-        assert set(run.accepted.values()) == {1}
-        text = ledger.recall(KEY.value)
-        kept.append(text)
-        again = simulate(
-            client="30/2s",
-            server=quiet,
-            count=240,
-            seed=seed,
-            ledger=rerun(ledger),
-            latency=(0.002, 0.01),
-        )
-        assert again.tally.rate_limited == 0
-        if text is None:
-            assert again.ratio <= 1.05
-        else:
-            assert '"windows": [[29, 2.0]]' in text
-    assert sum(text is None for text in kept) >= 3
+    ledger = MemoryLedger()
+    run = simulate(
+        client="30/2s",
+        server=noisy,
+        count=240,
+        seed=seed,
+        ledger=ledger,
+        latency=(0.002, 0.01),
+    )
+    assert run.finished
+    assert set(run.accepted.values()) == {1}
+    text = ledger.recall(KEY.value)
+    again = simulate(
+        client="30/2s",
+        server=quiet,
+        count=240,
+        seed=seed,
+        ledger=rerun(ledger),
+        latency=(0.002, 0.01),
+    )
+    assert again.tally.rate_limited == 0
+    if keeps:
+        assert text is not None
+        assert '"windows": [[29, 2.0]]' in text
+    else:
+        assert text is None
+        assert again.ratio <= 1.05
 
 
 def rerun(first: MemoryLedger) -> MemoryLedger:
