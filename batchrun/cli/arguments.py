@@ -227,15 +227,9 @@ def submission(
     halt = None if halt_after is None else HaltPolicy.parse(halt_after)
     metrics = metrics_writer(metrics_file, jobs_file, warn)
     rules_in_force = rules(profile, limit, time_scale)
-    server = targets.Server(
-        sandbox,
-        server_rules(profile, limit, server_limit, time_scale),
-        inject,
-        server_limit,
-        server_counting,
-        server_headers,
-        server_burst,
-    )
+    given = server_rules(profile, limit, server_limit, time_scale)
+    how = (inject, server_limit, server_counting, server_headers, server_burst)
+    server = targets.Server(sandbox, given, *how)
     state = StatePaths.resolve(state_dir)
     results = results_path(jobs_file, results, sandbox=sandbox)
     if str(jobs_file) == "-":

@@ -65,44 +65,15 @@ def submit(
     budget_key: flags.BudgetKeyOpt = None,
 ) -> None:
     """Send every job of JOBS_FILE inside the rate limits; run it again to resume."""
+    # Every flag, by its name in `arguments.submission`, which checks them all.
+    given = dict(locals(), limit=flags.with_file_limits(ctx, limit))
+    del given["ctx"]
     from batchrun.run.submission import submit
 
     say = terminal.log_for(jobs_file)
     with terminal.reported(say):
         job = arguments.submission(
-            jobs_file,
-            base_url=base_url,
-            token=token,
-            profile=profile,
-            limit=flags.with_file_limits(ctx, limit),
-            pace=pace,
-            concurrency=concurrency,
-            max_attempts=max_attempts,
-            timeout=timeout,
-            results=results,
-            sandbox=sandbox,
-            inject=inject,
-            server_limit=server_limit,
-            server_counting=server_counting,
-            server_headers=server_headers,
-            server_burst=server_burst,
-            time_scale=time_scale,
-            state_dir=state_dir,
-            ledger=ledger,
-            ca_bundle=ca_bundle,
-            deadline=deadline,
-            retry_failed=retry_failed,
-            retry_unknown=retry_unknown,
-            restart=restart,
-            run_id=run_id,
-            no_color=no_color,
-            quiet=quiet,
-            verbose=verbose,
-            halt_after=halt_after,
-            metrics_file=metrics_file,
-            budget_key=budget_key,
-            stdin=terminal.from_stdin,
-            warn=terminal.to_stderr,
+            **given, stdin=terminal.from_stdin, warn=terminal.to_stderr
         )
         flags.done(submit(job, say=say))
 

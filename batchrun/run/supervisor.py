@@ -72,6 +72,14 @@ async def supervise(
             tasks.start_soon(_after, deadline, stop)
         await runner.run(sources, pending)
         tasks.cancel_scope.cancel()
+    return _ended(runner, stopped, say)
+
+
+def _ended(
+    runner: Runner, stopped: int | None, say: Callable[[str], None]
+) -> int | None:
+    """The exit code a run that stopped early with `stopped` ends with, once the
+    breaker and a lost ledger have had their say; a halted state raises."""
     if runner.breaker.tripped is not None:
         say(f"Circuit breaker: {runner.breaker.tripped}")
         return EXIT_UNAVAILABLE if _rank(stopped) < _rank(EXIT_INTERRUPTED) else stopped

@@ -138,16 +138,13 @@ def leaky_lesson(
     base = rule.shortest
     if rule.burst is not None or base.count > LEAK_MOST:
         return None
-    step = base.seconds / base.count
     windows = rule.windows
     drain = max((s.wait for s in log if s.refused and s.wait is not None), default=0)
-    if drain > step + 1.0:  # servers round Retry-After up to whole seconds
+    if drain > base.seconds / base.count + 1.0:  # Retry-After rounds up to seconds
         if drain >= safe.rule.interval:
             return None
-        base = Window(math.floor(base.seconds / drain), base.seconds)
-        step = base.seconds / base.count
-        kept = [w for w in rule.windows if not implies(base, w)]
-        windows = tuple(sorted([base, *kept], key=lambda w: (w.seconds, w.count)))
+        base, windows = _slower(rule, drain)
+    step = base.seconds / base.count
     burst = _burst(log, step, 2 * base.count)
     if burst + 1 >= base.count:
         return None
@@ -164,6 +161,14 @@ def leaky_lesson(
         f"at once, then drains at {base}; {after.rule}{then} if refused again"
     )
     return Lesson(Rule(windows, burst), why, fallback=after)
+
+
+def _slower(rule: Rule, drain: float) -> tuple[Window, tuple[Window, ...]]:
+    """A bucket slower than `rule`'s shortest window, one request a `drain`, and
+    the rule's windows with it (those it implies dropped)."""
+    base = Window(math.floor(rule.shortest.seconds / drain), rule.shortest.seconds)
+    kept = [w for w in rule.windows if not implies(base, w)]
+    return base, tuple(sorted([base, *kept], key=lambda w: (w.seconds, w.count)))
 
 
 def _burst(log: Sequence[Sent], step: float, latest: int) -> int:

@@ -141,6 +141,19 @@ class Learner:
         lesson, spaces = self._taught(log, rule, spread=spread, safer=safer)
         if lesson is None:
             return None
+        return self._judged(log, rule, lesson, spaces=spaces, safer=safer)
+
+    def _judged(
+        self,
+        log: KeyLog,
+        rule: Rule,
+        lesson: Lesson,
+        *,
+        spaces: bool,
+        safer: Fallback | None,
+    ) -> Lesson | None:
+        """`lesson` as the evidence for it allows: none for noise, a trial for
+        one refusal in doubt, else the lesson itself (`evidence.weighed`)."""
         standing = None if safer is None else safer.rule
         stated = safer is not None and safer.stated
         windows = candidates(rule, time_scale=self._time_scale)
