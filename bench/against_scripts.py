@@ -33,6 +33,7 @@ from tempfile import TemporaryDirectory
 from typing import Any
 
 from bench.case_server import Served, serving
+from bench.progress import say
 from bench.script_cases import CASES, SCALE, Case
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -282,15 +283,11 @@ def _arguments() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def _say(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
-
-
 def main() -> None:
     args = _arguments()
     rounds = 1 if args.quick else args.rounds
     tools = args.tool or list(TOOLS)
-    rows = measure(args.case, tools, rounds, not args.side_by_side, _say)
+    rows = measure(args.case, tools, rounds, not args.side_by_side, say)
     out = args.out or (None if args.case or args.tool or args.quick else RESULTS)
     text = table(rows, tools)
     if out:

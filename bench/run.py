@@ -30,6 +30,7 @@ from bench import (
     stricter,
     throughput,
 )
+from bench.progress import say
 
 HERE = Path(__file__).resolve().parent
 SECTIONS = ("pacing", "overhead", "throughput", "bigfile", "startup", "stricter")
@@ -152,11 +153,6 @@ def _print_tables(results: dict[str, Any]) -> None:
             print(getattr(report, section)(results[section]))
     print("\n### Goals\n")
     print(report.goals_table(results))
-
-
-def say(text: str) -> None:
-    """A progress line, time-stamped."""
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
 def main() -> None:

@@ -41,6 +41,7 @@ import httpx
 
 from batchrun.core.limits import parse_rule
 from bench import anchors, oracle
+from bench.progress import say
 from bench.stock import Arrival, Server, express_server, limits_server, nginx_server
 
 JOBS = 60
@@ -368,14 +369,9 @@ def _arguments() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def _say(text: str) -> None:
-    """A progress line, time-stamped (as `python -m bench` prints them)."""
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
-
-
 def main() -> None:
     args = _arguments()
-    rows = measure(args.timeout, _say, args.scenario, args.tool)
+    rows = measure(args.timeout, say, args.scenario, args.tool)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
     print(table(rows))

@@ -95,7 +95,16 @@ ORDER |= {name: (len(WINGS), 0) for name in TOP}
 
 # bench/: the same rule, one flat package.
 BENCH = [
-    ["anchors", "oracle", "stock", "chart", "fastserver", "case_server", "learner"],
+    [
+        "anchors",
+        "oracle",
+        "stock",
+        "chart",
+        "fastserver",
+        "case_server",
+        "learner",
+        "progress",
+    ],
     ["script_pyrate", "script_limits", "script_aiolimiter", "script_sleep"],
     ["drivers", "spread", "ledgers", "overhead", "script_cases"],
     ["pacing", "throughput", "stricter", "against_scripts", "arrival"],
