@@ -26,26 +26,11 @@ from batchrun.store.state import RunStore
 _META = "jobs_stamp"
 
 
-def _quick(path: Path) -> dict[str, int]:
-    found = path.stat()
-    return {"size": found.st_size, "mtime_ns": found.st_mtime_ns}
-
-
 def _stamp(path: Path) -> dict[str, int | str]:
-    quick = _quick(path)
+    found = path.stat()
     with path.open("rb") as file:
         digest = hashlib.file_digest(file, "sha256").hexdigest()
-    return {**quick, "sha256": digest}
-
-
-def _unchanged(store: RunStore, path: Path) -> bool:
-    kept = store.get_meta(_META)
-    if kept is None:
-        return False
-    stamp = json.loads(kept)
-    if {k: stamp.get(k) for k in ("size", "mtime_ns")} != _quick(path):
-        return False
-    return bool(stamp == _stamp(path))
+    return {"size": found.st_size, "mtime_ns": found.st_mtime_ns, "sha256": digest}
 
 
 def take_in(store: RunStore, jobs_file: Path, *, restart: bool) -> bool:
@@ -57,12 +42,13 @@ def take_in(store: RunStore, jobs_file: Path, *, restart: bool) -> bool:
             cannot be read (exit 2).
     """
     try:
-        if not restart and _unchanged(store, jobs_file):
-            return False
-        stamp = _stamp(jobs_file)
+        stamp = _stamp(jobs_file)  # read once: it is kept after the import too
     except OSError as exc:
         reason = f"cannot read it: {exc.strerror or exc}"
         raise JobsFileError(str(jobs_file), [(0, reason)], 1) from None
+    kept = store.get_meta(_META)
+    if not restart and kept is not None and json.loads(kept) == stamp:
+        return False
     rows = scan(jobs_file, check_duplicates=False)
     store.sync(rows, path=str(jobs_file), restart=restart)
     store.set_meta(_META, json.dumps(stamp))
