@@ -124,9 +124,18 @@ def test_sigterm_stops_with_143_and_a_rerun_finishes(tmp_path):
     assert first.returncode == 143, err
     assert b"SIGTERM" in err
     assert second.returncode == 0
-    sent = Counter(a.idempotency_key for a in server.state.sandbox.arrivals)
-    assert len(sent) == 30
-    assert set(sent.values()) == {1}
+    arrivals = server.state.sandbox.arrivals
+    accepted = Counter(a.idempotency_key for a in arrivals if a.status == 200)
+    assert len(accepted) == 30
+    twice = [
+        (a.idempotency_key, a.status)
+        for a in arrivals
+        if accepted[a.idempotency_key] > 1
+    ]
+    assert set(accepted.values()) == {1}, twice
+    # A 429 resends its job; only the arrival bound's own misjudgment on a loaded
+    # machine can cause one here (seen once in CI), at most two a process.
+    assert sum(a.status == 429 for a in arrivals) <= 4
 
 
 def test_deadline_stops_with_75(tmp_path):
