@@ -43,12 +43,11 @@ CONCURRENCY = 32
 
 
 def _serial_start(on: bool) -> Callable[[], None]:
-    """Turn the learner's one-at-a-time start beyond what the server was seen to
-    accept (issue 24 item 3 replaces it) off, where it would hide what is
-    measured; returns the undo."""
+    """Turn the learner's probe gate beyond what the server was seen to accept
+    off, where it would hide what is measured; returns the undo."""
     kept = Learner.gated
     if not on:
-        Learner.gated = lambda self, key, windows, now: False  # type: ignore[method-assign]
+        Learner.gated = lambda self, key, windows, now, reach: None  # type: ignore[method-assign]
     return lambda: setattr(Learner, "gated", kept)
 
 

@@ -71,6 +71,14 @@ class Recorder:
         at = time.time()
         self._time_faults(at)
         status = 0
+        logged = False
+        key = dict(scope["headers"]).get(b"idempotency-key")
+
+        def log() -> None:
+            nonlocal logged
+            if not logged:
+                logged = True
+                self.log.append(Served(at, time.time(), status, key and key.decode()))
 
         async def answer(message: Message) -> None:
             nonlocal status
@@ -82,14 +90,14 @@ class Recorder:
                     )
                 if not self.behaviour.retry_after:
                     message = {**message, "headers": _without_retry_after(message)}
+            elif not message.get("more_body", False):
+                log()  # before the client can read the answer
             await send(message)
 
         try:
             await self.app(scope, receive, answer)
         finally:
-            headers = dict(scope["headers"])
-            key = headers.get(b"idempotency-key")
-            self.log.append(Served(at, time.time(), status, key and key.decode()))
+            log()
 
     def _time_faults(self, at: float) -> None:
         if self._first is None:

@@ -22,9 +22,12 @@ from pathlib import Path
 from batchrun.core.limits import parse_rule
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
-from tests.simulation import KEY, Server, Simulated, simulate
+from tests.simulation import KEY, Network, Server, Simulated, simulate
 
 _LOOPBACK = (0.002, 0.01)
+# httpx's trace says when each request left and how long each connect took, so
+# the arrival bound applies, as it does over a real network.
+_TRACED = Network(traced=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +148,7 @@ def measure(case: Case, seeds: int) -> dict[str, object]:
             ledger=ledger,
             latency=_LOOPBACK,
             concurrency=case.concurrency,
+            network=_TRACED,
         )
         firsts.append(first)
         if case.quiet is not None:
@@ -158,6 +162,7 @@ def measure(case: Case, seeds: int) -> dict[str, object]:
                     ledger=_rerun_ledger(ledger),
                     latency=_LOOPBACK,
                     concurrency=case.concurrency,
+                    network=_TRACED,
                 )
             )
     row: dict[str, object] = {

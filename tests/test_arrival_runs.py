@@ -105,7 +105,7 @@ def test_slow_answers_cost_no_round_trip_per_window_once_traced(monkeypatch, lat
     arrival: traced, each window opens from the bounded arrivals, not from the
     answers, so the run ends sooner, with no 429 (serial start off, as the
     learner's proof of the count is not what this measures)."""
-    monkeypatch.setattr(Learner, "gated", lambda self, key, windows, now: False)
+    monkeypatch.setattr(Learner, "gated", lambda self, key, windows, now, reach: None)
     server = Server(LimiterKind.SLIDING, parse_rule("30/2s"))
 
     def run(traced: bool) -> Simulated:
@@ -123,3 +123,49 @@ def test_slow_answers_cost_no_round_trip_per_window_once_traced(monkeypatch, lat
     assert sum(bounded.rate_limited.values()) == 0
     # Three windows each open up to 100 ms sooner, less the bound.
     assert bounded.makespan < answers.makespan - 0.1
+
+
+def _slow_run(server: Server, traced: bool, latency: tuple[float, float]) -> Simulated:
+    """120 jobs at 30/2s, each accepted request answered 100 ms after it arrived."""
+    network = Network(work=0.1, traced=traced)
+    return simulate(
+        client="30/2s", server=server, count=120, latency=latency, network=network
+    )
+
+
+@pytest.mark.parametrize("latency", [(1e-4, 1e-4), (0.002, 0.01)], ids=["lan", "wan"])
+def test_probes_do_not_wait_for_slow_answers_once_traced(latency):
+    """With no accepted record, requests past it are probes that reach the
+    server one at a time. Untraced, each waits for the last one's answer, so a
+    window never holds more than its length over 100 ms; traced, each waits
+    only until the last has surely arrived (twice the arrival bound after it
+    left), so the first window fills as fast as 8 requests in flight allow:
+    the right rule at 1.085 x on a LAN, with no 429."""
+    server = Server(LimiterKind.SLIDING, parse_rule("30/2s"))
+    answers, bounded = (_slow_run(server, t, latency) for t in (False, True))
+    assert answers.tally.rate_limited == bounded.tally.rate_limited == 0
+    assert answers.ratio > 1.8
+    assert bounded.ratio < (1.1 if latency[1] < 1e-3 else 1.25)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_probes_reach_a_stricter_slow_server_one_at_a_time(seed):
+    """Told 30/2s, the server allows 10/2s and answers 100 ms after each
+    arrival: probes leave before the answers, yet reach the server in order,
+    so the first refusal is read against every arrival before it: a 429 or
+    two (not the window's worth a burst of probes would get), every job
+    accepted once, near the ideal under 10/2s."""
+    server = Server(LimiterKind.SLIDING, parse_rule("10/2s"), work=0.1)
+    network = Network(traced=True)
+    run = simulate(
+        client="30/2s",
+        server=server,
+        count=60,
+        seed=seed,
+        latency=(1e-4, 1e-3),
+        network=network,
+    )
+    assert run.finished
+    assert set(run.accepted.values()) == {1}
+    assert run.tally.rate_limited <= 2
+    assert run.ratio < 1.1

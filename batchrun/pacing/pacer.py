@@ -112,11 +112,12 @@ class Pacer:
         *,
         sent: bool = True,
         trip: Trip | None = None,
-    ) -> None:
+    ) -> float:
         """Record the answer of a granted request, waking a sender waiting on it;
         `sent=False`: it never reached the server, and takes no room in the windows.
         `trip`, what the client saw of the exchange, may let the request count
-        until the latest moment it can have arrived rather than until its answer.
+        until the latest moment it can have arrived rather than until its answer:
+        that moment is returned (the answer's, when nothing bounds it sooner).
 
         The answer of a half-open key's probe closes the circuit: the key sends at
         its rule again, unless the answer was a 429 and `cool_down` follows. A probe
@@ -132,6 +133,7 @@ class Pacer:
         answer = self._answers.pop(key, None)
         if answer is not None:
             answer.set()
+        return ends
 
     def _counts_until(self, key: LimitKey, trip: Trip, now: float) -> float:
         """Until when a request answered `now` counts: its answer, or the latest
@@ -262,8 +264,14 @@ class Pacer:
             return Wait(cooling.until)
         if cooling.probe is not None:
             return Wait(None)  # half-open: the probe's answer decides
-        if self.learner.gated(key, self.gate(key), now):
-            return Wait(None)  # past what the server was seen to accept: slow start
+        bound = self.arrival.bound
+        # From its send, a probe reaches the server within two bounds: one for a
+        # new connection's connect before it is written, one for its way.
+        reach = None if bound is None else 2 * bound
+        opens = self.learner.gated(key, self.gate(key), now, reach)
+        if opens is not None:
+            # Past what the server was seen to accept: the last probe first.
+            return Wait(None if math.isinf(opens) else opens)
         grant = self._ledger.reserve(key, self._rules[key], self._paces[key], now)
         if cooling.half_open and isinstance(grant, Grant):
             cooling.probe = grant.ticket

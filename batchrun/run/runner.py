@@ -215,15 +215,14 @@ class Runner:
         probe = self._pacer.probe(key)
         sent = self._learner.sent(key, attempt.sent_at, probe=probe)
         self._emit(JobSent(self._clock.now(), key, attempt.job.id, attempt.attempts))
-        outcome = await self._send(key, ticket, attempt.job)
+        outcome, by = await self._send(key, ticket, attempt.job)
         now = self._clock.now()
         job_id, latency = attempt.job.id, now - attempt.sent_at
         self._emit(JobAnswered(now, key, job_id, outcome.status, latency))
         # Only an answer says whether the server's limiter let the request through.
         refused = None if outcome.status is None else outcome.kind is Kind.RATE_LIMITED
-        self._learner.answered(
-            key, sent, now, refused=refused, wait=outcome.retry_after
-        )
+        wait = outcome.retry_after
+        self._learner.answered(key, sent, now, refused=refused, wait=wait, by=by)
         if refused is False:
             self._pacer.keep_record(key)
         try:
@@ -241,8 +240,11 @@ class Runner:
         if self._idle:
             self._notify()  # an answer may free a slot, or end the run
 
-    async def _send(self, key: LimitKey, ticket: int, job: Job) -> Outcome:
-        """Send `job`, and release its slot whatever happens to the request."""
+    async def _send(
+        self, key: LimitKey, ticket: int, job: Job
+    ) -> tuple[Outcome, float]:
+        """Send `job`, and release its slot whatever happens to the request; the
+        latest moment it can have arrived (`Pacer.release`) with its outcome."""
         outcome: Outcome | None = None
         began = self._clock.now()
         try:
@@ -250,9 +252,10 @@ class Runner:
         finally:
             # A request that never reached the server spends no budget.
             reached = outcome is None or outcome.reached
-            self._pacer.release(key, ticket, sent=reached, trip=_trip(began, outcome))
+            trip = _trip(began, outcome)
+            by = self._pacer.release(key, ticket, sent=reached, trip=trip)
             self._in_flight -= 1
-        return outcome
+        return outcome, by
 
     def _emit(self, event: Event) -> None:
         self._sink.emit(event)

@@ -50,15 +50,20 @@ class Learner:
         *,
         refused: bool | None,
         wait: float | None = None,
+        by: float | None = None,
     ) -> None:
         """Log the answer of a request of `key` (`refused`: None if no answer
-        came; `wait`: a refusal's Retry-After)."""
+        came; `wait`: a refusal's Retry-After; `by`: the latest moment it can
+        have arrived, if the network bounds it before its answer)."""
         entry.wait = wait
-        self._log(key).answered(entry, at, refused)
+        self._log(key).answered(entry, at, refused, by)
 
-    def gated(self, key: str, windows: Iterable[Window], now: float) -> bool:
-        """Whether `key`'s next request must wait for a probe's answer (`KeyLog`)."""
-        return self._log(key).gated(windows, now)
+    def gated(
+        self, key: str, windows: Iterable[Window], now: float, reach: float | None
+    ) -> float | None:
+        """When `key`'s next request may leave if a probe must reach the server
+        first (`KeyLog.gated`); None: now."""
+        return self._log(key).gated(windows, now, reach)
 
     def beyond(self, key: str, windows: Iterable[Window], now: float) -> bool:
         """Whether `key`'s next request is a probe (`KeyLog.beyond`)."""
@@ -104,7 +109,7 @@ class Learner:
         refusal of a request sent right after it, at no cost. Reviewed like a 429
         episode, but read plainly (the shorter reading is tried on 429s only)."""
         log = self._log(key)
-        log.sent.append(Sent(entry.start, entry.end, True))
+        log.sent.append(Sent(entry.start, entry.end, True, by=entry.by))
         if key not in self._episodes:
             self._episodes[key] = entry.start
             self._stated.add(key)

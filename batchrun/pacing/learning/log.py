@@ -11,11 +11,6 @@ from dataclasses import dataclass, field
 
 from batchrun.core.limits import Rule, Window
 
-# Probes in flight (`KeyLog.gated`) grow by this many per accepted probe: 1 is
-# TCP's slow start (1, 2, 4 ...). It stays 0 (one probe at a time) until the
-# lessons are read from a whole burst's refusals: the readings below are made
-# for a log with one refused probe per window.
-_GROWTH = 0
 # Requests older than the longest candidate window cannot bear on a lesson; past
 # this many the oldest are dropped, which keeps `infer` cheap (quadratic in it).
 _KEPT = 2000
@@ -33,6 +28,9 @@ class Sent:
     wait: float | None = None
     # It left past what the server had been seen to accept (`KeyLog.beyond`).
     probe: bool = False
+    # The latest moment it can have arrived (`arrival.ArrivalBound`), when the
+    # network bounds it before its answer; None: by its answer.
+    by: float | None = None
 
 
 @dataclass(slots=True)
@@ -69,11 +67,12 @@ class KeyLog:
     `proven(W)` is the most accepted requests seen within any W: in this process
     since the last lesson (`accepted`), or by earlier runs and processes
     (`record`, kept in the ledger). A request that leaves while some window
-    already holds that many is a probe: at most `cwnd` probes are in flight,
-    and each accepted one lets one more go (1, 2, 4 ... as TCP's slow start
-    grows), so a server stricter than the rule refuses a few requests, not a
-    window of them, and a right rule is at full speed after a few round trips.
-    A refused probe starts again from one.
+    already holds that many is a probe. Probes reach the server one at a time
+    (`gated`): the next leaves once the last has surely arrived, at its answer
+    or, sooner, when the network bounds its arrival. So a server stricter than
+    the rule refuses probes in the order they left, one or two, not a window of
+    them, each refusal read against every arrival before it; and a slow answer
+    (the server's work) does not hold the next probe back.
     """
 
     sent: deque[Sent] = field(default_factory=lambda: deque(maxlen=_KEPT))
@@ -82,8 +81,8 @@ class KeyLog:
     seen: _Accepted = field(default_factory=_Accepted)
     record: dict[float, int] = field(default_factory=dict)
     unanswered: int = 0
-    probes: int = 0
-    cwnd: int = 1
+    # Probes in flight, in the order they left.
+    flying: list[Sent] = field(default_factory=list)
     # When the newest request accepted before the key was told to space its
     # requests evenly arrived (a key spaced from the start: never).
     unspaced: float = -math.inf
@@ -93,17 +92,21 @@ class KeyLog:
         entry = Sent(at, probe=probe)
         self.sent.append(entry)
         self.unanswered += 1
-        self.probes += probe
+        if probe:
+            self.flying.append(entry)
         return entry
 
-    def answered(self, entry: Sent, at: float, refused: bool | None) -> None:
-        """Record the answer of `entry` (`refused` None: no answer, e.g. a timeout)."""
+    def answered(
+        self, entry: Sent, at: float, refused: bool | None, by: float | None = None
+    ) -> None:
+        """Record the answer of `entry` (`refused` None: no answer, e.g. a
+        timeout; `by`: the latest moment it can have arrived, if before `at`)."""
         entry.end, entry.refused = at, refused
+        entry.by = None if by is None else min(max(by, entry.start), at)
         self.unanswered -= 1
-        self.probes -= entry.probe
+        if entry.probe:
+            self.flying.remove(entry)
         _bounded_insort(self.ends, at)
-        if entry.probe and refused is not None:
-            self.cwnd = 1 if refused else self.cwnd + _GROWTH
         if refused is False:
             self.accepted.add(arrived(entry))
             self.seen.add(arrived(entry))
@@ -122,9 +125,20 @@ class KeyLog:
                 return True
         return False
 
-    def gated(self, windows: Iterable[Window], now: float) -> bool:
-        """Whether the next request would be a probe with `cwnd` in flight."""
-        return self.probes >= self.cwnd and self.beyond(windows, now)
+    def gated(
+        self, windows: Iterable[Window], now: float, reach: float | None
+    ) -> float | None:
+        """When the next request may leave, if it would be a probe while another
+        may not have arrived yet: `reach` after that one left (the network's
+        bound on a request's way to the server, from its send), or at its answer
+        (`math.inf`: no bound known). None: it may leave now."""
+        if not self.flying:
+            return None
+        last = self.flying[-1].start
+        opens = math.inf if reach is None else last + reach
+        if opens <= now or not self.beyond(windows, now):
+            return None
+        return opens
 
     def spacing(self) -> None:
         """The key is told to space its requests evenly from now (`unspaced`)."""
@@ -169,10 +183,19 @@ def with_answers(log: Sequence[Sent]) -> list[Sent]:
 
 def arrival_leeway(entry: Sent) -> float:
     """How far a request's arrival may be from `arrived`'s estimate: anywhere
-    between its send and its answer."""
-    return 0.0 if entry.end is None else (entry.end - entry.start) / 2
+    between its send and the latest moment it can have arrived (`Sent.by`)."""
+    return (_latest(entry) - entry.start) / 2
 
 
 def arrived(entry: Sent) -> float:
-    end = entry.start if entry.end is None else entry.end
-    return (entry.start + end) / 2
+    """Where a request's arrival is estimated: midway between its send and the
+    latest moment it can have arrived (`Sent.by`)."""
+    return (entry.start + _latest(entry)) / 2
+
+
+def _latest(entry: Sent) -> float:
+    """The latest moment `entry` can have arrived: `by`, else its answer, else
+    (unanswered) its send."""
+    if entry.by is not None:
+        return entry.by
+    return entry.start if entry.end is None else entry.end
