@@ -9,8 +9,8 @@ After a 429 the key cools down (`cool_down`), and then is half-open, as a circui
 breaker is: it grants one probe and nothing more until the probe's answer, so a
 server that still refuses costs one 429, not a burst of them. Past what the server
 has been seen to accept in a window (kept in the ledger beside the lessons, so a
-rerun starts at full speed), requests in flight grow as answers come back, as
-TCP's slow start does (`learning.log.KeyLog.gated`).
+rerun starts at full speed), requests are probes that reach the server one at a
+time, each once the last has surely arrived (`learning.log.KeyLog.gated`).
 
 A request counts until its answer, or until the latest moment it can have reached
 the server (`arrival.ArrivalBound`) when the network says that is sooner.
