@@ -36,6 +36,7 @@ class Lessons:
         self._clock = clock
         self._sink = sink
         self._learner = pacer.learner
+        self._given = dict(pacer.rules)
         self._recalled = pacer.recall(list(pacer.rules))
         # What an earlier run learned of a key settles its fallback too.
         settled = {key for key, _ in self._recalled}
@@ -90,7 +91,10 @@ class Lessons:
         spread = self._pacer.pace(key) is Pace.SPREAD
         safer = self._fallback.get(key)
         rule = self._pacer.rules[key]
-        lesson = self._learner.review(key, rule, spread=spread, safer=safer)
+        given = self._given[key]
+        lesson = self._learner.review(
+            key, rule, spread=spread, safer=safer, given=given
+        )
         if lesson is not None:
             self._learned(key, lesson)
 
@@ -126,7 +130,8 @@ class Lessons:
         # the log (--profile auto's B), from the lesson joined with it.
         standing = None if lesson.fallback else self._fallback.get(key)
         kept = None if standing is None else standing.kept(lesson)
-        self._pacer.learn(key, lesson, kept=kept, keep=not lesson.trial)
+        keep = lesson.confirmed and not lesson.trial
+        self._pacer.learn(key, lesson, kept=kept, keep=keep)
         if lesson.trial:
             return  # a 429 in doubt: nothing learned yet
         at = self._clock.now()

@@ -26,6 +26,7 @@ the span, or at once if it says so (a Retry-After, a rate-limit header).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Sequence
 from enum import Enum
 
@@ -55,12 +56,14 @@ def weighed(
     *,
     stated: bool,
     longer: Iterable[float] = (),
+    given: Rule | None = None,
 ) -> Weight:
     """What the latest refusal of `log` is worth to `lesson`; `safer`: the rule
     of a fallback that stands (the lesson is joined with it), a statement of
     the limit if `stated` (a second word already); `longer`: window lengths
     past the rule's, where a quota may be read once requests are spaced evenly
-    (`Learner.review`): a refusal one explains is the first step there."""
+    (`Learner.review`): a refusal one explains is the first step there;
+    `given`: the rule the user gave (`_news`)."""
     answered = with_answers(log)
     latest = newest_refusal(answered)
     if latest is None:
@@ -79,7 +82,7 @@ def weighed(
     # reading explains both.
     earlier = [s for s in refusals if s.end is not None and s.end <= latest.start]
     if reads([latest]):
-        fits = any(_fits(s, answered, windows) for s in refusals)
+        fits = any(_fits(s, answered, _news(windows, given)) for s in refusals)
         # A reading with a safer one behind it is in doubt already: one more
         # request settles it (`Fallback`).
         doubt = stated or lesson.fallback is not None
@@ -92,6 +95,42 @@ def weighed(
     return (
         Weight.EVIDENCE if any(spans([s, latest]) for s in earlier) else Weight.DOUBTED
     )
+
+
+def confirmed(
+    log: Sequence[Sent],
+    lesson: Lesson,
+    safer: Rule | None,
+    *,
+    stated: bool,
+    given: Rule | None = None,
+) -> bool:
+    """Whether later runs may inherit `lesson` (the ledger keeps it): the
+    server said so (a statement of the limit if `stated`, or a refusal whose
+    Retry-After fits a window of the reading), or it kept refusing just past
+    the reading: two refusals that it explains, the second sent after the
+    first was answered and nothing accepted between their arrivals. A stray
+    429 is followed by an acceptance; a limit by another refusal."""
+    if stated:
+        return True
+    answered = with_answers(log)
+    windows = _windows(lesson, safer)
+    refusals = sorted((s for s in answered if s.refused), key=arrived)
+    if any(_fits(s, answered, _news(windows, given)) for s in refusals):
+        return True
+    accepted = sorted(arrived(s) for s in answered if s.refused is False)
+    news = _news(windows, given)
+    for n, first in enumerate(refusals):
+        for second in refusals[n + 1 :]:
+            if first.end is None or first.end > second.start:
+                continue  # sent before the first was answered: one burst
+            low = bisect.bisect_right(accepted, arrived(first))
+            apart = bisect.bisect_left(accepted, arrived(second)) > low
+            # Apart (the server let some through between them), only an
+            # exact replay of a window the given rule lacks explains both.
+            if explained(answered, [first, second], news if apart else windows):
+                return True
+    return False
 
 
 def newest_refusal(log: Sequence[Sent]) -> Sent | None:
@@ -151,6 +190,14 @@ def _fits(refusal: Sent, log: Sequence[Sent], windows: Iterable[Window]) -> bool
         return False
     arrivals = sorted(arrived(s) for s in log if s.refused is False)
     return any(agrees(refusal, arrivals, w.seconds, Fit.FIXED) for w in windows)
+
+
+def _news(windows: Iterable[Window], given: Rule | None) -> list[Window]:
+    """The windows of a reading that a Retry-After can speak for: those the
+    `given` rule does not hold already. One that fits the given window says
+    the window is full, which the log did not show: another consumer of the
+    budget as well as another counting; it confirms neither."""
+    return [w for w in windows if given is None or w not in given.windows]
 
 
 def _windows(lesson: Lesson, safer: Rule | None) -> list[Window]:

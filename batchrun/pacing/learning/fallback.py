@@ -58,7 +58,9 @@ class Fallback:
         after = lesson.fallback or self.reading.fallback
         if after is not None and adopt(rule, after.rule.windows, "") is None:
             after = None  # the joined rule already holds to it: nothing in doubt
-        return Lesson(rule, why, lesson.spread, fallback=after)
+        return Lesson(
+            rule, why, lesson.spread, fallback=after, confirmed=lesson.confirmed
+        )
 
     def kept(self, lesson: Lesson) -> Lesson:
         """`lesson` as the ledger keeps it while this fallback stands: joined with

@@ -4,6 +4,7 @@ says what it taught (`Learner.review`)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from batchrun.core.limits import Rule, Window
 from batchrun.pacing.learning.alternatives import (
@@ -14,7 +15,7 @@ from batchrun.pacing.learning.alternatives import (
     lowered,
     stated_lesson,
 )
-from batchrun.pacing.learning.evidence import Weight, safest, weighed
+from batchrun.pacing.learning.evidence import Weight, confirmed, safest, weighed
 from batchrun.pacing.learning.fallback import Fallback
 from batchrun.pacing.learning.lessons import Lesson, candidates
 from batchrun.pacing.learning.log import KeyLog, Sent
@@ -115,7 +116,13 @@ class Learner:
             self._stated.add(key)
 
     def review(
-        self, key: str, rule: Rule, *, spread: bool, safer: Fallback | None = None
+        self,
+        key: str,
+        rule: Rule,
+        *,
+        spread: bool,
+        safer: Fallback | None = None,
+        given: Rule | None = None,
     ) -> Lesson | None:
         """The lesson of `key`'s episode once every request sent before it began
         has its answer; None while it has not settled, or when none is pending.
@@ -146,7 +153,9 @@ class Learner:
         lesson, spaces = self._taught(log, rule, spread=spread, safer=safer)
         if lesson is None:
             return None
-        return self._judged(log, rule, lesson, spaces=spaces, safer=safer)
+        return self._judged(
+            log, rule, lesson, spaces=spaces, safer=safer, given=given or rule
+        )
 
     def _judged(
         self,
@@ -156,6 +165,7 @@ class Learner:
         *,
         spaces: bool,
         safer: Fallback | None,
+        given: Rule,
     ) -> Lesson | None:
         """`lesson` as the evidence for it allows: none for noise, a trial for
         one refusal in doubt, else the lesson itself (`evidence.weighed`)."""
@@ -163,7 +173,9 @@ class Learner:
         stated = safer is not None and safer.stated
         windows = candidates(rule, time_scale=self._time_scale)
         longer = [w for w in windows if w > rule.longest]
-        weight = weighed(log.sent, lesson, standing, stated=stated, longer=longer)
+        weight = weighed(
+            log.sent, lesson, standing, stated=stated, longer=longer, given=given
+        )
         if weight is Weight.NOISE or (weight is Weight.DOUBTED and safer):
             return None  # the cool-down was all it cost (`evidence`)
         if weight is Weight.DOUBTED:
@@ -179,7 +191,9 @@ class Learner:
         log.rearm()
         if spaces:
             log.spacing()
-        return lesson
+        if confirmed(log.sent, lesson, standing, stated=stated, given=given):
+            return lesson
+        return replace(lesson, confirmed=False)  # this process's only
 
     def _taught(
         self, log: KeyLog, rule: Rule, *, spread: bool, safer: Fallback | None

@@ -27,6 +27,10 @@ class Lesson:
     fallback: Lesson | None = None
     # One refusal alone (`evidence`): paced by in this process only, never kept.
     trial: bool = False
+    # What later runs may inherit (`evidence.confirmed`): a reading that the
+    # server's word (a Retry-After, a stated limit) or a refusal just past it
+    # confirmed. An unconfirmed one paces this process only.
+    confirmed: bool = True
 
 
 def candidates(rule: Rule, *, time_scale: float = 1.0) -> tuple[float, ...]:
