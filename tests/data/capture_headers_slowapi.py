@@ -34,7 +34,9 @@ DROP = {"date", "server", "content-length", "content-type"}
 def _too_many(request: Request, exc: Exception) -> Response:
     # slowapi's handler, typed as Starlette registers one (mypy strict).
     assert isinstance(exc, RateLimitExceeded)
-    return _rate_limit_exceeded_handler(request, exc)
+    # A typed name: without slowapi installed, mypy sees its handler as Any.
+    response: Response = _rate_limit_exceeded_handler(request, exc)
+    return response
 
 
 def _app(limits: list[str]) -> Starlette:
