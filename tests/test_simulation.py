@@ -154,7 +154,7 @@ def test_a_much_shorter_window_is_learned_without_retry_after(seed):
     again = simulate(
         client="30/1m", server=server, seed=seed, ledger=rerun_from(ledger)
     )
-    assert again.tally.rate_limited == 0
+    assert again.tally.rate_limited <= 1  # the re-test of its lesson
     assert again.makespan <= 1.05 * eta(60, parse_rule("10/10s+30/1m"), now=0.0)
 
 
@@ -181,7 +181,7 @@ def test_a_leaky_bucket_with_a_burst_is_paced_near_its_ideal(seed, retry_after):
     reading = r"\d+/1s\+30/2s" if retry_after else r"30/2s, bursts of \d+"
     assert re.fullmatch(reading, kept)
     again = simulate(client="30/2s", server=server, seed=seed, ledger=rerun_from(first))
-    assert again.tally.rate_limited == 0
+    assert again.tally.rate_limited <= 1  # the re-test of its lesson
     assert again.ratio <= 1.1
 
 
@@ -206,7 +206,7 @@ def test_a_bucket_with_no_burst_under_profile_a_is_read_from_its_pace(
     assert run.tally.rate_limited <= most
     assert run.ratio <= within
     again = simulate(client="30/1m", server=server, seed=0, ledger=rerun_from(ledger))
-    assert again.tally.rate_limited == 0
+    assert again.tally.rate_limited <= 1  # the re-test of its lesson
     assert again.ratio <= within
 
 
@@ -224,7 +224,7 @@ def test_a_bucket_slower_than_the_rule_drains_as_its_retry_after_says():
         "15/1m, bursts of 6"
     )
     again = simulate(client="30/1m", server=server, seed=0, ledger=rerun_from(ledger))
-    assert again.tally.rate_limited == 0
+    assert again.tally.rate_limited <= 1  # the re-test of its lesson
     assert again.ratio <= 1.1
 
 
@@ -296,7 +296,7 @@ def test_fixed_and_weighted_counters_at_every_phase(kind, retry_after, phase):
     assert run.tally.rate_limited <= (2 if told_fixed else 4 if phase == 9 else 3)
     assert run.makespan <= 1.35 * ideal
     again = simulate(client="30/2s", server=server, seed=0, ledger=rerun_from(ledger))
-    assert again.tally.rate_limited <= (0 if kind is LimiterKind.FIXED else 1)
+    assert again.tally.rate_limited <= 1  # the re-test of its lesson
     assert again.makespan <= 1.25 * ideal
 
 
@@ -313,7 +313,7 @@ def test_the_reading_kept_is_the_one_the_server_settled(rule, kept):
     simulate(client="30/2s", server=server, count=40, ledger=first)
     assert str(recalled(parse_rule("30/2s"), first.recall(KEY.value))) == kept
     again = simulate(client="30/2s", server=server, count=40, ledger=rerun_from(first))
-    assert again.tally.rate_limited == 0
+    assert again.tally.rate_limited <= 1  # the re-test of its lesson
     assert again.ratio <= 1.1
 
 
@@ -366,7 +366,7 @@ def test_auto_never_takes_a_fixed_window_b_for_a(origin, retry_after):
     again = simulate(
         client="30/1m", server=server, count=60, fallback=b, ledger=rerun_from(first)
     )
-    assert again.tally.rate_limited == 0
+    assert again.tally.rate_limited <= 1  # the re-test of its lesson
 
 
 def test_a_rerun_starts_at_full_speed_from_the_accepted_record():

@@ -170,7 +170,9 @@ class Learner:
         """`lesson` as the evidence for it allows: none for noise, a trial for
         one refusal in doubt, else the lesson itself (`evidence.weighed`)."""
         standing = None if safer is None else safer.rule
-        stated = safer is not None and safer.stated
+        # A statement of the limit, or a lesson an earlier run confirmed,
+        # re-tested: a second word already.
+        stated = safer is not None and (safer.stated or safer.retest is not None)
         windows = candidates(rule, time_scale=self._time_scale)
         longer = [w for w in windows if w > rule.longest]
         weight = weighed(

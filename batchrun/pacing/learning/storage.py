@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from batchrun.core.errors import UsageError
@@ -17,11 +17,19 @@ from batchrun.pacing.learning.lessons import Lesson, adopt, candidates
 # How long a learned limit is trusted (the Redis ledger keeps it as long).
 KEPT_FOR = 30 * 86400.0
 
+# Once confirmed by a re-test, a lesson is next re-tested no sooner than this
+# many of the given rule's longest windows (unscaled) later (`next_retest`).
+RETEST_WINDOWS = 64
 
-def stored(lesson: Lesson, *, given: Rule, time_scale: float, at: float) -> str:
+
+def stored(
+    lesson: Lesson, *, given: Rule, time_scale: float, at: float, retest: float = 0.0
+) -> str:
     """A lesson as the text a ledger keeps, with the rule it was `given` (what it
     tightened): windows in unscaled seconds, so a run at another time scale reads
-    the same limit; `at` is wall-clock seconds."""
+    the same limit; `at` is wall-clock seconds, when the server last confirmed
+    it (`confirmed`), and `retest` the seconds from then until the next run
+    re-tests it (`due`): 0 for a lesson just learned."""
     windows = _unscaled(lesson.rule, time_scale)
     why = lesson.evidence
     if time_scale != 1:
@@ -31,7 +39,55 @@ def stored(lesson: Lesson, *, given: Rule, time_scale: float, at: float) -> str:
         fields["burst"] = lesson.rule.burst
     if lesson.fallback is not None:
         fields["safer"] = _unscaled(lesson.fallback.rule, time_scale)
-    return json.dumps({**fields, "given": _unscaled(given, time_scale), "at": at})
+    cadence = {"confirmed": at, "retest": retest}
+    return json.dumps(
+        {**fields, "given": _unscaled(given, time_scale), "at": at, **cadence}
+    )
+
+
+def cadence(text: str | None) -> tuple[float, float] | None:
+    """When a kept lesson was last confirmed (wall-clock seconds) and when it
+    is next re-tested; None if `text` holds no lesson. A lesson kept before
+    re-testing (no cadence) is due since it was learned."""
+    try:
+        kept = json.loads(text or "{}")
+        confirmed = float(kept.get("confirmed", kept["at"]))
+        retest = max(0.0, float(kept.get("retest", 0.0)))
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        return None
+    if not math.isfinite(confirmed + retest):
+        return None
+    return confirmed, confirmed + retest
+
+
+def due(text: str | None, now: float) -> float | None:
+    """The re-test interval of a kept lesson if a run starting at `now` (wall
+    clock) re-tests it; None if it is not due yet (or none is kept)."""
+    kept = cadence(text)
+    if kept is None or now < kept[1]:
+        return None
+    return kept[1] - kept[0]
+
+
+# How a recalled lesson's evidence begins: when it was learned, then why.
+_LEARNED = "learned "
+
+
+def reconfirmed(kept: Lesson, refusal: Lesson) -> Lesson:
+    """A recalled lesson (`kept`), re-tested and refused just past (what the
+    refusal read, `refusal`): it stands as kept, confirmed now."""
+    why = kept.evidence
+    if why.startswith(_LEARNED) and ": " in why:
+        why = why.split(": ", 1)[1]  # the date is the new confirmation's
+    why = f"{why}; re-tested, refused again ({refusal.evidence})"
+    return replace(kept, evidence=why, confirmed=True, trial=False)
+
+
+def next_retest(interval: float, given: Rule, time_scale: float) -> float:
+    """The interval after a re-test confirmed a lesson kept at `interval`:
+    twice as long, and at least `RETEST_WINDOWS` of the given rule's longest
+    window, so a server truly stricter costs O(log time) 429s over all runs."""
+    return max(2 * interval, RETEST_WINDOWS * given.longest * time_scale)
 
 
 # The ledger key, after the limit key's, of what the server was seen to accept.
@@ -109,7 +165,7 @@ def recalled(
         tighter = Rule(tighter.windows, kept.burst)
     safer = adopt(Rule(tighter.windows), kept.safer, "") if kept.safer else None
     fallback = None if safer is None else Lesson(safer.rule, "kept as the safer")
-    why = f"learned {kept.when}: {kept.why}"
+    why = f"{_LEARNED}{kept.when}: {kept.why}"
     return Lesson(tighter, why, kept.spread, fallback)
 
 
