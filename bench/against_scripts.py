@@ -3,7 +3,8 @@
 Every case of `bench.script_cases` is run by `batchrun submit` and by the four
 scripts `bench.script_pyrate`, `bench.script_limits`, `bench.script_aiolimiter`
 and `bench.script_sleep`, each in its own process against its own fresh server
-(`bench.case_server`: the sandbox on loopback, every request logged), one run
+(`bench.case_server`: the sandbox on loopback, every request logged; case 9:
+stock slowapi, `bench.slowapi_server`, with the same log), one run
 after another (`--side-by-side`: the tools of a case at once, quicker but they
 share the machine and the servers' thread lock, which slows every round trip); the
 table gives, per case and tool, the median over the rounds of the 429s the server
@@ -27,12 +28,13 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
-from bench.case_server import Served, serving
+from bench.case_server import Recorder, Served, serving
 from bench.progress import say
 from bench.script_cases import CASES, SCALE, Case
 
@@ -99,15 +101,22 @@ def _execute(line: list[str], bound: float, log: Path) -> tuple[bool, int]:
                 return True, process.wait()
 
 
+def case_server(case: Case, round_: int) -> AbstractContextManager[Recorder]:
+    """The case's fresh server: the sandbox, or stock slowapi (imported only
+    then: slowapi is in the bench extra, not the test one)."""
+    if case.limiter == "slowapi":
+        from bench import slowapi_server
+
+        return slowapi_server.serving(case.server, case.behaviour)
+    faults = case.faults(seed=7 + round_)
+    return serving(case.rules(), case.behaviour, faults=faults, headers=case.headers)
+
+
 def run_once(
     case: Case, tool: str, folder: Path, round_: int, again: bool
 ) -> dict[str, Any]:
     """One tool through one case against a fresh server; the row of figures."""
-    behaviour = case.behaviour
-    faults = case.faults(seed=7 + round_)
-    with serving(
-        case.rules(), behaviour, faults=faults, headers=case.headers
-    ) as server:
+    with case_server(case, round_) as server:
         started = time.time()
         line = command(tool, case, server.url, folder, again)
         stalled, code = _execute(line, timeout(case), folder / "run.log")

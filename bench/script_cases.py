@@ -3,7 +3,8 @@
 Each `Case` is one row: the rule the client is told and the rule the server
 enforces (both at bench scale: 30/2s stands for 30/60s), the number of run-query
 jobs, and what the server adds (`case_server.Behaviour`: an answer latency, no
-Retry-After, injected 429s for a while; rate-limit headers). A case that
+Retry-After, injected 429s for a while; rate-limit headers), or a stock slowapi
+server in its place (`bench.slowapi_server`, with the same log). A case that
 `follows` another runs right after it with the same client state (the same state
 folder for batchrun) against a fresh, quiet server.
 
@@ -17,6 +18,7 @@ a slot, so no client can reach the ideal in that row.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from batchrun.core.limits import LimitKey, Rule, parse_rule
 from batchrun.sandbox.faults import Faults
@@ -41,6 +43,8 @@ class Case:
     stray_429: float = 0.0
     headers: HeaderStyle = HeaderStyle.NONE
     follows: int | None = None
+    # The server: the sandbox (`case_server`), or stock slowapi (`slowapi_server`).
+    limiter: Literal["sandbox", "slowapi"] = "sandbox"
 
     @property
     def told_rule(self) -> Rule:
@@ -119,5 +123,14 @@ CASES = (
         "10/2s",
         60,
         headers=HeaderStyle.IETF,
+    ),
+    Case(
+        9,
+        "right rule, stock slowapi (moving window) answering 40 ms after each arrival",
+        "30/2s",
+        "30/2s",
+        120,
+        Behaviour(latency=0.04),
+        limiter="slowapi",
     ),
 )

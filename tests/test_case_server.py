@@ -1,4 +1,5 @@
-"""The benchmark's case server and case chains (bench/case_server, bench/against_scripts).
+"""The benchmark's case servers and case chains (bench/case_server,
+bench/slowapi_server, bench/against_scripts).
 
 Over loopback, bounded: a few requests each against a server the test starts.
 """
@@ -8,10 +9,11 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
 
 from batchrun.core.limits import LimitKey, parse_rule
 from batchrun.sandbox.faults import Faults
-from bench.against_scripts import chains, summarize
+from bench.against_scripts import case_server, chains, summarize
 from bench.case_server import Behaviour, Served, serving
 from bench.script_cases import CASES
 
@@ -78,3 +80,38 @@ def test_the_summary_counts_every_request_at_the_server():
     assert row["exactly_once"]
     assert row["makespan_s"] == 59.05
     assert row["ratio"] == round(59.05 / 10, 3)
+
+
+def test_the_slowapi_case_runs_against_stock_slowapi_with_its_latency():
+    pytest.importorskip("slowapi")
+    case = next(c for c in CASES if c.limiter == "slowapi")
+    assert (case.number, case.jobs, case.told, case.server) == (
+        9,
+        120,
+        "30/2s",
+        "30/2s",
+    )
+    assert case.ideal() == pytest.approx(6.04)  # 30 at 0, 2, 4, 6 s, then 40 ms
+    with case_server(case, 0) as server:
+        (answer,) = _send(server.url, 1)
+        log = list(server.log)
+    assert answer.status_code == 200
+    assert log[0].answered - log[0].at >= 0.04
+
+
+def test_slowapi_refuses_past_its_moving_window_at_once_and_counts_on_arrival():
+    pytest.importorskip("slowapi")
+    from bench import slowapi_server
+
+    assert slowapi_server.limit_text("15/4s+60/20s") == "15/4 second;60/20 second"
+    with slowapi_server.serving("2/10s", Behaviour(latency=0.3)) as server:
+        answers = _send(server.url, 3)
+        log = list(server.log)
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert answers[2].json() == {"error": "Rate limit exceeded: 2 per 10 second"}
+    assert "retry-after" not in answers[2].headers  # slowapi's default
+    held = [s.answered - s.at for s in log]
+    assert held[0] >= 0.3
+    assert held[1] >= 0.3
+    assert held[2] < 0.3
+    assert [s.idempotency_key for s in log] == ["k0", "k1", "k2"]

@@ -23,11 +23,18 @@ from slowapi.errors import RateLimitExceeded
 from slowapi.middleware import SlowAPIMiddleware
 from slowapi.util import get_remote_address
 from starlette.applications import Starlette
-from starlette.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 CONFIGS = [["2/minute"], ["2/minute", "100/hour"]]
 DROP = {"date", "server", "content-length", "content-type"}
+
+
+def _too_many(request: Request, exc: Exception) -> Response:
+    # slowapi's handler, typed as Starlette registers one (mypy strict).
+    assert isinstance(exc, RateLimitExceeded)
+    return _rate_limit_exceeded_handler(request, exc)
 
 
 def _app(limits: list[str]) -> Starlette:
@@ -36,9 +43,9 @@ def _app(limits: list[str]) -> Starlette:
 
     app = Starlette(routes=[Route("/", ok)])
     app.state.limiter = Limiter(
-        key_func=get_remote_address, default_limits=limits, headers_enabled=True
+        key_func=get_remote_address, default_limits=[*limits], headers_enabled=True
     )
-    app.add_exception_handler(RateLimitExceeded, _rate_limit_exceeded_handler)
+    app.add_exception_handler(RateLimitExceeded, _too_many)
     app.add_middleware(SlowAPIMiddleware)
     return app
 
