@@ -106,6 +106,7 @@ BENCH = [
         "progress",
     ],
     ["script_pyrate", "script_limits", "script_aiolimiter", "script_sleep"],
+    ["slowapi_server"],
     ["drivers", "spread", "ledgers", "overhead", "script_cases"],
     ["pacing", "throughput", "stricter", "against_scripts", "arrival"],
     ["bigfile"],
