@@ -22,7 +22,8 @@ from batchrun.core.responses import Responses
 from batchrun.jobs.job import read_jobs
 from batchrun.ledgers.shared_ledger import open_shared_ledger
 from batchrun.pacing.learning.lessons import Lesson
-from batchrun.pacing.learning.storage import cadence, recalled
+from batchrun.pacing.learning.retest import cadence
+from batchrun.pacing.learning.storage import recalled
 from batchrun.pacing.ledger import Ledger
 from batchrun.pacing.slots import eta
 from batchrun.store.paths import StatePaths

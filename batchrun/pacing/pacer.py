@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import anyio
 
@@ -30,11 +30,10 @@ from batchrun.core.limits import LimitKey, Pace, Rule, Window
 from batchrun.pacing.arrival import ArrivalBound, Trip
 from batchrun.pacing.learning.learner import Learner
 from batchrun.pacing.learning.lessons import Lesson
+from batchrun.pacing.learning.retest import due, interval, testable
 from batchrun.pacing.learning.storage import (
     RECORD_SUFFIX,
     accepted_record,
-    due,
-    next_retest,
     recalled,
     recalled_record,
     stored,
@@ -188,7 +187,7 @@ class Pacer:
         and keep it (or `kept`, joined with a safer rule that still stands), with
         the safer reading it falls back to if it has one, in the ledger for later
         runs and other processes (`keep`); `confirms`: it confirms a lesson
-        re-tested, kept with that interval (`storage.next_retest`)."""
+        re-tested, kept with that interval (`retest.interval`)."""
         self._rules[key] = lesson.rule
         self._retests.pop(key, None)
         if lesson.spread:
@@ -202,9 +201,9 @@ class Pacer:
             kept = kept or lesson
             # Spaced evenly once is spaced evenly for good, whatever comes after.
             spread = self._paces[key] is Pace.SPREAD
-            kept = Lesson(kept.rule, kept.evidence, spread, kept.fallback)
+            kept = replace(kept, spread=spread, trial=False)
             given, scale = self._given[key], self._time_scale
-            later = 0.0 if confirms is None else next_retest(confirms, given, scale)
+            later = interval(kept, given, scale, confirms=confirms)
             text = stored(
                 kept, given=given, time_scale=scale, at=wall_time(), retest=later
             )
@@ -233,13 +232,13 @@ class Pacer:
             lesson = recalled(rule, text, time_scale=scale, now=now)
             if lesson is None:
                 continue
-            interval = due(text, now) if _testable(lesson, rule) else None
-            if interval is None:
+            again = due(text, now) if testable(lesson, rule) else None
+            if again is None:
                 self.learn(key, lesson, keep=False)
             else:
                 self._retests[key] = lesson.rule
             self.learner.rearm(key.value, lesson.rule)
-            found.append(Kept(key, lesson, interval))
+            found.append(Kept(key, lesson, again))
         return found
 
     def gate(self, key: LimitKey) -> tuple[Window, ...]:
@@ -332,11 +331,3 @@ class Pacer:
     def _emit(self, event: SlotWait) -> None:
         if self._sink is not None:
             self._sink.emit(event)
-
-
-def _testable(lesson: Lesson, given: Rule) -> bool:
-    """Whether a re-test can rule `lesson` out (`Fallback.ruled_out`): it holds
-    a window `given` lacks, or a leaky bucket's burst. (Spacing evenly alone,
-    the server's counting, no count of acceptances rules out.)"""
-    extra = any(w not in given.windows for w in lesson.rule.windows)
-    return extra or (lesson.rule.burst is not None and lesson.rule.burst != given.burst)

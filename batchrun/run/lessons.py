@@ -17,7 +17,7 @@ from batchrun.core.limits import LimitKey, Pace, Rule
 from batchrun.pacing.learning.fallback import Fallback
 from batchrun.pacing.learning.lessons import Lesson, adopt
 from batchrun.pacing.learning.log import Sent
-from batchrun.pacing.learning.storage import reconfirmed
+from batchrun.pacing.learning.retest import reconfirmed
 from batchrun.pacing.pacer import Pacer
 
 
@@ -138,7 +138,10 @@ class Lessons:
         elif fallback is not None and not ruled_out:
             lesson = fallback.taken(lesson, given)
         if lesson.fallback is not None:
-            self._fallback[key] = Fallback(lesson.fallback, trial=lesson.trial)
+            strong = lesson.confirmed and lesson.strong
+            self._fallback[key] = Fallback(
+                lesson.fallback, trial=lesson.trial, strong=strong
+            )
         # Later runs start from a faster reading with the safer one behind it,
         # as this one goes on; while a safer rule stands that is no reading of
         # the log (--profile auto's B), from the lesson joined with it.

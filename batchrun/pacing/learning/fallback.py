@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from batchrun.core import durations
@@ -46,6 +46,10 @@ class Fallback:
     # with it behind): the interval it was kept with (`storage.due`). Its
     # confirmation is a second word already: one refusal it explains takes it.
     retest: float | None = None
+    # Whether the reading ahead of it (the key's rule) was confirmed by the
+    # server's own word (`Lesson.strong`): the lesson that rules this fallback
+    # out is no stronger.
+    strong: bool = True
 
     @property
     def rule(self) -> Rule:
@@ -62,15 +66,13 @@ class Fallback:
         after = lesson.fallback or self.reading.fallback
         if after is not None and adopt(rule, after.rule.windows, "") is None:
             after = None  # the joined rule already holds to it: nothing in doubt
-        return Lesson(
-            rule, why, lesson.spread, fallback=after, confirmed=lesson.confirmed
-        )
+        return replace(lesson, rule=rule, evidence=why, fallback=after, trial=False)
 
     def kept(self, lesson: Lesson) -> Lesson:
         """`lesson` as the ledger keeps it while this fallback stands: joined with
         it, so that later runs start from the safer reading."""
         joined = adopt(lesson.rule, self.rule.windows, "") or lesson
-        return Lesson(joined.rule, lesson.evidence, lesson.spread)
+        return Lesson(joined.rule, lesson.evidence, lesson.spread, strong=lesson.strong)
 
     def ruled_out(self, learner: Seen, key: str, given: Rule) -> Lesson | None:
         """A lesson that `given` holds if the server let through more than one of
@@ -93,7 +95,7 @@ class Fallback:
                         f"{seen} accepted within {durations.compact(span)}, more "
                         f"than {self.rule} allows: the server enforces {given}"
                     )
-                    return Lesson(given, why)
+                    return Lesson(given, why, strong=self.strong)
         return None
 
     def _past_burst(self, learner: Seen, key: str, given: Rule) -> Lesson | None:
@@ -112,4 +114,4 @@ class Fallback:
             f"{seen} accepted within {durations.compact(span)}, more than bursts "
             f"of {burst + 1} allow: the server enforces {given}"
         )
-        return Lesson(given, why)
+        return Lesson(given, why, strong=self.strong)

@@ -15,7 +15,13 @@ from batchrun.pacing.learning.alternatives import (
     lowered,
     stated_lesson,
 )
-from batchrun.pacing.learning.evidence import Weight, confirmed, safest, weighed
+from batchrun.pacing.learning.evidence import (
+    Confirmation,
+    Weight,
+    confirmed,
+    safest,
+    weighed,
+)
 from batchrun.pacing.learning.fallback import Fallback
 from batchrun.pacing.learning.lessons import Lesson, candidates
 from batchrun.pacing.learning.log import KeyLog, Sent
@@ -193,9 +199,10 @@ class Learner:
         log.rearm()
         if spaces:
             log.spacing()
-        if confirmed(log.sent, lesson, standing, stated=stated, given=given):
-            return lesson
-        return replace(lesson, confirmed=False)  # this process's only
+        word = confirmed(log.sent, lesson, standing, stated=stated, given=given)
+        if word is Confirmation.NONE:
+            return replace(lesson, confirmed=False)  # this process's only
+        return replace(lesson, strong=word is Confirmation.STRONG)
 
     def _taught(
         self, log: KeyLog, rule: Rule, *, spread: bool, safer: Fallback | None

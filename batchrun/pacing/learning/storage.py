@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from batchrun.core.errors import UsageError
@@ -17,9 +17,8 @@ from batchrun.pacing.learning.lessons import Lesson, adopt, candidates
 # How long a learned limit is trusted (the Redis ledger keeps it as long).
 KEPT_FOR = 30 * 86400.0
 
-# Once confirmed by a re-test, a lesson is next re-tested no sooner than this
-# many of the given rule's longest windows (unscaled) later (`next_retest`).
-RETEST_WINDOWS = 64
+# How a recalled lesson's evidence begins: when it was learned, then why.
+LEARNED = "learned "
 
 
 def stored(
@@ -29,7 +28,7 @@ def stored(
     tightened): windows in unscaled seconds, so a run at another time scale reads
     the same limit; `at` is wall-clock seconds, when the server last confirmed
     it (`confirmed`), and `retest` the seconds from then until the next run
-    re-tests it (`due`): 0 for a lesson just learned."""
+    re-tests it (`retest.due`)."""
     windows = _unscaled(lesson.rule, time_scale)
     why = lesson.evidence
     if time_scale != 1:
@@ -43,51 +42,6 @@ def stored(
     return json.dumps(
         {**fields, "given": _unscaled(given, time_scale), "at": at, **cadence}
     )
-
-
-def cadence(text: str | None) -> tuple[float, float] | None:
-    """When a kept lesson was last confirmed (wall-clock seconds) and when it
-    is next re-tested; None if `text` holds no lesson. A lesson kept before
-    re-testing (no cadence) is due since it was learned."""
-    try:
-        kept = json.loads(text or "{}")
-        confirmed = float(kept.get("confirmed", kept["at"]))
-        retest = max(0.0, float(kept.get("retest", 0.0)))
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
-        return None
-    if not math.isfinite(confirmed + retest):
-        return None
-    return confirmed, confirmed + retest
-
-
-def due(text: str | None, now: float) -> float | None:
-    """The re-test interval of a kept lesson if a run starting at `now` (wall
-    clock) re-tests it; None if it is not due yet (or none is kept)."""
-    kept = cadence(text)
-    if kept is None or now < kept[1]:
-        return None
-    return kept[1] - kept[0]
-
-
-# How a recalled lesson's evidence begins: when it was learned, then why.
-_LEARNED = "learned "
-
-
-def reconfirmed(kept: Lesson, refusal: Lesson) -> Lesson:
-    """A recalled lesson (`kept`), re-tested and refused just past (what the
-    refusal read, `refusal`): it stands as kept, confirmed now."""
-    why = kept.evidence
-    if why.startswith(_LEARNED) and ": " in why:
-        why = why.split(": ", 1)[1]  # the date is the new confirmation's
-    why = f"{why}; re-tested, refused again ({refusal.evidence})"
-    return replace(kept, evidence=why, confirmed=True, trial=False)
-
-
-def next_retest(interval: float, given: Rule, time_scale: float) -> float:
-    """The interval after a re-test confirmed a lesson kept at `interval`:
-    twice as long, and at least `RETEST_WINDOWS` of the given rule's longest
-    window, so a server truly stricter costs O(log time) 429s over all runs."""
-    return max(2 * interval, RETEST_WINDOWS * given.longest * time_scale)
 
 
 # The ledger key, after the limit key's, of what the server was seen to accept.
@@ -165,7 +119,7 @@ def recalled(
         tighter = Rule(tighter.windows, kept.burst)
     safer = adopt(Rule(tighter.windows), kept.safer, "") if kept.safer else None
     fallback = None if safer is None else Lesson(safer.rule, "kept as the safer")
-    why = f"{_LEARNED}{kept.when}: {kept.why}"
+    why = f"{LEARNED}{kept.when}: {kept.why}"
     return Lesson(tighter, why, kept.spread, fallback)
 
 
