@@ -304,7 +304,7 @@ class KeyLimit:
     spread: bool
     learned: str | None
     # Wall-clock seconds: when the server last confirmed the lesson, and when
-    # the next run to start re-tests it (`storage.cadence`); None if none.
+    # the next run to start re-tests it (`retest.cadence`); None if none.
     confirmed: float | None = None
     retest: float | None = None
 

@@ -217,7 +217,7 @@ class Pacer:
 
     def recall(self, keys: Iterable[LimitKey]) -> list[Kept]:
         """Pace `keys` by what the ledger kept from earlier runs, but those due
-        for a re-test (`storage.due`), which pace by the given rule with it to
+        for a re-test (`retest.due`), which pace by the given rule with it to
         fall back to; say what."""
         found = []
         for key in keys:

@@ -122,7 +122,7 @@ def confirmed(
     arrivals (`STRONG`: a stray 429 is followed by an acceptance, a limit by
     another refusal); or, with acceptances between them, an exact replay of a
     window the given rule lacks explains both (`WEAK`: re-tested by the next
-    run, `storage.stored`)."""
+    run, `retest.interval`)."""
     if stated:
         return Confirmation.STRONG
     answered = with_answers(log)

@@ -43,7 +43,7 @@ class Fallback:
     # simply dropped (the rule it stood behind was never in doubt).
     trial: bool = False
     # A lesson an earlier run kept, re-tested (the key paces by the given rule
-    # with it behind): the interval it was kept with (`storage.due`). Its
+    # with it behind): the interval it was kept with (`retest.due`). Its
     # confirmation is a second word already: one refusal it explains takes it.
     retest: float | None = None
     # Whether the reading ahead of it (the key's rule) was confirmed by the
