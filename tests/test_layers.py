@@ -40,7 +40,7 @@ WINGS: list[tuple[str, list[list[str]]]] = [
             ["learning.readings"],
             ["learning.alternatives"],
             ["learning.storage", "learning.fallback", "learning.evidence"],
-            ["learning.learner"],
+            ["learning.learner", "learning.retest"],
             ["pacer"],
         ],
     ),

@@ -256,6 +256,8 @@ def test_limits_shows_what_was_learned_and_forgets_it(tmp_path):
         "given": "15/1m+500/1h",
         "spread": False,
         "learned": None,
+        "confirmed": None,
+        "retest": None,
     }
 
 

@@ -180,9 +180,19 @@ def test_a_leaky_bucket_with_a_burst_is_paced_near_its_ideal(seed, retry_after):
     assert kept is not None
     reading = r"\d+/1s\+30/2s" if retry_after else r"30/2s, bursts of \d+"
     assert re.fullmatch(reading, kept)
-    again = simulate(client="30/2s", server=server, seed=seed, ledger=rerun_from(first))
-    assert again.tally.rate_limited == 0
-    assert again.ratio <= 1.1
+    second = rerun_from(first)
+    again = simulate(client="30/2s", server=server, seed=seed, ledger=second)
+    # Without a Retry-After, one refusal and acceptances past the window behind
+    # it are weak evidence (a stray 429 reads the same): the next run re-tests
+    # the bucket (one 429, 1.26-1.27 x), which confirms it; the run after
+    # sends none.
+    assert again.tally.rate_limited == (0 if retry_after else 1)
+    assert again.ratio <= (1.1 if retry_after else 1.3)
+    third = simulate(
+        client="30/2s", server=server, seed=seed, ledger=rerun_from(second)
+    )
+    assert third.tally.rate_limited == 0
+    assert third.ratio <= 1.1
 
 
 @pytest.mark.parametrize(
@@ -205,9 +215,14 @@ def test_a_bucket_with_no_burst_under_profile_a_is_read_from_its_pace(
     assert run.finished
     assert run.tally.rate_limited <= most
     assert run.ratio <= within
-    again = simulate(client="30/1m", server=server, seed=0, ledger=rerun_from(ledger))
-    assert again.tally.rate_limited == 0
+    second = rerun_from(ledger)
+    again = simulate(client="30/1m", server=server, seed=0, ledger=second)
+    # Without a Retry-After, the lesson is weak: the next run re-tests it.
+    assert again.tally.rate_limited == (0 if retry_after else 1)
     assert again.ratio <= within
+    third = simulate(client="30/1m", server=server, seed=0, ledger=rerun_from(second))
+    assert third.tally.rate_limited == 0
+    assert third.ratio <= within
 
 
 def test_a_bucket_slower_than_the_rule_drains_as_its_retry_after_says():
@@ -280,9 +295,10 @@ def test_fixed_and_weighted_counters_at_every_phase(kind, retry_after, phase):
     (`alternatives.lowered`). Under a 30/2s client, at every phase: every job
     accepted once, at most 3 429s (4 where the burst straddled a reset; 2
     at every phase against a fixed window that sends Retry-After), and a
-    rerun from the ledger sends none (one, against a
-    weighted counter whose first run gave no sign it needed spacing) and ends
-    within 1.25 x the ideal under 10/2s."""
+    rerun from the ledger sends at most one (a weakly confirmed lesson's
+    re-test, or a weighted counter whose first run gave no sign it needed
+    spacing) and ends within 1.25 x the ideal under 10/2s; the run after
+    that sends none against a fixed window."""
     server = Server(
         kind, parse_rule("10/2s"), {"origin": -0.2 * phase}, retry_after=retry_after
     )
@@ -295,9 +311,13 @@ def test_fixed_and_weighted_counters_at_every_phase(kind, retry_after, phase):
     told_fixed = retry_after and kind is LimiterKind.FIXED
     assert run.tally.rate_limited <= (2 if told_fixed else 4 if phase == 9 else 3)
     assert run.makespan <= 1.35 * ideal
-    again = simulate(client="30/2s", server=server, seed=0, ledger=rerun_from(ledger))
-    assert again.tally.rate_limited <= (0 if kind is LimiterKind.FIXED else 1)
+    second = rerun_from(ledger)
+    again = simulate(client="30/2s", server=server, seed=0, ledger=second)
+    assert again.tally.rate_limited <= 1
     assert again.makespan <= 1.25 * ideal
+    # Whatever the rerun re-tested, it confirmed: the run after sends none.
+    third = simulate(client="30/2s", server=server, seed=0, ledger=rerun_from(second))
+    assert third.tally.rate_limited <= (0 if kind is LimiterKind.FIXED else 1)
 
 
 @pytest.mark.parametrize(

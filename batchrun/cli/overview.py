@@ -22,6 +22,7 @@ from batchrun.core.responses import Responses
 from batchrun.jobs.job import read_jobs
 from batchrun.ledgers.shared_ledger import open_shared_ledger
 from batchrun.pacing.learning.lessons import Lesson
+from batchrun.pacing.learning.retest import cadence
 from batchrun.pacing.learning.storage import recalled
 from batchrun.pacing.ledger import Ledger
 from batchrun.pacing.slots import eta
@@ -302,6 +303,10 @@ class KeyLimit:
     rule: Rule
     spread: bool
     learned: str | None
+    # Wall-clock seconds: when the server last confirmed the lesson, and when
+    # the next run to start re-tests it (`retest.cadence`); None if none.
+    confirmed: float | None = None
+    retest: float | None = None
 
 
 def limits(
@@ -316,14 +321,17 @@ def limits(
     under --profile auto until the server settles which statement holds)."""
     budget = _Budget(paths, client, ledger_url, fallback or {})
     rules = {key: rules[key] for key in LimitKey if key in rules}
+    found = []
     with _ledger(budget) as ledger:
-        found = [
-            (key, _in_force(key, rule, ledger, budget)) for key, rule in rules.items()
-        ]
-    return [
-        KeyLimit(key, rules[key], force.rule, force.spread, force.evidence or None)
-        for key, force in found
-    ]
+        for key, rule in rules.items():
+            force = _in_force(key, rule, ledger, budget)
+            kept = cadence(ledger.recall(key.value)) if force.evidence else None
+            confirmed, retest = (None, None) if kept is None else kept
+            why = force.evidence or None
+            found.append(
+                KeyLimit(key, rule, force.rule, force.spread, why, confirmed, retest)
+            )
+    return found
 
 
 def forget(

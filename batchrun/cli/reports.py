@@ -217,9 +217,21 @@ def limits_lines(
         spread = ", evenly spaced" if item.spread else ""
         lines.append(f"{item.key.value}: {item.rule}{spread} (given {item.given})")
         lines.append(f"  {item.learned}")
+        if item.confirmed is not None and item.retest is not None:
+            lines.append(f"  {_cadence(item.confirmed, item.retest)}")
     if any(item.learned for item in found):
         lines.append("`batchrun limits --forget KEY` starts KEY from its given rule.")
     return lines
+
+
+def _cadence(confirmed: float, retest: float) -> str:
+    """When a lesson was last confirmed and is next re-tested (wall clock)."""
+
+    def when(moment: float) -> str:
+        return datetime.fromtimestamp(moment).strftime("%Y-%m-%d %H:%M")
+
+    again = "by the next run" if retest <= confirmed else f"from {when(retest)} on"
+    return f"last confirmed {when(confirmed)}; re-tested {again}"
 
 
 def limits_json(found: list[KeyLimit]) -> dict[str, object]:
@@ -231,6 +243,8 @@ def limits_json(found: list[KeyLimit]) -> dict[str, object]:
             "given": str(item.given),
             "spread": item.spread,
             "learned": item.learned,
+            "confirmed": item.confirmed,
+            "retest": item.retest,
         }
         for item in found
     }

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import anyio
 
@@ -30,6 +30,7 @@ from batchrun.core.limits import LimitKey, Pace, Rule, Window
 from batchrun.pacing.arrival import ArrivalBound, Trip
 from batchrun.pacing.learning.learner import Learner
 from batchrun.pacing.learning.lessons import Lesson
+from batchrun.pacing.learning.retest import due, interval, testable
 from batchrun.pacing.learning.storage import (
     RECORD_SUFFIX,
     accepted_record,
@@ -39,6 +40,16 @@ from batchrun.pacing.learning.storage import (
 )
 from batchrun.pacing.ledger import Ledger
 from batchrun.pacing.slots import Grant, Wait, earliest_slot, reach
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """A lesson an earlier run kept for a key (`Pacer.recall`), and, if it is
+    due for a re-test, the interval it was kept with (None: paced by)."""
+
+    key: LimitKey
+    lesson: Lesson
+    retest: float | None = None
 
 
 @dataclass(slots=True)
@@ -84,6 +95,8 @@ class Pacer:
         self.learner = Learner(time_scale=time_scale)
         self._time_scale = time_scale
         self._kept_records: dict[LimitKey, dict[float, int]] = {}
+        # Keys re-testing a kept lesson: its rule, whose windows gate probes too.
+        self._retests: dict[LimitKey, Rule] = {}
         self.arrival = ArrivalBound()
         # Per key, the latest answer of a request counted until before it (by
         # the arrival bound): until then plus the rule's reach, a grant may
@@ -168,12 +181,15 @@ class Pacer:
         *,
         kept: Lesson | None = None,
         keep: bool = True,
+        confirms: float | None = None,
     ) -> None:
         """Pace `key` by the lesson's rule from now on (and evenly, if it says so),
         and keep it (or `kept`, joined with a safer rule that still stands), with
         the safer reading it falls back to if it has one, in the ledger for later
-        runs and other processes (`keep`)."""
+        runs and other processes (`keep`); `confirms`: it confirms a lesson
+        re-tested, kept with that interval (`retest.interval`)."""
         self._rules[key] = lesson.rule
+        self._retests.pop(key, None)
         if lesson.spread:
             self._paces[key] = Pace.SPREAD
         cooling = self._cooling[key]
@@ -185,13 +201,24 @@ class Pacer:
             kept = kept or lesson
             # Spaced evenly once is spaced evenly for good, whatever comes after.
             spread = self._paces[key] is Pace.SPREAD
-            kept = Lesson(kept.rule, kept.evidence, spread, kept.fallback)
+            kept = replace(kept, spread=spread, trial=False)
             given, scale = self._given[key], self._time_scale
-            text = stored(kept, given=given, time_scale=scale, at=wall_time())
+            later = interval(kept, given, scale, confirms=confirms)
+            text = stored(
+                kept, given=given, time_scale=scale, at=wall_time(), retest=later
+            )
             self._ledger.remember(key.value, text)
 
-    def recall(self, keys: Iterable[LimitKey]) -> list[tuple[LimitKey, Lesson]]:
-        """Pace `keys` by what the ledger kept from earlier runs; say what."""
+    def forget(self, key: LimitKey) -> None:
+        """Pace `key` by its given rule from now on, and forget what the ledger
+        kept of it (a re-test found the server no stricter)."""
+        self.learn(key, Lesson(self._given[key], ""), keep=False)
+        self._ledger.remember(key.value, "{}")
+
+    def recall(self, keys: Iterable[LimitKey]) -> list[Kept]:
+        """Pace `keys` by what the ledger kept from earlier runs, but those due
+        for a re-test (`retest.due`), which pace by the given rule with it to
+        fall back to; say what."""
         found = []
         for key in keys:
             kept = self._ledger.recall(f"{key.value}{RECORD_SUFFIX}")
@@ -201,16 +228,25 @@ class Pacer:
             text = self._ledger.recall(key.value)
             rule = self._rules[key]
             scale = self._time_scale
-            lesson = recalled(rule, text, time_scale=scale, now=wall_time())
-            if lesson is not None:
+            now = wall_time()
+            lesson = recalled(rule, text, time_scale=scale, now=now)
+            if lesson is None:
+                continue
+            again = due(text, now) if testable(lesson, rule) else None
+            if again is None:
                 self.learn(key, lesson, keep=False)
-                self.learner.rearm(key.value, lesson.rule)
-                found.append((key, lesson))
+            else:
+                self._retests[key] = lesson.rule
+            self.learner.rearm(key.value, lesson.rule)
+            found.append(Kept(key, lesson, again))
         return found
 
     def gate(self, key: LimitKey) -> tuple[Window, ...]:
-        """The windows whose accepted record gates `key`: its rule's and the given's."""
-        return tuple({*self._rules[key].windows, *self._given[key].windows})
+        """The windows whose accepted record gates `key`: its rule's, the
+        given's, and a lesson's under re-test."""
+        retest = self._retests.get(key)
+        tested = () if retest is None else retest.windows
+        return tuple({*self._rules[key].windows, *self._given[key].windows, *tested})
 
     def probe(self, key: LimitKey) -> bool:
         """Whether a request of `key` leaving now is a probe (`KeyLog.beyond`)."""
@@ -268,6 +304,11 @@ class Pacer:
         # From its send, a probe reaches the server within two bounds: one for a
         # new connection's connect before it is written, one for its way.
         reach = None if bound is None else 2 * bound
+        if key in self._retests and self.learner.in_flight(key) and self.probe(key):
+            # Past a lesson re-tested, a probe leaves once every request before
+            # it has its answer: a server that still enforces the lesson then
+            # refuses that one request, whatever order the others arrived in.
+            return Wait(None)
         opens = self.learner.gated(key, self.gate(key), now, reach)
         if opens is not None:
             # Past what the server was seen to accept: the last probe first.

@@ -17,6 +17,7 @@ from batchrun.core.limits import LimitKey, Pace, Rule
 from batchrun.pacing.learning.fallback import Fallback
 from batchrun.pacing.learning.lessons import Lesson, adopt
 from batchrun.pacing.learning.log import Sent
+from batchrun.pacing.learning.retest import reconfirmed
 from batchrun.pacing.pacer import Pacer
 
 
@@ -37,21 +38,26 @@ class Lessons:
         self._sink = sink
         self._learner = pacer.learner
         self._given = dict(pacer.rules)
-        self._recalled = pacer.recall(list(pacer.rules))
+        recalled = pacer.recall(list(pacer.rules))
         # What an earlier run learned of a key settles its fallback too.
-        settled = {key for key, _ in self._recalled}
+        settled = {kept.key for kept in recalled}
         self._fallback = {
             key: Fallback(Lesson(rule, f"the safer statement {rule}"), stated=True)
             for key, rule in fallback.items()
             if key in pacer.rules and key not in settled
         }
-        # A faster reading kept in doubt is still in doubt.
-        for key, lesson in self._recalled:
-            if lesson.fallback is not None:
-                self._fallback[key] = Fallback(lesson.fallback)
+        for kept in recalled:
+            if kept.retest is not None:
+                # Re-tested: the given rule, with the lesson behind it.
+                self._fallback[kept.key] = Fallback(kept.lesson, retest=kept.retest)
+            elif kept.lesson.fallback is not None:
+                # A faster reading kept in doubt is still in doubt.
+                self._fallback[kept.key] = Fallback(kept.lesson.fallback)
+        self._recalled = [(k.key, k.lesson) for k in recalled if k.retest is None]
 
     def recalled(self) -> None:
-        """Report what earlier runs taught, as the run starts."""
+        """Report what earlier runs taught, as the run starts (a lesson under
+        re-test is reported once the server has settled it)."""
         for key, lesson in self._recalled:
             spread = self._pacer.pace(key) is Pace.SPREAD
             at = self._clock.now()
@@ -121,19 +127,33 @@ class Lessons:
         spread = self._pacer.pace(key) is Pace.SPREAD
         first_spread = lesson.spread and lesson.rule == given and not spread
         fallback = None if first_spread else self._fallback.pop(key, None)
-        if fallback is not None and not ruled_out:
+        retest = None if fallback is None else fallback.retest
+        if retest is not None and ruled_out:
+            self._pacer.forget(key)  # the server is no stricter than given
+            self._emit(key, lesson)
+            return
+        if retest is not None and fallback is not None:
+            # Refused past it: the lesson stands as kept, confirmed again.
+            lesson = reconfirmed(fallback.reading, lesson)
+        elif fallback is not None and not ruled_out:
             lesson = fallback.taken(lesson, given)
         if lesson.fallback is not None:
-            self._fallback[key] = Fallback(lesson.fallback, trial=lesson.trial)
+            strong = lesson.confirmed and lesson.strong
+            self._fallback[key] = Fallback(
+                lesson.fallback, trial=lesson.trial, strong=strong
+            )
         # Later runs start from a faster reading with the safer one behind it,
         # as this one goes on; while a safer rule stands that is no reading of
         # the log (--profile auto's B), from the lesson joined with it.
         standing = None if lesson.fallback else self._fallback.get(key)
         kept = None if standing is None else standing.kept(lesson)
         keep = lesson.confirmed and not lesson.trial
-        self._pacer.learn(key, lesson, kept=kept, keep=keep)
+        self._pacer.learn(key, lesson, kept=kept, keep=keep, confirms=retest)
         if lesson.trial:
             return  # a 429 in doubt: nothing learned yet
+        self._emit(key, lesson)
+
+    def _emit(self, key: LimitKey, lesson: Lesson) -> None:
         at = self._clock.now()
         spread = self._pacer.pace(key) is Pace.SPREAD
         self._sink.emit(RuleLearned(at, key, lesson.rule, spread, lesson.evidence))

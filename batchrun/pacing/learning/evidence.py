@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Sequence
-from enum import Enum
+from enum import Enum, IntEnum
 
 from batchrun.core.limits import Rule, Window
 from batchrun.pacing.learning.alternatives import aligned_counter
@@ -97,6 +97,15 @@ def weighed(
     )
 
 
+class Confirmation(IntEnum):
+    """How strongly the server confirmed a lesson (`confirmed`): not at all
+    (this process only), on weak grounds, or by its own word."""
+
+    NONE = 0
+    WEAK = 1
+    STRONG = 2
+
+
 def confirmed(
     log: Sequence[Sent],
     lesson: Lesson,
@@ -104,20 +113,24 @@ def confirmed(
     *,
     stated: bool,
     given: Rule | None = None,
-) -> bool:
-    """Whether later runs may inherit `lesson` (the ledger keeps it): the
-    server said so (a statement of the limit if `stated`, or a refusal whose
-    Retry-After fits a window of the reading), or it kept refusing just past
-    the reading: two refusals that it explains, the second sent after the
-    first was answered and nothing accepted between their arrivals. A stray
-    429 is followed by an acceptance; a limit by another refusal."""
+) -> Confirmation:
+    """Whether later runs may inherit `lesson` (the ledger keeps it), and how
+    strongly: the server said so (a statement of the limit if `stated`, or a
+    refusal whose Retry-After fits a window of the reading), or it kept
+    refusing just past the reading: two refusals that it explains, the second
+    sent after the first was answered and nothing accepted between their
+    arrivals (`STRONG`: a stray 429 is followed by an acceptance, a limit by
+    another refusal); or, with acceptances between them, an exact replay of a
+    window the given rule lacks explains both (`WEAK`: re-tested by the next
+    run, `retest.interval`)."""
     if stated:
-        return True
+        return Confirmation.STRONG
     answered = with_answers(log)
     windows = _windows(lesson, safer)
     refusals = sorted((s for s in answered if s.refused), key=arrived)
     if any(_fits(s, answered, _news(windows, given)) for s in refusals):
-        return True
+        return Confirmation.STRONG
+    weak = Confirmation.NONE
     accepted = sorted(arrived(s) for s in answered if s.refused is False)
     news = _news(windows, given)
     for n, first in enumerate(refusals):
@@ -129,8 +142,10 @@ def confirmed(
             # Apart (the server let some through between them), only an
             # exact replay of a window the given rule lacks explains both.
             if explained(answered, [first, second], news if apart else windows):
-                return True
-    return False
+                if not apart:
+                    return Confirmation.STRONG
+                weak = Confirmation.WEAK
+    return weak
 
 
 def newest_refusal(log: Sequence[Sent]) -> Sent | None:

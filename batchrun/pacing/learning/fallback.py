@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from batchrun.core import durations
@@ -42,6 +42,14 @@ class Fallback:
     # The reading of one refusal alone (`Lesson.trial`): ruled out, it is
     # simply dropped (the rule it stood behind was never in doubt).
     trial: bool = False
+    # A lesson an earlier run kept, re-tested (the key paces by the given rule
+    # with it behind): the interval it was kept with (`retest.due`). Its
+    # confirmation is a second word already: one refusal it explains takes it.
+    retest: float | None = None
+    # Whether the reading ahead of it (the key's rule) was confirmed by the
+    # server's own word (`Lesson.strong`): the lesson that rules this fallback
+    # out is no stronger.
+    strong: bool = True
 
     @property
     def rule(self) -> Rule:
@@ -58,21 +66,24 @@ class Fallback:
         after = lesson.fallback or self.reading.fallback
         if after is not None and adopt(rule, after.rule.windows, "") is None:
             after = None  # the joined rule already holds to it: nothing in doubt
-        return Lesson(
-            rule, why, lesson.spread, fallback=after, confirmed=lesson.confirmed
-        )
+        return replace(lesson, rule=rule, evidence=why, fallback=after, trial=False)
 
     def kept(self, lesson: Lesson) -> Lesson:
         """`lesson` as the ledger keeps it while this fallback stands: joined with
         it, so that later runs start from the safer reading."""
         joined = adopt(lesson.rule, self.rule.windows, "") or lesson
-        return Lesson(joined.rule, lesson.evidence, lesson.spread)
+        return Lesson(joined.rule, lesson.evidence, lesson.spread, strong=lesson.strong)
 
     def ruled_out(self, learner: Seen, key: str, given: Rule) -> Lesson | None:
         """A lesson that `given` holds if the server let through more than one of
         this fallback's own windows (COUNT/W) allows in any counting: more than
         (n + 1) x COUNT within n x W, for some n up to `_SPANS` (fixed windows let
-        up to that many through, a sliding log n x COUNT); None while it has not."""
+        up to that many through, a sliding log n x COUNT), or, for a leaky
+        bucket's burst B, more than 2 x (B + 1) within the time it leaks B + 1
+        (`_past_burst`); None while it has not."""
+        past = self._past_burst(learner, key, given)
+        if past is not None:
+            return past
         for window in self.rule.windows:
             if window in given.windows:
                 continue  # held by both readings: it settles nothing
@@ -84,5 +95,23 @@ class Fallback:
                         f"{seen} accepted within {durations.compact(span)}, more "
                         f"than {self.rule} allows: the server enforces {given}"
                     )
-                    return Lesson(given, why)
+                    return Lesson(given, why, strong=self.strong)
         return None
+
+    def _past_burst(self, learner: Seen, key: str, given: Rule) -> Lesson | None:
+        """`given` if the server let through more in a burst than this
+        fallback's leaky bucket allows: at most B + 1 at once and its rate
+        after, so at most 2 x (B + 1) while it leaks B + 1."""
+        burst = self.rule.burst
+        if burst is None or (given.burst is not None and given.burst <= burst):
+            return None
+        base = self.rule.shortest
+        span = (burst + 1) * base.seconds / base.count
+        seen = learner.accepted_within(key, span)
+        if seen <= 2 * (burst + 1):
+            return None
+        why = (
+            f"{seen} accepted within {durations.compact(span)}, more than bursts "
+            f"of {burst + 1} allow: the server enforces {given}"
+        )
+        return Lesson(given, why, strong=self.strong)

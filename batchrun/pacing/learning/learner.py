@@ -15,7 +15,13 @@ from batchrun.pacing.learning.alternatives import (
     lowered,
     stated_lesson,
 )
-from batchrun.pacing.learning.evidence import Weight, confirmed, safest, weighed
+from batchrun.pacing.learning.evidence import (
+    Confirmation,
+    Weight,
+    confirmed,
+    safest,
+    weighed,
+)
 from batchrun.pacing.learning.fallback import Fallback
 from batchrun.pacing.learning.lessons import Lesson, candidates
 from batchrun.pacing.learning.log import KeyLog, Sent
@@ -170,7 +176,9 @@ class Learner:
         """`lesson` as the evidence for it allows: none for noise, a trial for
         one refusal in doubt, else the lesson itself (`evidence.weighed`)."""
         standing = None if safer is None else safer.rule
-        stated = safer is not None and safer.stated
+        # A statement of the limit, or a lesson an earlier run confirmed,
+        # re-tested: a second word already.
+        stated = safer is not None and (safer.stated or safer.retest is not None)
         windows = candidates(rule, time_scale=self._time_scale)
         longer = [w for w in windows if w > rule.longest]
         weight = weighed(
@@ -191,9 +199,10 @@ class Learner:
         log.rearm()
         if spaces:
             log.spacing()
-        if confirmed(log.sent, lesson, standing, stated=stated, given=given):
-            return lesson
-        return replace(lesson, confirmed=False)  # this process's only
+        word = confirmed(log.sent, lesson, standing, stated=stated, given=given)
+        if word is Confirmation.NONE:
+            return replace(lesson, confirmed=False)  # this process's only
+        return replace(lesson, strong=word is Confirmation.STRONG)
 
     def _taught(
         self, log: KeyLog, rule: Rule, *, spread: bool, safer: Fallback | None

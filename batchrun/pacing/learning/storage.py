@@ -17,11 +17,18 @@ from batchrun.pacing.learning.lessons import Lesson, adopt, candidates
 # How long a learned limit is trusted (the Redis ledger keeps it as long).
 KEPT_FOR = 30 * 86400.0
 
+# How a recalled lesson's evidence begins: when it was learned, then why.
+LEARNED = "learned "
 
-def stored(lesson: Lesson, *, given: Rule, time_scale: float, at: float) -> str:
+
+def stored(
+    lesson: Lesson, *, given: Rule, time_scale: float, at: float, retest: float = 0.0
+) -> str:
     """A lesson as the text a ledger keeps, with the rule it was `given` (what it
     tightened): windows in unscaled seconds, so a run at another time scale reads
-    the same limit; `at` is wall-clock seconds."""
+    the same limit; `at` is wall-clock seconds, when the server last confirmed
+    it (`confirmed`), and `retest` the seconds from then until the next run
+    re-tests it (`retest.due`)."""
     windows = _unscaled(lesson.rule, time_scale)
     why = lesson.evidence
     if time_scale != 1:
@@ -31,7 +38,10 @@ def stored(lesson: Lesson, *, given: Rule, time_scale: float, at: float) -> str:
         fields["burst"] = lesson.rule.burst
     if lesson.fallback is not None:
         fields["safer"] = _unscaled(lesson.fallback.rule, time_scale)
-    return json.dumps({**fields, "given": _unscaled(given, time_scale), "at": at})
+    cadence = {"confirmed": at, "retest": retest}
+    return json.dumps(
+        {**fields, "given": _unscaled(given, time_scale), "at": at, **cadence}
+    )
 
 
 # The ledger key, after the limit key's, of what the server was seen to accept.
@@ -109,7 +119,7 @@ def recalled(
         tighter = Rule(tighter.windows, kept.burst)
     safer = adopt(Rule(tighter.windows), kept.safer, "") if kept.safer else None
     fallback = None if safer is None else Lesson(safer.rule, "kept as the safer")
-    why = f"learned {kept.when}: {kept.why}"
+    why = f"{LEARNED}{kept.when}: {kept.why}"
     return Lesson(tighter, why, kept.spread, fallback)
 
 

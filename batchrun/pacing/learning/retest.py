@@ -1,0 +1,81 @@
+"""When a kept lesson is re-tested: the weaker the evidence, the sooner.
+
+A lesson the server confirmed by its own word (`Lesson.strong`: a Retry-After
+or header that fits a window the given rule lacks, a stated limit, two
+refusals back to back) is first re-tested after `RETEST_WINDOWS` of the given
+rule's longest window; one kept on weaker grounds (acceptances between its
+refusals, or a safer reading ruled out behind a reading no refusal confirmed,
+as a stray 429 leaves) by the very next run. A re-test that the server refuses
+confirms it, and the next waits twice as long; one it lets through forgets it.
+The cadence is kept in the lesson's text in the ledger (`storage.stored`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+from batchrun.core.limits import Rule
+from batchrun.pacing.learning.lessons import Lesson
+from batchrun.pacing.learning.storage import LEARNED
+
+# A lesson confirmed by the server's own word is first re-tested this many of
+# the given rule's longest windows (unscaled) after, and each re-test it
+# passes at least doubles that (`interval`).
+RETEST_WINDOWS = 64
+
+
+def interval(
+    lesson: Lesson, given: Rule, time_scale: float, *, confirms: float | None
+) -> float:
+    """Seconds from now until a run re-tests `lesson`, kept now: `confirms`,
+    the interval a re-test it passed was kept with, doubled (at least the
+    base); for one just learned, the base if the server confirmed it by its
+    own word, else 0 (due in the next run)."""
+    base = RETEST_WINDOWS * given.longest * time_scale
+    if confirms is not None:
+        return max(2 * confirms, base)
+    return base if lesson.strong else 0.0
+
+
+def cadence(text: str | None) -> tuple[float, float] | None:
+    """When a kept lesson was last confirmed (wall-clock seconds) and when it
+    is next re-tested; None if `text` holds no lesson. A lesson kept before
+    re-testing (no cadence) is due since it was learned."""
+    try:
+        kept = json.loads(text or "{}")
+        confirmed = float(kept.get("confirmed", kept["at"]))
+        retest = max(0.0, float(kept.get("retest", 0.0)))
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        return None
+    if not math.isfinite(confirmed + retest):
+        return None
+    return confirmed, confirmed + retest
+
+
+def due(text: str | None, now: float) -> float | None:
+    """The re-test interval of a kept lesson if a run starting at `now` (wall
+    clock) re-tests it; None if it is not due yet (or none is kept)."""
+    kept = cadence(text)
+    if kept is None or now < kept[1]:
+        return None
+    return kept[1] - kept[0]
+
+
+def testable(lesson: Lesson, given: Rule) -> bool:
+    """Whether a re-test can rule `lesson` out (`Fallback.ruled_out`): it holds
+    a window `given` lacks, or a leaky bucket's burst. (Spacing evenly alone,
+    the server's counting, no count of acceptances rules out.)"""
+    extra = any(w not in given.windows for w in lesson.rule.windows)
+    return extra or (lesson.rule.burst is not None and lesson.rule.burst != given.burst)
+
+
+def reconfirmed(kept: Lesson, refusal: Lesson) -> Lesson:
+    """A recalled lesson (`kept`), re-tested and refused just past (what the
+    refusal read, `refusal`): it stands as kept, confirmed now."""
+    why = kept.evidence
+    if why.startswith(LEARNED) and ": " in why:
+        why = why.split(": ", 1)[1]  # the date is the new confirmation's
+    why = f"{why}; re-tested, refused again ({refusal.evidence})"
+    return replace(kept, evidence=why, confirmed=True, strong=True, trial=False)

@@ -1,0 +1,131 @@
+"""Kept lessons are re-tested: the weaker the evidence, the sooner (`retest`)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from batchrun.core.limits import parse_rule
+from batchrun.pacing.learning.retest import RETEST_WINDOWS, cadence, due
+from batchrun.pacing.ledger import MemoryLedger
+from batchrun.pacing.limiters import LimiterKind
+from batchrun.store.paths import StatePaths
+from tests.simulation import KEY, Network, Server, simulate
+from tests.test_overview import LEARNED, cli, learned_ledger
+from tests.test_simulation import recalled
+
+GIVEN = parse_rule("30/2s")
+LOOPBACK = (0.002, 0.01)
+RIGHT = Server(LimiterKind.SLIDING, GIVEN)
+# The base interval of a lesson given 30/2s (`RETEST_WINDOWS` of its 2 s).
+BASE = RETEST_WINDOWS * 2.0
+
+
+def rerun_from(ledger: MemoryLedger) -> MemoryLedger:
+    """A fresh ledger with only what the last run kept of the key."""
+    again = MemoryLedger()
+    text = ledger.recall(KEY.value)
+    if text is not None:
+        again.remember(KEY.value, text)
+    return again
+
+
+def interval(ledger: MemoryLedger) -> float | None:
+    """Seconds from its last confirmation until the kept lesson is re-tested."""
+    kept = cadence(ledger.recall(KEY.value))
+    return None if kept is None else kept[1] - kept[0]
+
+
+def test_a_lesson_stray_429s_left_is_forgotten_by_the_next_run():
+    """5 % of the first 14 s refused at the right rule (the bench's stray row,
+    seed 0): a bucket read from a stray, kept on weak grounds, is due in the
+    next run, which the quiet server lets through: forgotten, at full speed."""
+    noisy = Server(LimiterKind.SLIDING, GIVEN, stray=0.05, stray_for=14.0)
+    traced = Network(traced=True)
+    first = MemoryLedger()
+    simulate(
+        client="30/2s",
+        server=noisy,
+        count=240,
+        ledger=first,
+        latency=LOOPBACK,
+        network=traced,
+    )
+    assert recalled(GIVEN, first.recall(KEY.value)) == "30/2s, bursts of 7"
+    assert interval(first) == 0.0  # weak: due at once
+    second = rerun_from(first)
+    again = simulate(
+        client="30/2s",
+        server=RIGHT,
+        count=240,
+        ledger=second,
+        latency=LOOPBACK,
+        network=traced,
+    )
+    assert again.tally.rate_limited == 0
+    assert again.ratio <= 1.02
+    assert recalled(GIVEN, second.recall(KEY.value)) is None
+
+
+def test_a_lesson_the_server_said_is_not_due_in_the_next_run():
+    """A Retry-After that fits 10/2s confirms it by the server's own word: first
+    re-tested after the base interval, so the next run sends no 429."""
+    strict = Server(LimiterKind.SLIDING, parse_rule("10/2s"))
+    first = MemoryLedger()
+    simulate(client="30/2s", server=strict, ledger=first)
+    assert recalled(GIVEN, first.recall(KEY.value)) == "10/2s"
+    assert interval(first) == BASE
+    again = simulate(client="30/2s", server=strict, ledger=rerun_from(first))
+    assert again.tally.rate_limited == 0
+
+
+def test_a_weak_lesson_confirmed_by_its_re_test_is_then_not_due():
+    """A fixed 10/2s counter read without a Retry-After from an exact replay
+    with acceptances between its refusals: weak, so the next run re-tests it
+    (one 429), which confirms it for the base interval; the run after sends
+    none."""
+    server = Server(
+        LimiterKind.FIXED, parse_rule("10/2s"), {"origin": -1.6}, retry_after=False
+    )
+    first = MemoryLedger()
+    simulate(client="30/2s", server=server, seed=0, ledger=first)
+    assert interval(first) == 0.0
+    second = rerun_from(first)
+    again = simulate(client="30/2s", server=server, seed=0, ledger=second)
+    assert again.tally.rate_limited == 1
+    assert interval(second) == BASE
+    third = simulate(client="30/2s", server=server, seed=0, ledger=rerun_from(second))
+    assert third.tally.rate_limited == 0
+
+
+def test_a_lesson_kept_without_a_cadence_is_due():
+    """A lesson kept before re-testing (no cadence in its text) is re-tested by
+    the next run: one 429 from a server that still enforces it, then confirmed."""
+    strict = Server(LimiterKind.SLIDING, parse_rule("10/2s"))
+    first = MemoryLedger()
+    simulate(client="30/2s", server=strict, ledger=first)
+    kept = json.loads(first.recall(KEY.value) or "{}")
+    del kept["confirmed"], kept["retest"]
+    assert due(json.dumps(kept), time.time()) == 0.0
+    old = MemoryLedger()
+    old.remember(KEY.value, json.dumps(kept))
+    again = simulate(client="30/2s", server=strict, ledger=old)
+    assert again.tally.rate_limited == 1
+    assert recalled(GIVEN, old.recall(KEY.value)) == "10/2s"
+    assert interval(old) == BASE
+
+
+def test_limits_shows_when_a_lesson_was_confirmed_and_is_re_tested(tmp_path):
+    now = time.time()
+    paths = StatePaths.resolve(tmp_path / "state")
+    learned_ledger(paths, text=json.dumps({**LEARNED, "confirmed": now, "retest": 0}))
+    due_now = cli(tmp_path, "limits").stdout
+    assert "last confirmed " in due_now
+    assert "re-tested by the next run" in due_now
+    later = {**LEARNED, "confirmed": now, "retest": 3 * 86400.0}
+    learned_ledger(paths, text=json.dumps(later))
+    shown_later = cli(tmp_path, "limits")
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(now + 3 * 86400.0))
+    assert f"re-tested from {when} on" in shown_later.stdout
+    listed = json.loads(cli(tmp_path, "limits", "--json").stdout)["run-query"]
+    assert (listed["confirmed"], listed["retest"]) == (now, now + 3 * 86400.0)
