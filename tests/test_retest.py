@@ -10,9 +10,9 @@ from batchrun.pacing.learning.retest import RETEST_WINDOWS, cadence, due
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.store.paths import StatePaths
-from tests.simulation import KEY, Network, Server, simulate
+from tests.simulation import KEY, Network, Server, Simulated, simulate
 from tests.test_overview import LEARNED, cli, learned_ledger
-from tests.test_simulation import recalled
+from tests.test_simulation import recalled, rerun_from
 
 GIVEN = parse_rule("30/2s")
 LOOPBACK = (0.002, 0.01)
@@ -21,13 +21,16 @@ RIGHT = Server(LimiterKind.SLIDING, GIVEN)
 BASE = RETEST_WINDOWS * 2.0
 
 
-def rerun_from(ledger: MemoryLedger) -> MemoryLedger:
-    """A fresh ledger with only what the last run kept of the key."""
-    again = MemoryLedger()
-    text = ledger.recall(KEY.value)
-    if text is not None:
-        again.remember(KEY.value, text)
-    return again
+def _traced_run(server: Server, ledger: MemoryLedger) -> Simulated:
+    """240 jobs at 30/2s over a traced loopback, as the bench's stray row."""
+    return simulate(
+        client="30/2s",
+        server=server,
+        count=240,
+        ledger=ledger,
+        latency=LOOPBACK,
+        network=Network(traced=True),
+    )
 
 
 def interval(ledger: MemoryLedger) -> float | None:
@@ -41,27 +44,12 @@ def test_a_lesson_stray_429s_left_is_forgotten_by_the_next_run():
     seed 0): a bucket read from a stray, kept on weak grounds, is due in the
     next run, which the quiet server lets through: forgotten, at full speed."""
     noisy = Server(LimiterKind.SLIDING, GIVEN, stray=0.05, stray_for=14.0)
-    traced = Network(traced=True)
     first = MemoryLedger()
-    simulate(
-        client="30/2s",
-        server=noisy,
-        count=240,
-        ledger=first,
-        latency=LOOPBACK,
-        network=traced,
-    )
+    _traced_run(noisy, first)
     assert recalled(GIVEN, first.recall(KEY.value)) == "30/2s, bursts of 7"
     assert interval(first) == 0.0  # weak: due at once
     second = rerun_from(first)
-    again = simulate(
-        client="30/2s",
-        server=RIGHT,
-        count=240,
-        ledger=second,
-        latency=LOOPBACK,
-        network=traced,
-    )
+    again = _traced_run(RIGHT, second)
     assert again.tally.rate_limited == 0
     assert again.ratio <= 1.02
     assert recalled(GIVEN, second.recall(KEY.value)) is None

@@ -248,6 +248,10 @@ class Pacer:
         tested = () if retest is None else retest.windows
         return tuple({*self._rules[key].windows, *self._given[key].windows, *tested})
 
+    def given(self, key: LimitKey) -> Rule:
+        """The rule `key` was given, which lessons tighten."""
+        return self._given[key]
+
     def probe(self, key: LimitKey) -> bool:
         """Whether a request of `key` leaving now is a probe (`KeyLog.beyond`)."""
         return self.learner.beyond(key, self.gate(key), self._clock.now())
@@ -300,23 +304,31 @@ class Pacer:
             return Wait(cooling.until)
         if cooling.probe is not None:
             return Wait(None)  # half-open: the probe's answer decides
-        bound = self.arrival.bound
-        # From its send, a probe reaches the server within two bounds: one for a
-        # new connection's connect before it is written, one for its way.
-        reach = None if bound is None else 2 * bound
-        if key in self._retests and self.learner.in_flight(key) and self.probe(key):
-            # Past a lesson re-tested, a probe leaves once every request before
-            # it has its answer: a server that still enforces the lesson then
-            # refuses that one request, whatever order the others arrived in.
-            return Wait(None)
-        opens = self.learner.gated(key, self.gate(key), now, reach)
-        if opens is not None:
-            # Past what the server was seen to accept: the last probe first.
-            return Wait(None if math.isinf(opens) else opens)
+        held = self._probe_wait(key, now)
+        if held is not None:
+            return held
         grant = self._ledger.reserve(key, self._rules[key], self._paces[key], now)
         if cooling.half_open and isinstance(grant, Grant):
             cooling.probe = grant.ticket
         return grant
+
+    def _probe_wait(self, key: LimitKey, now: float) -> Wait | None:
+        """Past what the server was seen to accept, how long the next request
+        (a probe) waits for the last one: until it has surely arrived
+        (`KeyLog.gated`), or, past a lesson under re-test, until every request
+        before it has its answer; None: it need not wait."""
+        if key in self._retests and self.learner.in_flight(key) and self.probe(key):
+            # A server that still enforces the lesson then refuses that one
+            # request, whatever order the others arrived in.
+            return Wait(None)
+        bound = self.arrival.bound
+        # From its send, a probe reaches the server within two bounds: one for a
+        # new connection's connect before it is written, one for its way.
+        reach = None if bound is None else 2 * bound
+        opens = self.learner.gated(key, self.gate(key), now, reach)
+        if opens is None:
+            return None
+        return Wait(None if math.isinf(opens) else opens)
 
     async def _sleep(self, key: LimitKey, until: float | None) -> None:
         # An answer of this key may open a slot sooner (or the ledger may name a

@@ -37,7 +37,6 @@ class Lessons:
         self._clock = clock
         self._sink = sink
         self._learner = pacer.learner
-        self._given = dict(pacer.rules)
         recalled = pacer.recall(list(pacer.rules))
         # What an earlier run learned of a key settles its fallback too.
         settled = {kept.key for kept in recalled}
@@ -97,7 +96,7 @@ class Lessons:
         spread = self._pacer.pace(key) is Pace.SPREAD
         safer = self._fallback.get(key)
         rule = self._pacer.rules[key]
-        given = self._given[key]
+        given = self._pacer.given(key)
         lesson = self._learner.review(
             key, rule, spread=spread, safer=safer, given=given
         )
