@@ -128,11 +128,11 @@ def confirmed(
     answered = with_answers(log)
     windows = _windows(lesson, safer)
     refusals = sorted((s for s in answered if s.refused), key=arrived)
-    if any(_fits(s, answered, _news(windows, given)) for s in refusals):
+    news = _news(windows, given)
+    if any(_fits(s, answered, news) for s in refusals):
         return Confirmation.STRONG
     weak = Confirmation.NONE
     accepted = sorted(arrived(s) for s in answered if s.refused is False)
-    news = _news(windows, given)
     for n, first in enumerate(refusals):
         for second in refusals[n + 1 :]:
             if first.end is None or first.end > second.start:
