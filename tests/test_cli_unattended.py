@@ -9,6 +9,7 @@ import json
 import re
 import sys
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
@@ -157,12 +158,20 @@ def test_without_halt_after_a_storm_runs_to_the_end(tmp_path):
     assert len((tmp_path / "jobs.sandbox.results.jsonl").read_text().splitlines()) == 30
 
 
-def test_a_bad_halt_after_exits_2(tmp_path):
-    """A policy that is not N or P% is refused before anything is sent."""
+@pytest.mark.parametrize(
+    ("flag", "value", "said"),
+    [
+        # A policy that is not N or P%.
+        ("--halt-after", "lots", "bad --halt-after 'lots'"),
+        # An empty or unprintable name.
+        ("--budget-key", " ", "--budget-key must be a name"),
+    ],
+)
+def test_a_bad_night_flag_exits_2_before_anything_is_sent(tmp_path, flag, value, said):
     path = jobs_file(tmp_path)
-    result = runner.invoke(app, ["submit", str(path), *FAST, "--halt-after", "lots"])
+    result = runner.invoke(app, ["submit", str(path), *FAST, flag, value])
     assert result.exit_code == 2
-    assert "bad --halt-after 'lots'" in result.stderr
+    assert said in result.stderr
 
 
 def test_the_summary_counts_answers_by_code(tmp_path):
@@ -234,14 +243,6 @@ def test_budget_key_shares_one_budget_between_tokens(tmp_path):
 
         assert in_use("--budget-key", "prod")["invite"] == {"15/5m": 1}
         assert in_use()["invite"] == {"15/5m": 0}
-
-
-def test_a_bad_budget_key_exits_2(tmp_path):
-    """An empty or unprintable name is refused before anything is sent."""
-    path = jobs_file(tmp_path)
-    result = runner.invoke(app, ["submit", str(path), *FAST, "--budget-key", " "])
-    assert result.exit_code == 2
-    assert "--budget-key must be a name" in result.stderr
 
 
 def test_a_run_refused_for_anothers_lock_leaves_the_metrics_file(tmp_path):
