@@ -548,6 +548,13 @@ def test_a_kept_lesson_is_trusted_for_30_days():
 def settled_review(
     log: list[Sent], rule: Rule, *, safer: Fallback | None = None
 ) -> Lesson | None:
+    return read(first_review(log, rule, safer=safer))
+
+
+def first_review(
+    log: list[Sent], rule: Rule, *, safer: Fallback | None = None
+) -> Lesson | None:
+    """The review of `log`'s episode, as the learner gives it."""
     learner = Learner()
     for entry in log:
         learner.sent("k", entry.start)
@@ -556,6 +563,33 @@ def settled_review(
         kept.wait = entry.wait
     learner.episode("k", log[-1].start)
     return learner.review("k", rule, spread=False, safer=safer)
+
+
+def test_one_refusal_alone_changes_nothing_yet():
+    """11 accepted at once, the 12th refused, no Retry-After: a trial. The rule
+    stands, not even spaced evenly, with the bucket's reading in doubt behind
+    it (and 11/2s behind that), never kept; a Retry-After that fits a window
+    of 11 is a second word, and the window is learned at once."""
+    lesson = first_review(burst(11, 1), parse_rule("30/2s"))
+    assert lesson is not None
+    assert lesson.trial
+    assert (str(lesson.rule), lesson.spread) == ("30/2s", False)
+    assert lesson.fallback is not None
+    assert lesson.fallback.rule.burst == 10
+    told = burst(11, 1)
+    told[-1].wait = 2.0
+    lesson = first_review(told, parse_rule("30/2s"))
+    assert lesson is not None
+    assert not lesson.trial
+    assert any(w.count == 11 for w in lesson.rule.windows)
+
+
+def read(lesson: Lesson | None) -> Lesson | None:
+    """The reading of a review: of one refusal alone, the trial's fallback
+    (the rule stands until a second refusal agrees)."""
+    if lesson is not None and lesson.trial and lesson.fallback is not None:
+        return lesson.fallback
+    return lesson
 
 
 def test_a_refused_burst_is_read_as_a_leaky_bucket_first():
@@ -770,7 +804,7 @@ def test_a_retry_after_that_comes_early_keeps_the_rules_own_window_behind():
 def reviewed(learner: Learner, rule: str, at: float, *, spread: bool = True) -> Lesson:
     """The lesson of key "k"'s episode begun at `at`, under `rule`."""
     learner.episode("k", at)
-    lesson = learner.review("k", parse_rule(rule), spread=spread)
+    lesson = read(learner.review("k", parse_rule(rule), spread=spread))
     assert lesson is not None
     return lesson
 
@@ -820,8 +854,13 @@ def test_a_refusal_soon_after_a_burst_lowers_the_count_by_one():
     count it came at says little; it is lowered by one."""
     learner = Learner()
     logged(learner, [*burst(6, 0), *burst(5, 0, at=1.0), Sent(1.95, 1.96, True)])
-    switch = reviewed(learner, "11/2s", 1.95, spread=False)
+    assert reviewed(learner, "11/2s", 1.95, spread=False).spread  # in doubt
+    logged(learner, [Sent(1.97, 1.98, True)])  # a second refusal agrees
+    learner.episode("k", 1.97)
+    switch = learner.review("k", parse_rule("11/2s"), spread=False)
+    assert switch is not None
     assert switch.spread
+    assert not switch.trial
     # 7 within the 2 s before the refusal (half the count or more): spaced
     # evenly all along, the count would be lowered to 7.
     logged(learner, spaced(3, 0.2, at=2.2, refused_last=True))

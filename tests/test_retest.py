@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import time
 
-from batchrun.core.limits import parse_rule
+from batchrun.core.limits import Rule, parse_rule
+from batchrun.pacing.learning.lessons import Lesson
 from batchrun.pacing.learning.retest import RETEST_WINDOWS, cadence, due
+from batchrun.pacing.learning.storage import stored
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.store.paths import StatePaths
@@ -39,16 +41,32 @@ def interval(ledger: MemoryLedger) -> float | None:
     return None if kept is None else kept[1] - kept[0]
 
 
-def test_a_lesson_stray_429s_left_is_forgotten_by_the_next_run():
+def _kept(lesson: Lesson) -> MemoryLedger:
+    """A ledger that keeps `lesson` of the given rule, confirmed now."""
+    ledger = MemoryLedger()
+    text = stored(lesson, given=GIVEN, time_scale=1.0, at=time.time())
+    ledger.remember(KEY.value, text)
+    return ledger
+
+
+def test_stray_429s_leave_no_lesson():
     """5 % of the first 14 s refused at the right rule (the bench's stray row,
-    seed 0): a bucket read from a stray, kept on weak grounds, is due in the
-    next run, which the quiet server lets through: forgotten, at full speed."""
+    seed 0): each stray is only a trial, which the acceptances past it rule
+    out, so the ledger keeps nothing (before, the first stray was read as a
+    bucket and kept)."""
     noisy = Server(LimiterKind.SLIDING, GIVEN, stray=0.05, stray_for=14.0)
     first = MemoryLedger()
     _traced_run(noisy, first)
-    assert recalled(GIVEN, first.recall(KEY.value)) == "30/2s, bursts of 7"
-    assert interval(first) == 0.0  # weak: due at once
-    second = rerun_from(first)
+    assert first.recall(KEY.value) is None
+
+
+def test_a_weak_lesson_the_server_lets_through_is_forgotten_by_the_next_run():
+    """A bucket kept on weak grounds (as a stray could leave) is due in the
+    next run, which the quiet server lets through: forgotten, at full speed."""
+    bucket = Lesson(Rule(GIVEN.windows, 6), "a bucket read from a stray", strong=False)
+    second = _kept(bucket)
+    assert recalled(GIVEN, second.recall(KEY.value)) == "30/2s, bursts of 7"
+    assert interval(second) == 0.0  # weak: due at once
     again = _traced_run(RIGHT, second)
     assert again.tally.rate_limited == 0
     assert again.ratio <= 1.02
@@ -68,15 +86,14 @@ def test_a_lesson_the_server_said_is_not_due_in_the_next_run():
 
 
 def test_a_weak_lesson_confirmed_by_its_re_test_is_then_not_due():
-    """A fixed 10/2s counter read without a Retry-After from an exact replay
-    with acceptances between its refusals: weak, so the next run re-tests it
-    (one 429), which confirms it for the base interval; the run after sends
-    none."""
+    """A fixed 10/2s counter's reading kept on weak grounds (two refusals with
+    acceptances between them, no Retry-After): the next run re-tests it (one
+    429), which confirms it for the base interval; the run after sends none."""
     server = Server(
         LimiterKind.FIXED, parse_rule("10/2s"), {"origin": -1.6}, retry_after=False
     )
-    first = MemoryLedger()
-    simulate(client="30/2s", server=server, seed=0, ledger=first)
+    weak = Lesson(parse_rule("10/2s"), "refused twice, apart", strong=False)
+    first = _kept(weak)
     assert interval(first) == 0.0
     second = rerun_from(first)
     again = simulate(client="30/2s", server=server, seed=0, ledger=second)

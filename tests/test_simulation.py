@@ -197,7 +197,7 @@ def test_a_leaky_bucket_with_a_burst_is_paced_near_its_ideal(seed, retry_after):
 
 @pytest.mark.parametrize(
     ("server_rule", "retry_after", "most", "within"),
-    [("30/1m", True, 1, 1.1), ("10/1m", True, 1, 1.25), ("15/1m", False, 2, 1.1)],
+    [("30/1m", True, 1, 1.1), ("10/1m", True, 1, 1.25), ("15/1m", False, 3, 1.1)],
 )
 def test_a_bucket_with_no_burst_under_profile_a_is_read_from_its_pace(
     server_rule, retry_after, most, within
@@ -207,8 +207,8 @@ def test_a_bucket_with_no_burst_under_profile_a_is_read_from_its_pace(
     minute behind it. It was read as one per second, refused, then as one a
     minute: 15 x its ideal, stopped by the simulation's half-hour bound.
     Without a Retry-After, the shortest gap the server let between two
-    requests names the window (`15r/m` cost 12 x 429 and 1.46 x). A rerun
-    starts from it."""
+    requests names the window (`15r/m` cost 12 x 429 and 1.46 x; now 3, the
+    first refusal only a trial until the second). A rerun starts from it."""
     server = Server(LimiterKind.LEAKY, parse_rule(server_rule), retry_after=retry_after)
     ledger = MemoryLedger()
     run = simulate(client="30/1m", server=server, seed=0, ledger=ledger)
@@ -293,12 +293,14 @@ def test_fixed_and_weighted_counters_at_every_phase(kind, retry_after, phase):
     phase here). That count is read, then lowered to what the server accepts
     when the server's windows are read (`counters.read`) or spaced evenly
     (`alternatives.lowered`). Under a 30/2s client, at every phase: every job
-    accepted once, at most 3 429s (4 where the burst straddled a reset; 2
-    at every phase against a fixed window that sends Retry-After), and a
-    rerun from the ledger sends at most one (a weakly confirmed lesson's
-    re-test, or a weighted counter whose first run gave no sign it needed
-    spacing) and ends within 1.25 x the ideal under 10/2s; the run after
-    that sends none against a fixed window."""
+    accepted once, at most 4 429s (7 where the burst straddled a reset of a
+    weighted counter that sends no Retry-After: each reading of a refusal
+    there is a trial until a second refusal; 2 at every phase against a
+    fixed window that sends Retry-After), and a rerun from the ledger sends
+    at most two (a weakly confirmed lesson's re-test, or a weighted counter
+    whose first run gave no sign it needed spacing) and ends within 1.25 x
+    the ideal under 10/2s; the run after that sends none against a fixed
+    window."""
     server = Server(
         kind, parse_rule("10/2s"), {"origin": -0.2 * phase}, retry_after=retry_after
     )
@@ -309,11 +311,11 @@ def test_fixed_and_weighted_counters_at_every_phase(kind, retry_after, phase):
     assert set(run.accepted.values()) == {1}
     # With Retry-After, a fixed window's phase is read at the second refusal.
     told_fixed = retry_after and kind is LimiterKind.FIXED
-    assert run.tally.rate_limited <= (2 if told_fixed else 4 if phase == 9 else 3)
+    assert run.tally.rate_limited <= (2 if told_fixed else 7 if phase == 9 else 4)
     assert run.makespan <= 1.35 * ideal
     second = rerun_from(ledger)
     again = simulate(client="30/2s", server=server, seed=0, ledger=second)
-    assert again.tally.rate_limited <= 1
+    assert again.tally.rate_limited <= 2
     assert again.makespan <= 1.25 * ideal
     # Whatever the rerun re-tested, it confirmed: the run after sends none.
     third = simulate(client="30/2s", server=server, seed=0, ledger=rerun_from(second))
@@ -360,13 +362,13 @@ def test_profile_b_against_a_counter_of_its_minute_reads_no_hourly_limit(
     minute and a bit after a burst fits B's hour with a count of 25 (all the
     log holds), which would pace the run at 25 an hour. No such reading: the
     run ends within 2 x the server's ideal (spaced evenly where the counter
-    needs it), for at most 2 429s."""
+    needs it), for at most 3 429s (the first refusal is only a trial)."""
     server = Server(
         kind, parse_rule("15/1m"), {"origin": origin}, retry_after=retry_after
     )
     run = simulate(client="15/1m+500/1h", server=server, count=60, seed=0)
     assert run.finished
-    assert run.tally.rate_limited <= 2
+    assert run.tally.rate_limited <= 3
     assert run.ratio <= 2.0
 
 

@@ -197,6 +197,11 @@ class Pacer:
             # A backoff was a guess at when the server has room again; the rule
             # learned says it better (a probe still goes first, half-open).
             cooling.until = min(cooling.until, self._clock.now())
+            doubted = lesson.fallback if lesson.trial else None
+            if doubted is not None and doubted.fallback is not None:
+                # A reading in doubt is tested when it next allows a request.
+                usage = self._ledger.usage(key.value, doubted.rule)
+                cooling.until = earliest_slot(usage, doubted.rule) or cooling.until
         if keep:
             kept = kept or lesson
             # Spaced evenly once is spaced evenly for good, whatever comes after.

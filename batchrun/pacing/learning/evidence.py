@@ -14,9 +14,12 @@ behind it, or of the fallback that stands.
   after): noise, a stray 429 of an overloaded gateway. It teaches nothing.
 - One that is explained still needs a second word: another refusal, sent after
   the first was answered, that the same reading explains (a probe refused, or
-  the next episode's refusal), a Retry-After that fits the reading, a stated
-  limit, or a safer reading already standing behind the lesson. Until then it
-  is only tried in this process (`Lesson.trial`: never kept in the ledger).
+  the next episode's refusal), a Retry-After that fits the reading, or a
+  stated limit. Until then the rule stands with the reading behind it, tried
+  in this process only (`Lesson.trial`: never kept in the ledger): a faster
+  reading with safer ones behind it (a leaky bucket's burst) is put to the
+  test when it next allows a request: refused then, the safer one stands;
+  refused past it, the reading does (`Learner.review`).
 - Explained only by a window longer than the rule's (a quota, which the
   learner reads once requests are spaced evenly): the same, with that window.
 
@@ -83,10 +86,7 @@ def weighed(
     earlier = [s for s in refusals if s.end is not None and s.end <= latest.start]
     if reads([latest]):
         fits = any(_fits(s, answered, _news(windows, given)) for s in refusals)
-        # A reading with a safer one behind it is in doubt already: one more
-        # request settles it (`Fallback`).
-        doubt = stated or lesson.fallback is not None
-        agree = doubt or fits or any(reads([s, latest]) for s in earlier)
+        agree = stated or fits or any(reads([s, latest]) for s in earlier)
         return Weight.EVIDENCE if agree else Weight.DOUBTED
     # Only a longer window explains it (a quota, read once spaced evenly):
     # a second refusal it explains too is the evidence.
@@ -228,10 +228,3 @@ def _windows(lesson: Lesson, safer: Rule | None) -> list[Window]:
         found.extend(behind.rule.windows)
         behind = behind.fallback
     return found
-
-
-def safest(lesson: Lesson) -> Lesson:
-    """The last of the safer lessons behind `lesson` (itself if none)."""
-    while lesson.fallback is not None:
-        lesson = lesson.fallback
-    return lesson

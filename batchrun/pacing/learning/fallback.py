@@ -56,6 +56,14 @@ class Fallback:
         """The safer rule."""
         return self.reading.rule
 
+    @property
+    def tested(self) -> bool:
+        """A reading of one refusal with safer ones behind it (a leaky
+        bucket's burst): the pacer puts it to the test when it next allows a
+        request (`Pacer.learn`); a refusal then, or past it, is the second
+        word, and the key is paced by it (`Learner.review`)."""
+        return self.trial and self.reading.fallback is not None
+
     def taken(self, lesson: Lesson, given: Rule) -> Lesson:
         """`lesson`, learned while this fallback stood, joined with it (no longer
         read as a leaky bucket: its burst was refused), and with the safer

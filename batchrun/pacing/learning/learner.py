@@ -19,7 +19,6 @@ from batchrun.pacing.learning.evidence import (
     Confirmation,
     Weight,
     confirmed,
-    safest,
     weighed,
 )
 from batchrun.pacing.learning.fallback import Fallback
@@ -156,12 +155,38 @@ class Learner:
             self._stated.discard(key)
             lesson = self._window_lesson(log, rule, safer=safer, plain=True)
             return None if lesson is None else stated_lesson(lesson, rule)
+        if safer is not None and safer.tested:
+            # The reading in doubt, put to the test, refused again.
+            return self._tested(log, rule, safer, spread=spread, given=given or rule)
         lesson, spaces = self._taught(log, rule, spread=spread, safer=safer)
         if lesson is None:
             return None
         return self._judged(
             log, rule, lesson, spaces=spaces, safer=safer, given=given or rule
         )
+
+    def _tested(
+        self, log: KeyLog, rule: Rule, trial: Fallback, *, spread: bool, given: Rule
+    ) -> Lesson | None:
+        """A reading of one refusal, put to the test (`Fallback.tested`), after
+        a second refusal: the key is paced by it, with the safer ones behind
+        it; or, if nothing was accepted between the two (the pacer's test,
+        sent when the reading allowed it, refused), the reading is wrong too,
+        and the log is read with the safer one standing, as after any refusal
+        past a fallback. Later runs inherit it as the server confirmed it
+        (`evidence.confirmed`)."""
+        reading, behind = trial.reading, trial.reading.fallback
+        word = confirmed(log.sent, reading, None, stated=False, given=given)
+        if word is Confirmation.STRONG and behind is not None:
+            safer = Fallback(behind)
+            lesson, spaces = self._taught(log, rule, spread=spread, safer=safer)
+            reading = behind if lesson is None else safer.taken(lesson, given)
+            if spaces:
+                log.spacing()
+        log.rearm()
+        if word is Confirmation.NONE:
+            return replace(reading, confirmed=False)
+        return replace(reading, strong=word is Confirmation.STRONG)
 
     def _judged(
         self,
@@ -188,14 +213,12 @@ class Learner:
             return None  # the cool-down was all it cost (`evidence`)
         if weight is Weight.DOUBTED:
             # One refusal alone, in this process only: the rule stands, with
-            # the refusal's safest reading behind it, which the next refusal
-            # takes if it agrees (`Fallback`) and acceptances past it rule out.
+            # the refusal's reading behind it (and the safer ones behind that),
+            # which the next refusal takes if it agrees (`Fallback`) and
+            # acceptances past it rule out. Not even spacing evenly: it slows
+            # the rest of a run by a window, for what may be a stray 429.
             why = f"a 429 in doubt: {lesson.evidence}"
-            if spaces and lesson.rule == rule:
-                # Spacing evenly costs nothing if the count was right.
-                log.spacing()
-                return Lesson(rule, why, spread=True, trial=True)
-            return Lesson(rule, why, fallback=safest(lesson), trial=True)
+            return Lesson(rule, why, fallback=lesson, trial=True)
         log.rearm()
         if spaces:
             log.spacing()
