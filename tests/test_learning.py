@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from batchrun.api.client import asgi_transport
+from batchrun.api.hints import Hints
 from batchrun.core.clock import LoopClock
 from batchrun.core.events import RuleLearned
 from batchrun.core.limits import (
@@ -36,7 +37,9 @@ from batchrun.pacing.learning.log import Sent
 from batchrun.pacing.learning.readings import infer
 from batchrun.pacing.learning.storage import recalled, stored
 from batchrun.pacing.ledger import MemoryLedger
+from batchrun.pacing.pacer import Pacer
 from batchrun.pacing.slots import eta
+from batchrun.run.lessons import Lessons
 from batchrun.run.settings import Settings
 from batchrun.run.wiring import Target, open_run
 from batchrun.sandbox.app import create_app
@@ -854,10 +857,16 @@ def test_a_refusal_soon_after_a_burst_lowers_the_count_by_one():
     count it came at says little; it is lowered by one."""
     learner = Learner()
     logged(learner, [*burst(6, 0), *burst(5, 0, at=1.0), Sent(1.95, 1.96, True)])
-    assert reviewed(learner, "11/2s", 1.95, spread=False).spread  # in doubt
+    learner.episode("k", 1.95)
+    first = learner.review("k", parse_rule("11/2s"), spread=False)
+    assert first is not None
+    assert first.trial  # in doubt: the rule stands, spacing evenly behind it
+    assert first.fallback is not None
+    assert first.fallback.spread
+    trial = Fallback(first.fallback, trial=True)
     logged(learner, [Sent(1.97, 1.98, True)])  # a second refusal agrees
     learner.episode("k", 1.97)
-    switch = learner.review("k", parse_rule("11/2s"), spread=False)
+    switch = learner.review("k", parse_rule("11/2s"), spread=False, safer=trial)
     assert switch is not None
     assert switch.spread
     assert not switch.trial
@@ -1037,3 +1046,35 @@ def test_a_shorter_window_is_tried_behind_a_bucket_when_much_faster(rule, gap, a
     assert lesson.rule.burst is not None
     assert lesson.fallback is not None
     assert str(lesson.fallback.rule) == after
+
+
+def test_a_stated_policy_is_kept_without_a_trial_standing_behind_the_rule():
+    """One refusal read as 13/2s (in doubt, a trial), then a rate-limit header
+    stating 100/1m: the policy is adopted and kept on its own; the trial's
+    reading, one refusal's, is neither joined into it nor kept."""
+    key, clock = LimitKey.RUN_QUERY, _Still()
+    ledger = MemoryLedger()
+    pacer = Pacer(rules={key: parse_rule("30/2s")}, ledger=ledger, clock=clock)
+    lessons = Lessons(pacer=pacer, clock=clock, sink=ListSink(), fallback={})
+    learner = pacer.learner
+    later = [Sent(3.0, 3.01, False), Sent(3.0, 3.01, False), Sent(3.0, 3.01, True)]
+    for entry in [*burst(11, 1), *later]:
+        sent = learner.sent(key, entry.start)
+        learner.answered(key, sent, entry.end or entry.start, refused=entry.refused)
+    learner.episode(key, 3.01)
+    clock.at = 3.02
+    lessons.review(key)
+    assert str(pacer.rules[key]) == "30/2s"  # in doubt: the rule stands
+    assert ledger.recall(key.value) is None
+    lessons.heed(key, Hints(policy=(Window(100, 60.0),)), None)
+    kept = json.loads(ledger.recall(key.value) or "{}")
+    assert kept["windows"] == [[30, 2.0], [100, 60.0]]
+
+
+class _Still:
+    """A clock that moves only when told."""
+
+    at = 0.0
+
+    def now(self) -> float:
+        return self.at

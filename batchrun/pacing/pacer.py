@@ -195,13 +195,14 @@ class Pacer:
         cooling = self._cooling[key]
         if not cooling.asked:
             # A backoff was a guess at when the server has room again; the rule
-            # learned says it better (a probe still goes first, half-open).
-            cooling.until = min(cooling.until, self._clock.now())
+            # learned says it better (a probe still goes first, half-open), and
+            # a reading in doubt is tested when it next allows a request.
+            guess, cooling.until = cooling.until, min(cooling.until, self._clock.now())
             doubted = lesson.fallback if lesson.trial else None
             if doubted is not None and doubted.fallback is not None:
-                # A reading in doubt is tested when it next allows a request.
                 usage = self._ledger.usage(key.value, doubted.rule)
-                cooling.until = earliest_slot(usage, doubted.rule) or cooling.until
+                slot = earliest_slot(usage, doubted.rule)
+                cooling.until = guess if slot is None else slot
         if keep:
             kept = kept or lesson
             # Spaced evenly once is spaced evenly for good, whatever comes after.
@@ -247,8 +248,7 @@ class Pacer:
         return found
 
     def gate(self, key: LimitKey) -> tuple[Window, ...]:
-        """The windows whose accepted record gates `key`: its rule's, the
-        given's, and a lesson's under re-test."""
+        """The windows whose accepted record gates `key` (rule, given, re-test)."""
         retest = self._retests.get(key)
         tested = () if retest is None else retest.windows
         return tuple({*self._rules[key].windows, *self._given[key].windows, *tested})

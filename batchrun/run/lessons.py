@@ -134,9 +134,10 @@ class Lessons:
         if retest is not None and fallback is not None:
             # Refused past it: the lesson stands as kept, confirmed again.
             lesson = reconfirmed(fallback.reading, lesson)
-        elif fallback is not None and not ruled_out and not fallback.tested:
-            # (Of a reading in doubt put to the test, the learner's lesson
-            # is already what stands: `Learner.review`.)
+        elif fallback is not None and not ruled_out and not fallback.trial:
+            # (A reading in doubt, one refusal's, is no safer reading: a second
+            # refusal's lesson reads it with its own, `Learner.review`; a
+            # stated policy or count stands without it.)
             lesson = fallback.taken(lesson, given)
         if lesson.fallback is not None:
             strong = lesson.confirmed and lesson.strong

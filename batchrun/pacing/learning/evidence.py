@@ -19,7 +19,7 @@ behind it, or of the fallback that stands.
   in this process only (`Lesson.trial`: never kept in the ledger): a faster
   reading with safer ones behind it (a leaky bucket's burst) is put to the
   test when it next allows a request: refused then, the safer one stands;
-  refused past it, the reading does (`Learner.review`).
+  refused later, the reading does (`Learner._tested`).
 - Explained only by a window longer than the rule's (a quota, which the
   learner reads once requests are spaced evenly): the same, with that window.
 

@@ -60,8 +60,9 @@ class Fallback:
     def tested(self) -> bool:
         """A reading of one refusal with safer ones behind it (a leaky
         bucket's burst): the pacer puts it to the test when it next allows a
-        request (`Pacer.learn`); a refusal then, or past it, is the second
-        word, and the key is paced by it (`Learner.review`)."""
+        request (`Pacer.learn`); the next refusal is the second word, and
+        the key is paced by it, or by the safer one behind it if the test
+        itself was refused (`Learner._tested`)."""
         return self.trial and self.reading.fallback is not None
 
     def taken(self, lesson: Lesson, given: Rule) -> Lesson:

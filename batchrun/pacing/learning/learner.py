@@ -170,11 +170,13 @@ class Learner:
     ) -> Lesson | None:
         """A reading of one refusal, put to the test (`Fallback.tested`), after
         a second refusal: the key is paced by it, with the safer ones behind
-        it; or, if nothing was accepted between the two (the pacer's test,
-        sent when the reading allowed it, refused), the reading is wrong too,
-        and the log is read with the safer one standing, as after any refusal
-        past a fallback. Later runs inherit it as the server confirmed it
-        (`evidence.confirmed`)."""
+        it; or, if the server confirmed the two strongly (nothing accepted
+        between them: the pacer's test, sent when the reading allowed it, was
+        refused; or a Retry-After that fits), the reading is wrong too, and
+        the log is read with the safer one standing, as after any refusal past
+        a fallback. A second stray also takes the reading: the run goes at
+        its pace, as a lone 429 did before. Later runs inherit it as the
+        server confirmed it (`evidence.confirmed`)."""
         reading, behind = trial.reading, trial.reading.fallback
         word = confirmed(log.sent, reading, None, stated=False, given=given)
         if word is Confirmation.STRONG and behind is not None:
@@ -214,8 +216,9 @@ class Learner:
         if weight is Weight.DOUBTED:
             # One refusal alone, in this process only: the rule stands, with
             # the refusal's reading behind it (and the safer ones behind that),
-            # which the next refusal takes if it agrees (`Fallback`) and
-            # acceptances past it rule out. Not even spacing evenly: it slows
+            # which the next refusal settles (`Fallback.tested`; a reading
+            # with none behind it, if it agrees) and acceptances past it rule
+            # out. Not even spacing evenly: it slows
             # the rest of a run by a window, for what may be a stray 429.
             why = f"a 429 in doubt: {lesson.evidence}"
             return Lesson(rule, why, fallback=lesson, trial=True)
