@@ -109,6 +109,9 @@ def test_nothing_refused_reads_nothing():
 @settings(max_examples=400, deadline=None)
 # A reset between two arrivals closer than the phases tried are apart.
 @example(FixedWindow, 2, 1.984375, [0.0, 0.0078125, 0.0078125, 0.0, 0.0])
+# A reset just after requests that arrived at 0 (the phase tried just after an
+# arrival must stay after it in the window arithmetic).
+@example(FixedWindow, 2, 1.984375, [0.0, 0.0, 0.0, 0.0, 0.015625])
 # A weighted count between two phases tried.
 @example(
     WeightedCounter,

@@ -84,9 +84,12 @@ def read(requests: Sequence[Request], window: Window) -> Counter | None:
     # requests that filled them are not all there.
     left_out = len(requests) - len(kept)
     cut = requests[left_out - 1].at + 2 * seconds if left_out else -math.inf
-    # Just after an arrival, a fixed window's partition of the log changes.
+    # Just after an arrival, a fixed window's partition of the log changes
+    # (at least one ulp of the window after it: just after 0, a subnormal
+    # phase would be lost in `_Log._index`'s quotient, which underflows).
     phases = {k * seconds / _GRID for k in range(_GRID)}
-    phases |= {math.nextafter(r.at % seconds, math.inf) for r in kept}
+    least = math.ulp(seconds)
+    phases |= {max(math.nextafter(r.at % seconds, math.inf), least) for r in kept}
     unordered = _unordered(kept)
     best: Counter | None = None
     for counting in Counting:
