@@ -44,6 +44,7 @@ from batchrun.run.settings import Settings
 from batchrun.run.wiring import Target, open_run
 from batchrun.sandbox.app import create_app
 from tests.fakes import ListRecorder, ListSink
+from tests.test_arrival import FakeClock
 
 WINDOWS = candidates(parse_rule("30/2s"))
 
@@ -774,12 +775,12 @@ def test_acceptances_before_a_lesson_count_against_its_safer_reading():
     assert "13 accepted within 2s" in lesson.evidence
 
 
-def logged(learner: Learner, log: list[Sent]) -> None:
-    """Send and answer `log` through `learner`, for key "k"."""
+def logged(learner: Learner, log: list[Sent], key: str = "k") -> None:
+    """Send and answer `log` through `learner`, for `key`."""
     for entry in log:
-        sent = learner.sent("k", entry.start)
+        sent = learner.sent(key, entry.start)
         end = entry.start + 0.01 if entry.end is None else entry.end
-        learner.answered("k", sent, end, refused=entry.refused, wait=entry.wait)
+        learner.answered(key, sent, end, refused=entry.refused, wait=entry.wait)
 
 
 def spaced(count: int, step: float, *, at: float, refused_last: bool) -> list[Sent]:
@@ -1052,29 +1053,18 @@ def test_a_stated_policy_is_kept_without_a_trial_standing_behind_the_rule():
     """One refusal read as 13/2s (in doubt, a trial), then a rate-limit header
     stating 100/1m: the policy is adopted and kept on its own; the trial's
     reading, one refusal's, is neither joined into it nor kept."""
-    key, clock = LimitKey.RUN_QUERY, _Still()
+    key, clock = LimitKey.RUN_QUERY, FakeClock()
     ledger = MemoryLedger()
     pacer = Pacer(rules={key: parse_rule("30/2s")}, ledger=ledger, clock=clock)
     lessons = Lessons(pacer=pacer, clock=clock, sink=ListSink(), fallback={})
     learner = pacer.learner
     later = [Sent(3.0, 3.01, False), Sent(3.0, 3.01, False), Sent(3.0, 3.01, True)]
-    for entry in [*burst(11, 1), *later]:
-        sent = learner.sent(key, entry.start)
-        learner.answered(key, sent, entry.end or entry.start, refused=entry.refused)
+    logged(learner, [*burst(11, 1), *later], key=key)
     learner.episode(key, 3.01)
-    clock.at = 3.02
+    clock.set(3.02)
     lessons.review(key)
     assert str(pacer.rules[key]) == "30/2s"  # in doubt: the rule stands
     assert ledger.recall(key.value) is None
     lessons.heed(key, Hints(policy=(Window(100, 60.0),)), None)
     kept = json.loads(ledger.recall(key.value) or "{}")
     assert kept["windows"] == [[30, 2.0], [100, 60.0]]
-
-
-class _Still:
-    """A clock that moves only when told."""
-
-    at = 0.0
-
-    def now(self) -> float:
-        return self.at
