@@ -227,11 +227,11 @@ def _plans(
 ) -> list[KeyPlan]:
     now = MachineClock().now()
     with _ledger(budget, now) as ledger:
-        return [
-            _plan(key, n, _in_force(key, rules[key], ledger, budget), pace, ledger, now)
-            for key, n in sorted(left.items())
-            if n and key in rules
-        ]
+        plans = []
+        for key, n in sorted((k, n) for k, n in left.items() if n and k in rules):
+            force = _in_force(key, rules[key], ledger.recall(key.value), budget)
+            plans.append(_plan(key, n, force, pace, ledger, now))
+        return plans
 
 
 @contextmanager
@@ -254,10 +254,9 @@ def _ledger(
         ledger.close()
 
 
-def _in_force(key: LimitKey, rule: Rule, ledger: Ledger, budget: _Budget) -> Lesson:
-    """The rule a run of `key` would pace by: what was learned of it, if anything
-    under this very rule, else `rule` (as a lesson of no evidence)."""
-    text = ledger.recall(key.value)
+def _in_force(key: LimitKey, rule: Rule, text: str | None, budget: _Budget) -> Lesson:
+    """The rule a run of `key` would pace by: what was learned of it (`text`, as
+    kept), if anything under this very rule, else `rule` (no evidence)."""
     lesson = recalled(rule, text, time_scale=1.0, now=wall_time())
     if lesson is not None:
         return lesson
@@ -324,8 +323,9 @@ def limits(
     found = []
     with _ledger(budget) as ledger:
         for key, rule in rules.items():
-            force = _in_force(key, rule, ledger, budget)
-            kept = cadence(ledger.recall(key.value)) if force.evidence else None
+            text = ledger.recall(key.value)
+            force = _in_force(key, rule, text, budget)
+            kept = cadence(text) if force.evidence else None
             confirmed, retest = (None, None) if kept is None else kept
             why = force.evidence or None
             found.append(
