@@ -7,7 +7,13 @@ import time
 
 from batchrun.core.limits import Rule, parse_rule
 from batchrun.pacing.learning.lessons import Lesson
-from batchrun.pacing.learning.retest import RETEST_WINDOWS, cadence, due
+from batchrun.pacing.learning.retest import (
+    RETEST_WINDOWS,
+    RUN_WINDOWS,
+    cadence,
+    due,
+    run_wait,
+)
 from batchrun.pacing.learning.storage import stored
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
@@ -134,3 +140,60 @@ def test_limits_shows_when_a_lesson_was_confirmed_and_is_re_tested(tmp_path):
     assert f"re-tested from {when} on" in shown_later.stdout
     listed = json.loads(cli(tmp_path, "limits", "--json").stdout)["run-query"]
     assert (listed["confirmed"], listed["retest"]) == (now, now + 3 * 86400.0)
+
+
+# Within a run: a lesson the server did not confirm by its own word is
+# re-tested `RUN_WINDOWS` of the given rule's windows after it was learned.
+
+
+def test_run_wait_starts_at_run_windows_of_the_given_rule_and_doubles():
+    assert run_wait(GIVEN, None) == RUN_WINDOWS * 2.0
+    assert run_wait(GIVEN, RUN_WINDOWS * 2.0) == 2 * RUN_WINDOWS * 2.0
+
+
+def test_a_lesson_a_passing_fault_left_is_re_tested_within_the_run():
+    """A gateway refuses everything for 0.2 s at the start of a run, then is
+    quiet: its two refusals back to back read as 3/2s, which paced the whole
+    run (11.3 x the ideal) and was kept for later runs. Re-tested within the
+    run, it is forgotten: the rest of the run goes at the given rule, and the
+    next run has nothing to re-learn."""
+    fault = Server(
+        LimiterKind.SLIDING,
+        GIVEN,
+        stray=1.0,
+        stray_from=0.02,
+        stray_for=0.2,
+        retry_after=False,
+    )
+    first = MemoryLedger()
+    run = _traced_run(fault, first)
+    assert run.finished
+    assert run.tally.rate_limited <= 3
+    assert run.ratio < 2.5
+    assert recalled(GIVEN, first.recall(KEY.value)) is None
+    again = _traced_run(RIGHT, rerun_from(first))
+    assert again.tally.rate_limited == 0
+    assert again.ratio <= 1.02
+
+
+def test_a_lesson_the_server_refuses_again_is_re_tested_twice_as_late():
+    """A truly stricter 10/2s with no Retry-After, 240 jobs (48 s): the lesson
+    (two refusals back to back) is re-tested after `RUN_WINDOWS` windows and
+    refused, at the cost of one 429; the next re-test would wait twice as long,
+    past the end of the run. It is kept, confirmed, at the base interval."""
+    strict = Server(LimiterKind.SLIDING, parse_rule("10/2s"), retry_after=False)
+    first = MemoryLedger()
+    run = _traced_run(strict, first)
+    assert run.tally.rate_limited == 3  # two to learn it, one re-test
+    assert run.ratio <= 1.05
+    assert recalled(GIVEN, first.recall(KEY.value)) == "10/2s"
+    assert interval(first) == BASE
+
+
+def test_a_lesson_the_server_said_is_not_re_tested_within_the_run():
+    """The same server with a Retry-After that fits 10/2s: the server's own
+    word, so the long run pays no re-test 429."""
+    strict = Server(LimiterKind.SLIDING, parse_rule("10/2s"))
+    run = _traced_run(strict, MemoryLedger())
+    assert run.tally.rate_limited == 2
+    assert run.ratio <= 1.05

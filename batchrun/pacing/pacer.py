@@ -65,11 +65,8 @@ class _Cooling:
 
 
 class Pacer:
-    """Grants send slots per key, first come first served, as early as the rule allows.
-
-    Waiting is one sleep until the computed slot, or until an answer of the key
-    arrives when in-flight requests fill a window; never polling.
-    """
+    """Grants send slots per key, first come first served, as early as the rule
+    allows (see the module docstring)."""
 
     def __init__(
         self,
@@ -226,26 +223,30 @@ class Pacer:
         for a re-test (`retest.due`), which pace by the given rule with it to
         fall back to; say what."""
         found = []
+        now, scale = wall_time(), self._time_scale
         for key in keys:
+            given = self._given[key]
             kept = self._ledger.recall(f"{key.value}{RECORD_SUFFIX}")
-            record = recalled_record(kept, self._given[key], self._time_scale)
-            self._kept_records[key] = record
-            self.learner.seed(key, record)
+            self._kept_records[key] = recalled_record(kept, given, scale)
+            self.learner.seed(key, self._kept_records[key])
             text = self._ledger.recall(key.value)
-            rule = self._rules[key]
-            scale = self._time_scale
-            now = wall_time()
-            lesson = recalled(rule, text, time_scale=scale, now=now)
+            lesson = recalled(given, text, time_scale=scale, now=now)
             if lesson is None:
                 continue
-            again = due(text, now) if testable(lesson, rule) else None
+            again = due(text, now) if testable(lesson, given) else None
             if again is None:
                 self.learn(key, lesson, keep=False)
             else:
-                self._retests[key] = lesson.rule
+                self.retest(key, lesson.rule)
             self.learner.rearm(key.value, lesson.rule)
             found.append(Kept(key, lesson, again))
         return found
+
+    def retest(self, key: LimitKey, rule: Rule) -> None:
+        """Pace `key` by its given rule again, with `rule`, a lesson in doubt,
+        behind it: past it, a probe waits for every answer (`_probe_wait`)."""
+        self._rules[key] = self._given[key]
+        self._retests[key] = rule
 
     def gate(self, key: LimitKey) -> tuple[Window, ...]:
         """The windows whose accepted record gates `key` (rule, given, re-test)."""
@@ -299,8 +300,7 @@ class Pacer:
 
     def cooling(self, key: LimitKey) -> tuple[float, float]:
         """When the key's latest cool-down began, and when it ends (or ended)."""
-        cooling = self._cooling[key]
-        return cooling.began, cooling.until
+        return self._cooling[key].began, self._cooling[key].until
 
     def _try(self, key: LimitKey) -> Grant | Wait:
         now = self._clock.now()

@@ -17,7 +17,7 @@ from batchrun.core.limits import LimitKey, Pace, Rule
 from batchrun.pacing.learning.fallback import Fallback
 from batchrun.pacing.learning.lessons import Lesson, adopt
 from batchrun.pacing.learning.log import Sent
-from batchrun.pacing.learning.retest import reconfirmed
+from batchrun.pacing.learning.retest import reconfirmed, run_wait, testable
 from batchrun.pacing.pacer import Pacer
 
 
@@ -53,6 +53,14 @@ class Lessons:
                 # A faster reading kept in doubt is still in doubt.
                 self._fallback[kept.key] = Fallback(kept.lesson.fallback)
         self._recalled = [(k.key, k.lesson) for k in recalled if k.retest is None]
+        # Keys paced by a lesson an earlier run kept: the ledger's cadence
+        # re-tests it (`retest.due`), not this run.
+        self._kept = {k.key for k in recalled if k.retest is None}
+        # Lessons learned in this run that the server did not confirm by its
+        # own word: when each is re-tested, and the wait before it; and the
+        # rule each key last re-tested, with that wait.
+        self._doubted: dict[LimitKey, tuple[Lesson, float, float]] = {}
+        self._tested: dict[LimitKey, tuple[Rule, float]] = {}
 
     def recalled(self) -> None:
         """Report what earlier runs taught, as the run starts (a lesson under
@@ -115,6 +123,22 @@ class Lessons:
         elif lesson is not None:
             self._learned(key, lesson, ruled_out=True)
 
+    def retest(self, key: LimitKey) -> None:
+        """Re-test `key`'s lesson in doubt once it is due (`_doubt`): the key is
+        paced by its given rule again with the lesson behind it, which a
+        refusal just past it confirms and acceptances past it rule out, as a
+        later run re-tests a kept lesson."""
+        doubted = self._doubted.get(key)
+        if doubted is None or self._behind(key):
+            return
+        lesson, due, wait = doubted
+        if self._clock.now() < due:
+            return
+        del self._doubted[key]
+        self._tested[key] = (lesson.rule, wait)
+        self._fallback[key] = Fallback(lesson, retest=0.0)
+        self._pacer.retest(key, lesson.rule)
+
     def _learned(
         self, key: LimitKey, lesson: Lesson, *, ruled_out: bool = False
     ) -> None:
@@ -132,8 +156,11 @@ class Lessons:
             self._emit(key, lesson)
             return
         if retest is not None and fallback is not None:
-            # Refused past it: the lesson stands as kept, confirmed again.
+            # Refused past it: the lesson stands as kept, confirmed again (an
+            # earlier run's is re-tested again by a later run, `retest.due`).
             lesson = reconfirmed(fallback.reading, lesson)
+            if key not in self._tested:
+                self._kept.add(key)
         elif fallback is not None and not ruled_out and not fallback.trial:
             # (A reading in doubt, one refusal's, is no safer reading: a second
             # refusal's lesson reads it with its own, `Learner.review`; a
@@ -153,7 +180,34 @@ class Lessons:
         self._pacer.learn(key, lesson, kept=kept, keep=keep, confirms=retest)
         if lesson.trial:
             return  # a 429 in doubt: nothing learned yet
+        self._doubt(key, lesson)
         self._emit(key, lesson)
+
+    def _doubt(self, key: LimitKey, lesson: Lesson) -> None:
+        """Hold `lesson` for a re-test in this run (`retest`) if the server did
+        not confirm it by its own word, a re-test can rule it out, no safer
+        reading stands behind it (`_behind`) and no earlier run's lesson paces
+        the key: after `retest.run_wait`, twice as long as the last re-test's
+        wait if that was of the same rule (it was refused, or the server
+        taught the rule again)."""
+        held = self._doubted.pop(key, None)
+        given = self._pacer.given(key)
+        if lesson.said or self._behind(key) or key in self._kept:
+            return
+        if not testable(lesson, given) or lesson.rule == given:
+            return
+        if held is not None and held[0].rule == lesson.rule:
+            self._doubted[key] = (lesson, *held[1:])  # the same rule: time runs on
+            return
+        rule, last = self._tested.get(key, (None, None))
+        wait = run_wait(given, last if rule == lesson.rule else None)
+        self._doubted[key] = (lesson, self._clock.now() + wait, wait)
+
+    def _behind(self, key: LimitKey) -> bool:
+        """Whether a safer reading stands behind `key`'s rule (not a 429 in
+        doubt, which a re-test supersedes)."""
+        standing = self._fallback.get(key)
+        return standing is not None and not standing.trial
 
     def _emit(self, key: LimitKey, lesson: Lesson) -> None:
         at = self._clock.now()

@@ -237,6 +237,7 @@ class Runner:
         self._lessons.review(key)
         if refused is False:
             self._lessons.rule_out(key)
+            self._lessons.retest(key)
         if self._idle:
             self._notify()  # an answer may free a slot, or end the run
 

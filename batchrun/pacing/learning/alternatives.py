@@ -193,4 +193,4 @@ def stated_lesson(lesson: Lesson, rule: Rule) -> Lesson:
     learned = next(w for w in lesson.rule.windows if w not in rule.windows)
     seconds = durations.compact(learned.seconds)
     why = f"the server said none remained after {learned.count} within {seconds}"
-    return Lesson(lesson.rule, why)
+    return Lesson(lesson.rule, why, said=True)

@@ -99,11 +99,13 @@ def weighed(
 
 class Confirmation(IntEnum):
     """How strongly the server confirmed a lesson (`confirmed`): not at all
-    (this process only), on weak grounds, or by its own word."""
+    (this process only), on weak grounds, by refusing again just past it, or
+    by its own word."""
 
     NONE = 0
     WEAK = 1
     STRONG = 2
+    SAID = 3
 
 
 def confirmed(
@@ -124,13 +126,13 @@ def confirmed(
     window the given rule lacks explains both (`WEAK`: re-tested by the next
     run, `retest.interval`)."""
     if stated:
-        return Confirmation.STRONG
+        return Confirmation.SAID
     answered = with_answers(log)
     windows = _windows(lesson, safer)
     refusals = sorted((s for s in answered if s.refused), key=arrived)
     news = _news(windows, given)
     if any(_fits(s, answered, news) for s in refusals):
-        return Confirmation.STRONG
+        return Confirmation.SAID
     weak = Confirmation.NONE
     accepted = sorted(arrived(s) for s in answered if s.refused is False)
     for n, first in enumerate(refusals):

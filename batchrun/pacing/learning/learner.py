@@ -179,7 +179,7 @@ class Learner:
         server confirmed it (`evidence.confirmed`)."""
         reading, behind = trial.reading, trial.reading.fallback
         word = confirmed(log.sent, reading, None, stated=False, given=given)
-        if word is Confirmation.STRONG and behind is not None:
+        if word >= Confirmation.STRONG and behind is not None:
             safer = Fallback(behind)
             lesson, spaces = self._taught(log, rule, spread=spread, safer=safer)
             reading = behind if lesson is None else safer.taken(lesson, given)
@@ -188,7 +188,7 @@ class Learner:
         log.rearm()
         if word is Confirmation.NONE:
             return replace(reading, confirmed=False)
-        return replace(reading, strong=word is Confirmation.STRONG)
+        return _confirmed(reading, word)
 
     def _judged(
         self,
@@ -228,7 +228,7 @@ class Learner:
         word = confirmed(log.sent, lesson, standing, stated=stated, given=given)
         if word is Confirmation.NONE:
             return replace(lesson, confirmed=False)  # this process's only
-        return replace(lesson, strong=word is Confirmation.STRONG)
+        return _confirmed(lesson, word)
 
     def _taught(
         self, log: KeyLog, rule: Rule, *, spread: bool, safer: Fallback | None
@@ -302,6 +302,12 @@ class Learner:
         else:
             lesson = lowered(log, rule)
         return lesson
+
+
+def _confirmed(lesson: Lesson, word: Confirmation) -> Lesson:
+    """`lesson` as strongly as the server confirmed it (`evidence.confirmed`)."""
+    said = word is Confirmation.SAID
+    return replace(lesson, strong=word >= Confirmation.STRONG, said=said)
 
 
 def _other_counting(log: KeyLog, rule: Rule, safer: Fallback | None) -> Lesson:

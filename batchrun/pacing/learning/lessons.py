@@ -35,6 +35,9 @@ class Lesson:
     # kept, it is first re-tested after `storage.RETEST_WINDOWS` of the given
     # rule's longest window; on weaker grounds, by the very next run.
     strong: bool = True
+    # Confirmed by the server's own word (`evidence.Confirmation.SAID`): not
+    # re-tested in the run that learned it (`retest.run_wait`).
+    said: bool = False
 
 
 def candidates(rule: Rule, *, time_scale: float = 1.0) -> tuple[float, ...]:
@@ -55,7 +58,7 @@ def adopt(rule: Rule, policy: Iterable[Window], source: str) -> Lesson | None:
         return None
     tighter = Rule(tuple(sorted(windows, key=lambda w: w.seconds)))
     stated = "+".join(str(w) for w in policy)
-    return Lesson(tighter, f"the server states {stated} in its {source}")
+    return Lesson(tighter, f"the server states {stated} in its {source}", said=True)
 
 
 def tightened(rule: Rule, window: Window, refusals: int) -> Lesson | None:

@@ -8,6 +8,12 @@ refusals, or a safer reading ruled out behind a reading no refusal confirmed,
 as a stray 429 leaves) by the very next run. A re-test that the server refuses
 confirms it, and the next waits twice as long; one it lets through forgets it.
 The cadence is kept in the lesson's text in the ledger (`storage.stored`).
+
+Within the run that learned it, a lesson the server did not confirm by its own
+word is re-tested `RUN_WINDOWS` of the given rule's longest window after it was
+learned, and each re-test it passes doubles the wait (`run_wait`): a lesson
+whose cause went away (stray 429s, another consumer that stopped) stops costing
+in the same run.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ from batchrun.pacing.learning.storage import LEARNED
 # the given rule's longest windows (unscaled) after, and each re-test it
 # passes at least doubles that (`interval`).
 RETEST_WINDOWS = 64
+# A lesson not confirmed by the server's own word is re-tested in the run that
+# learned it this many of the given rule's longest windows after (`run_wait`).
+RUN_WINDOWS = 8
 
 
 def interval(
@@ -61,6 +70,14 @@ def due(text: str | None, now: float) -> float | None:
     if kept is None or now < kept[1]:
         return None
     return kept[1] - kept[0]
+
+
+def run_wait(given: Rule, last: float | None) -> float:
+    """Seconds until a lesson learned in this run, which the server did not
+    confirm by its own word, is re-tested in it: `RUN_WINDOWS` of the `given`
+    rule's longest window, or twice `last`, the wait before the re-test it
+    just passed."""
+    return RUN_WINDOWS * given.longest if last is None else 2 * last
 
 
 def testable(lesson: Lesson, given: Rule) -> bool:
