@@ -9,7 +9,9 @@ middleware that adds what a case needs and the sandbox does not have:
   counts a request; a refused one is answered at once (a 429 costs no work);
 - `retry_after=False`: the Retry-After field is taken off every answer;
 - `faults_for`: the sandbox's injected faults (`Faults`, e.g. 5 % of accepted
-  requests answered 429) stop that many seconds after the first arrival.
+  requests answered 429) stop that many seconds after they start, `faults_from`
+  seconds after the first arrival (a gateway's outage: every request answered
+  429 for 0.2 s).
 
 `Recorder.log` holds every request as the server saw it (wall clock, Unix seconds):
 its arrival, when its answer was sent, its status (0: no answer) and its
@@ -51,6 +53,7 @@ class Behaviour:
     latency: float = 0.0
     retry_after: bool = True
     faults_for: float | None = None
+    faults_from: float = 0.0
 
 
 class Recorder:
@@ -63,6 +66,8 @@ class Recorder:
         self.log: list[Served] = []
         self.url = ""
         self._first: float | None = None
+        # The faults to inject while their time lasts (a stock server has none).
+        self._faults = Faults() if sandbox is None else sandbox.faults
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -102,9 +107,12 @@ class Recorder:
     def _time_faults(self, at: float) -> None:
         if self._first is None:
             self._first = at
+        if self.sandbox is None:
+            return
+        since = at - self._first - self.behaviour.faults_from
         limit = self.behaviour.faults_for
-        if limit is not None and at - self._first >= limit:
-            self.sandbox.faults = Faults()
+        on = since >= 0 and (limit is None or since < limit)
+        self.sandbox.faults = self._faults if on else Faults()
 
 
 def _without_retry_after(message: Message) -> list[tuple[bytes, bytes]]:

@@ -106,6 +106,15 @@ def cases() -> list[Case]:
     rows.append(
         Case("right rule, 5 % stray 429s for 14 s", "30/2s", noisy, 240, quiet=right)
     )
+    # A gateway that refuses everything for 0.2 s early in the run, then is quiet.
+    outage = _server(
+        sliding, "30/2s", stray=1.0, stray_from=0.02, stray_for=0.2, retry_after=False
+    )
+    rows.append(
+        Case(
+            "right rule, a 0.2 s outage at the start", "30/2s", outage, 240, quiet=right
+        )
+    )
     rival = _server(sliding, "30/2s", rival_every=2 / 15, rival_from=2.0, rival_for=6.0)
     rows.append(
         Case(

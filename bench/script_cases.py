@@ -133,4 +133,22 @@ CASES = (
         Behaviour(latency=0.04),
         limiter="slowapi",
     ),
+    Case(
+        10,
+        "right rule, every request answered 429 (no Retry-After) for 0.2 s from "
+        "20 ms after the first arrival (a gateway's outage)",
+        "30/2s",
+        "30/2s",
+        120,
+        Behaviour(retry_after=False, faults_for=0.2, faults_from=0.02),
+        stray_429=1.0,
+    ),
+    Case(
+        11,
+        "the next run with the same client, the server quiet again",
+        "30/2s",
+        "30/2s",
+        120,
+        follows=10,
+    ),
 )
