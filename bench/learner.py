@@ -7,7 +7,10 @@ the server's own rule, and of the 429s the server answered. `then` rows are a
 second run with what the first left in the ledger (lessons, the accepted record),
 on a quiet server.
 
-`python -m bench.learner [--seeds N] [--json PATH]` prints Markdown rows.
+`python -m bench.learner [--seeds N] [--json PATH]` prints Markdown rows;
+`--only TEXT` picks rows, `--jobs N` sets every row's jobs, `--run-windows W`
+the windows before a lesson's first re-test within its run
+(`retest.RUN_WINDOWS`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from batchrun.core.limits import parse_rule
+from batchrun.pacing.learning import retest
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
 from tests.simulation import KEY, Network, Server, Simulated, simulate
@@ -191,13 +195,23 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--only", default="", help="rows whose name holds this")
+    parser.add_argument("--jobs", type=int, default=None, help="jobs in every row")
+    parser.add_argument(
+        "--run-windows",
+        type=float,
+        default=retest.RUN_WINDOWS,
+        help="windows before a lesson's first re-test within its run",
+    )
     args = parser.parse_args()
+    retest.RUN_WINDOWS = args.run_windows
     rows = []
     print("| case | ratio | 429s (median, worst) | then ratio | then 429s |")
     print("|---|---|---|---|---|")
     for case in cases():
         if args.only not in case.name:
             continue
+        if args.jobs is not None:
+            case = replace(case, count=args.jobs)
         row = measure(case, args.seeds)
         rows.append(row)
         then = (row.get("then ratio", "-"), row.get("then 429", "-"))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from batchrun.core.limits import Rule, parse_rule
 from batchrun.pacing.learning.lessons import Lesson
 from batchrun.pacing.learning.retest import (
@@ -155,8 +157,8 @@ def test_a_lesson_a_passing_fault_left_is_re_tested_within_the_run():
     """A gateway refuses everything for 0.2 s at the start of a run, then is
     quiet: its two refusals back to back read as 3/2s, which paced the whole
     run (11.3 x the ideal) and was kept for later runs. Re-tested within the
-    run, it is forgotten: the rest of the run goes at the given rule, and the
-    next run has nothing to re-learn."""
+    run (after 4 s), it is forgotten: the rest of the run goes at the given
+    rule, and the next run has nothing to re-learn."""
     fault = Server(
         LimiterKind.SLIDING,
         GIVEN,
@@ -169,7 +171,7 @@ def test_a_lesson_a_passing_fault_left_is_re_tested_within_the_run():
     run = _traced_run(fault, first)
     assert run.finished
     assert run.tally.rate_limited <= 3
-    assert run.ratio < 2.5
+    assert run.ratio < 1.5
     assert recalled(GIVEN, first.recall(KEY.value)) is None
     again = _traced_run(RIGHT, rerun_from(first))
     assert again.tally.rate_limited == 0
@@ -178,14 +180,20 @@ def test_a_lesson_a_passing_fault_left_is_re_tested_within_the_run():
 
 def test_a_lesson_the_server_refuses_again_is_re_tested_twice_as_late():
     """A truly stricter 10/2s with no Retry-After, 240 jobs (48 s): the lesson
-    (two refusals back to back) is re-tested after `RUN_WINDOWS` windows and
-    refused, at the cost of one 429; the next re-test would wait twice as long,
-    past the end of the run. It is kept, confirmed, at the base interval."""
+    (two refusals back to back) is re-tested `RUN_WINDOWS` windows after it was
+    learned, refused at the cost of one 429, and each next re-test waits twice
+    as long. It is kept, confirmed, at the base interval."""
     strict = Server(LimiterKind.SLIDING, parse_rule("10/2s"), retry_after=False)
     first = MemoryLedger()
     run = _traced_run(strict, first)
-    assert run.tally.rate_limited == 3  # two to learn it, one re-test
-    assert run.ratio <= 1.05
+    refused = [a.at for a in run.arrivals if a.status == 429]
+    assert len(refused) == 5  # two to learn it, then re-tests at 4, 12, 28 s
+    tests = refused[2:]
+    first_wait = run_wait(GIVEN, None)
+    assert tests[0] - refused[1] == pytest.approx(first_wait, abs=0.5)
+    assert tests[1] - tests[0] == pytest.approx(2 * first_wait, abs=0.5)
+    assert tests[2] - tests[1] == pytest.approx(4 * first_wait, abs=0.5)
+    assert run.ratio <= 1.06  # each refused re-test spends one slot
     assert recalled(GIVEN, first.recall(KEY.value)) == "10/2s"
     assert interval(first) == BASE
 

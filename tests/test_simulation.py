@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import re
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, settings
@@ -12,6 +15,7 @@ from hypothesis import strategies as st
 from batchrun.core.clock import wall_time
 from batchrun.core.events import Status
 from batchrun.core.limits import Rule, Window, parse_rule
+from batchrun.pacing.learning import retest
 from batchrun.pacing.learning.storage import (
     KEPT_FOR,
     RECORD_SUFFIX,
@@ -29,6 +33,19 @@ def recalled(rule: Rule, text: str | None) -> str | None:
     """The rule a kept text gives `rule` now, as text (None: nothing kept)."""
     lesson = recalled_lesson(rule, text, time_scale=1.0, now=wall_time())
     return None if lesson is None else str(lesson.rule)
+
+
+@contextlib.contextmanager
+def learning_only() -> Iterator[None]:
+    """No re-test within the run (`retest.RUN_WINDOWS` out of reach): the tests
+    that use it pin what learning a server costs; `test_retest` pins what the
+    re-tests within a run add (one 429 each, ever rarer)."""
+    kept = retest.RUN_WINDOWS
+    retest.RUN_WINDOWS = math.inf
+    try:
+        yield
+    finally:
+        retest.RUN_WINDOWS = kept
 
 
 SCENARIOS = scenarios()
@@ -100,7 +117,8 @@ def test_any_stricter_server_is_learned_with_few_429s(
     """For random sliding or fixed server rules stricter than the client's 30/2s,
     the run finishes, every job is accepted once, and a key gets at most 3 429s."""
     server = Server(kind, Rule((Window(count, seconds),)), retry_after=retry_after)
-    run = simulate(client="30/2s", server=server, count=40, seed=seed)
+    with learning_only():
+        run = simulate(client="30/2s", server=server, count=40, seed=seed)
     assert run.finished
     assert set(run.accepted.values()) == {1}
     assert max(run.rate_limited.values(), default=0) <= 3
@@ -128,7 +146,10 @@ def test_without_retry_after_a_shorter_window_is_read_as_the_rules_own(seed):
     its speed, for no more 429s."""
     server = Server(LimiterKind.SLIDING, parse_rule("5/1s"), retry_after=False)
     ledger = MemoryLedger()
-    run = simulate(client="30/2s", server=server, count=40, seed=seed, ledger=ledger)
+    with learning_only():
+        run = simulate(
+            client="30/2s", server=server, count=40, seed=seed, ledger=ledger
+        )
     assert run.finished
     assert max(run.rate_limited.values()) <= 2
     assert 1.6 <= run.ratio <= 2.2
@@ -211,7 +232,8 @@ def test_a_bucket_with_no_burst_under_profile_a_is_read_from_its_pace(
     first refusal only a trial until the second). A rerun starts from it."""
     server = Server(LimiterKind.LEAKY, parse_rule(server_rule), retry_after=retry_after)
     ledger = MemoryLedger()
-    run = simulate(client="30/1m", server=server, seed=0, ledger=ledger)
+    with learning_only():
+        run = simulate(client="30/1m", server=server, seed=0, ledger=ledger)
     assert run.finished
     assert run.tally.rate_limited <= most
     assert run.ratio <= within
@@ -231,7 +253,8 @@ def test_a_bucket_slower_than_the_rule_drains_as_its_retry_after_says():
     that drains one per 4 s (15/1m, bursts of 6), not as 6 a minute (2.5 x)."""
     server = Server(LimiterKind.LEAKY, parse_rule("15/1m"), {"burst": 5})
     ledger = MemoryLedger()
-    run = simulate(client="30/1m", server=server, seed=0, ledger=ledger)
+    with learning_only():
+        run = simulate(client="30/1m", server=server, seed=0, ledger=ledger)
     assert run.finished
     assert run.tally.rate_limited <= 1
     assert run.ratio <= 1.2
@@ -248,7 +271,8 @@ def test_a_leaky_bucket_of_any_burst_is_learned_without_stalling(burst):
     """Before the leaky reading, a bucket with no burst ran 15 times too slow."""
     options = {"burst": burst}
     server = Server(LimiterKind.LEAKY, parse_rule("15/1s"), options, retry_after=False)
-    run = simulate(client="30/2s", server=server, seed=1)
+    with learning_only():
+        run = simulate(client="30/2s", server=server, seed=1)
     assert run.finished
     assert run.tally.rate_limited <= 2
     assert run.ratio <= 1.8
@@ -258,7 +282,8 @@ def test_a_leaky_bucket_of_any_burst_is_learned_without_stalling(burst):
 def test_the_safer_reading_is_taken_when_the_faster_one_is_refused(seed):
     """Against a 5/2s server the 5/1s reading costs one more 429, then 5/2s."""
     server = Server(LimiterKind.SLIDING, parse_rule("5/2s"), retry_after=False)
-    run = simulate(client="30/2s", server=server, count=40, seed=seed)
+    with learning_only():
+        run = simulate(client="30/2s", server=server, count=40, seed=seed)
     assert run.finished
     assert max(run.rate_limited.values()) <= 2
     assert run.ratio <= 1.25
@@ -305,7 +330,8 @@ def test_fixed_and_weighted_counters_at_every_phase(kind, retry_after, phase):
         kind, parse_rule("10/2s"), {"origin": -0.2 * phase}, retry_after=retry_after
     )
     ledger = MemoryLedger()
-    run = simulate(client="30/2s", server=server, seed=0, ledger=ledger)
+    with learning_only():
+        run = simulate(client="30/2s", server=server, seed=0, ledger=ledger)
     ideal = eta(60, parse_rule("10/2s"), now=0.0)
     assert run.finished
     assert set(run.accepted.values()) == {1}

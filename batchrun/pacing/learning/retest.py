@@ -32,7 +32,7 @@ from batchrun.pacing.learning.storage import LEARNED
 RETEST_WINDOWS = 64
 # A lesson not confirmed by the server's own word is re-tested in the run that
 # learned it this many of the given rule's longest windows after (`run_wait`).
-RUN_WINDOWS = 8
+RUN_WINDOWS: float = 2
 
 
 def interval(
