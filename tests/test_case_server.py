@@ -64,12 +64,12 @@ def test_injected_faults_stop_after_their_time():
 def test_injected_faults_start_after_their_delay():
     rules = {LimitKey.RUN_QUERY: parse_rule("100/10s")}
     faults = Faults(rate_429=1.0, seed=1)
-    outage = Behaviour(faults_from=0.5, faults_for=1.0)
+    outage = Behaviour(faults_from=1.0, faults_for=2.0)
     with serving(rules, outage, faults=faults) as server:
         first = _send(server.url, 2)
-        time.sleep(0.75)
+        time.sleep(1.5)
         during = _send(server.url, 1)
-        time.sleep(1.0)
+        time.sleep(2.0)
         later = _send(server.url, 1)
     assert [a.status_code for a in first] == [200, 200]
     assert [a.status_code for a in during + later] == [429, 200]

@@ -205,3 +205,58 @@ def test_a_lesson_the_server_said_is_not_re_tested_within_the_run():
     run = _traced_run(strict, MemoryLedger())
     assert run.tally.rate_limited == 2
     assert run.ratio <= 1.05
+
+
+def test_a_lesson_in_doubt_over_a_confirmed_one_goes_back_to_it():
+    """A 10/2s server without Retry-After, and another consumer of the token
+    from 6 s to 36 s: 10/2s is learned and confirmed by its re-test, then a
+    lower count while the consumer runs. Re-tested, that lower count is ruled
+    out back to 10/2s, not to the given 30/2s (which spiralled to 46 429s and
+    left the ledger empty), and 10/2s is what the ledger keeps."""
+    strict = Server(
+        LimiterKind.SLIDING,
+        parse_rule("10/2s"),
+        retry_after=False,
+        rival_every=0.5,
+        rival_from=6.0,
+        rival_for=30.0,
+    )
+    ledger = MemoryLedger()
+    run = simulate(client="30/2s", server=strict, count=240, ledger=ledger)
+    assert run.finished
+    assert run.tally.rate_limited <= 20
+    assert recalled(GIVEN, ledger.recall(KEY.value)) == "10/2s"
+
+
+def test_a_window_the_server_said_stays_said_when_its_safer_reading_is_ruled_out():
+    """A 5/1s server with Retry-After: 5/1s is read with 5/2s behind it; once
+    acceptances rule 5/2s out, the reading is still the server's word, so the
+    run re-tests nothing (it paid two more 429s for re-tests before)."""
+    strict = Server(LimiterKind.SLIDING, parse_rule("5/1s"))
+    run = simulate(client="30/2s", server=strict, count=120, seed=0)
+    assert run.tally.rate_limited == 1
+    assert run.ratio <= 1.05
+
+
+def test_under_profile_auto_a_reading_stricter_than_b_is_re_tested():
+    """The outage under `--profile auto` (B here 10/2s): its reading, stricter
+    than B, is no statement's word, so it is re-tested and forgotten (5.7 x
+    the ideal when the statement kept it from being re-tested)."""
+    fault = Server(
+        LimiterKind.SLIDING,
+        GIVEN,
+        stray=1.0,
+        stray_from=0.02,
+        stray_for=0.2,
+        retry_after=False,
+    )
+    run = simulate(
+        client="30/2s",
+        server=fault,
+        count=240,
+        latency=LOOPBACK,
+        network=Network(traced=True),
+        fallback=parse_rule("10/2s"),
+    )
+    assert run.finished
+    assert run.ratio < 1.5

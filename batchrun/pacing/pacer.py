@@ -212,11 +212,12 @@ class Pacer:
             )
             self._ledger.remember(key.value, text)
 
-    def forget(self, key: LimitKey) -> None:
+    def forget(self, key: LimitKey, *, kept: bool = True) -> None:
         """Pace `key` by its given rule from now on, and forget what the ledger
-        kept of it (a re-test found the server no stricter)."""
+        kept of it if `kept` (a re-test found the server no stricter)."""
         self.learn(key, Lesson(self._given[key], ""), keep=False)
-        self._ledger.remember(key.value, "{}")
+        if kept:
+            self._ledger.remember(key.value, "{}")
 
     def recall(self, keys: Iterable[LimitKey]) -> list[Kept]:
         """Pace `keys` by what the ledger kept from earlier runs, but those due
@@ -242,10 +243,10 @@ class Pacer:
             found.append(Kept(key, lesson, again))
         return found
 
-    def retest(self, key: LimitKey, rule: Rule) -> None:
-        """Pace `key` by its given rule again, with `rule`, a lesson in doubt,
-        behind it: past it, a probe waits for every answer (`_probe_wait`)."""
-        self._rules[key] = self._given[key]
+    def retest(self, key: LimitKey, rule: Rule, base: Rule | None = None) -> None:
+        """Pace `key` by `base` (its given rule if None) again, with `rule`, a
+        lesson in doubt, behind it: past it, a probe waits for every answer."""
+        self._rules[key] = self._given[key] if base is None else base
         self._retests[key] = rule
 
     def gate(self, key: LimitKey) -> tuple[Window, ...]:
@@ -295,8 +296,7 @@ class Pacer:
         """Grant no slot of `key` before `until`, as a server that says its budget
         is spent until then asks; unlike a 429's cool-down, no probe follows."""
         cooling = self._cooling[key]
-        cooling.until = max(cooling.until, until)
-        cooling.asked = True  # the server named it: no lesson shortens it
+        cooling.until, cooling.asked = max(cooling.until, until), True  # named
 
     def cooling(self, key: LimitKey) -> tuple[float, float]:
         """When the key's latest cool-down began, and when it ends (or ended)."""

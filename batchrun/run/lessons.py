@@ -9,6 +9,7 @@ a `RuleLearned` event.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from batchrun.api.hints import Hints
 from batchrun.core.clock import Clock
@@ -19,6 +20,18 @@ from batchrun.pacing.learning.lessons import Lesson, adopt
 from batchrun.pacing.learning.log import Sent
 from batchrun.pacing.learning.retest import reconfirmed, run_wait, testable
 from batchrun.pacing.pacer import Pacer
+
+
+@dataclass(frozen=True, slots=True)
+class _Doubt:
+    """A lesson learned in this run that the server did not state itself: when
+    it is re-tested (`Lessons.retest`), the wait before that, and the lesson in
+    force before it (None: the given rule), which the key goes back to."""
+
+    lesson: Lesson
+    due: float
+    wait: float
+    base: Lesson | None
 
 
 class Lessons:
@@ -56,11 +69,11 @@ class Lessons:
         # Keys paced by a lesson an earlier run kept: the ledger's cadence
         # re-tests it (`retest.due`), not this run.
         self._kept = {k.key for k in recalled if k.retest is None}
-        # Lessons learned in this run that the server did not confirm by its
-        # own word: when each is re-tested, and the wait before it; and the
-        # rule each key last re-tested, with that wait.
-        self._doubted: dict[LimitKey, tuple[Lesson, float, float]] = {}
-        self._tested: dict[LimitKey, tuple[Rule, float]] = {}
+        # Per key, the lesson in doubt this run re-tests, the last one it
+        # re-tested, and the last one in force that is not in doubt.
+        self._doubted: dict[LimitKey, _Doubt] = {}
+        self._tested: dict[LimitKey, _Doubt] = {}
+        self._settled: dict[LimitKey, Lesson] = {}
 
     def recalled(self) -> None:
         """Report what earlier runs taught, as the run starts (a lesson under
@@ -124,20 +137,22 @@ class Lessons:
             self._learned(key, lesson, ruled_out=True)
 
     def retest(self, key: LimitKey) -> None:
-        """Re-test `key`'s lesson in doubt once it is due (`_doubt`): the key is
-        paced by its given rule again with the lesson behind it, which a
-        refusal just past it confirms and acceptances past it rule out, as a
-        later run re-tests a kept lesson."""
-        doubted = self._doubted.get(key)
-        if doubted is None or self._behind(key):
+        """Re-test `key`'s lesson in doubt once it is due (`_doubt`) and no 429
+        episode is pending: the key goes back to the lesson in force before it
+        (or its given rule) with the lesson behind it, which a refusal just
+        past it confirms and acceptances past it rule out, as a later run
+        re-tests a kept lesson."""
+        doubt = self._doubted.get(key)
+        now = self._clock.now()
+        if doubt is None or now < doubt.due or self._behind(key):
             return
-        lesson, due, wait = doubted
-        if self._clock.now() < due:
+        if self._learner.pending(key) or now < self._pacer.cooling(key)[1]:
             return
         del self._doubted[key]
-        self._tested[key] = (lesson.rule, wait)
-        self._fallback[key] = Fallback(lesson, retest=0.0)
-        self._pacer.retest(key, lesson.rule)
+        self._tested[key] = doubt
+        self._fallback[key] = Fallback(doubt.lesson, retest=0.0)
+        base = None if doubt.base is None else doubt.base.rule
+        self._pacer.retest(key, doubt.lesson.rule, base)
 
     def _learned(
         self, key: LimitKey, lesson: Lesson, *, ruled_out: bool = False
@@ -152,7 +167,7 @@ class Lessons:
         fallback = None if first_spread else self._fallback.pop(key, None)
         retest = None if fallback is None else fallback.retest
         if retest is not None and ruled_out:
-            self._pacer.forget(key)  # the server is no stricter than given
+            self._relax(key)
             self._emit(key, lesson)
             return
         if retest is not None and fallback is not None:
@@ -169,7 +184,7 @@ class Lessons:
         if lesson.fallback is not None:
             strong = lesson.confirmed and lesson.strong
             self._fallback[key] = Fallback(
-                lesson.fallback, trial=lesson.trial, strong=strong
+                lesson.fallback, trial=lesson.trial, strong=strong, said=lesson.said
             )
         # Later runs start from a faster reading with the safer one behind it,
         # as this one goes on; while a safer rule stands that is no reading of
@@ -183,25 +198,42 @@ class Lessons:
         self._doubt(key, lesson)
         self._emit(key, lesson)
 
+    def _relax(self, key: LimitKey) -> None:
+        """A re-test found the server no stricter than the rule in force before
+        the lesson: pace by that again (`_Doubt.base`, or the given rule), and
+        the ledger forgets a lesson it kept (one of this run that was never
+        kept leaves it as it is: another process may keep one)."""
+        tested = self._tested.get(key)
+        base = None if tested is None else tested.base
+        if base is not None:
+            self._pacer.learn(key, base, keep=base.confirmed)
+        else:
+            self._pacer.forget(key, kept=tested is None or tested.lesson.confirmed)
+
     def _doubt(self, key: LimitKey, lesson: Lesson) -> None:
         """Hold `lesson` for a re-test in this run (`retest`) if the server did
-        not confirm it by its own word, a re-test can rule it out, no safer
-        reading stands behind it (`_behind`) and no earlier run's lesson paces
-        the key: after `retest.run_wait`, twice as long as the last re-test's
-        wait if that was of the same rule (it was refused, or the server
-        taught the rule again)."""
+        not state it, a re-test can rule it out, no safer reading stands behind
+        it (`_behind`) and no earlier run's lesson paces the key: after
+        `retest.run_wait`, twice as long as the last re-test's wait if that
+        was of the same rule (it was refused, or the server taught the rule
+        again). A lesson the server stated, or one a re-test confirmed, is
+        what a later lesson's re-test goes back to."""
         held = self._doubted.pop(key, None)
         given = self._pacer.given(key)
+        tested = self._tested.get(key)
+        again = tested is not None and tested.lesson.rule == lesson.rule
+        if lesson.said or (again and lesson.confirmed and lesson.strong):
+            self._settled[key] = lesson
         if lesson.said or self._behind(key) or key in self._kept:
             return
         if not testable(lesson, given) or lesson.rule == given:
             return
-        if held is not None and held[0].rule == lesson.rule:
-            self._doubted[key] = (lesson, *held[1:])  # the same rule: time runs on
-            return
-        rule, last = self._tested.get(key, (None, None))
-        wait = run_wait(given, last if rule == lesson.rule else None)
-        self._doubted[key] = (lesson, self._clock.now() + wait, wait)
+        if held is not None and held.lesson.rule == lesson.rule:
+            self._doubted[key] = _Doubt(lesson, held.due, held.wait, held.base)
+            return  # the same rule: its time runs on
+        wait = run_wait(given, tested.wait if tested is not None and again else None)
+        base = tested.base if again and tested is not None else self._settled.get(key)
+        self._doubted[key] = _Doubt(lesson, self._clock.now() + wait, wait, base)
 
     def _behind(self, key: LimitKey) -> bool:
         """Whether a safer reading stands behind `key`'s rule (not a 429 in

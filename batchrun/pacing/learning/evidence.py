@@ -126,7 +126,10 @@ def confirmed(
     window the given rule lacks explains both (`WEAK`: re-tested by the next
     run, `retest.interval`)."""
     if stated:
-        return Confirmation.SAID
+        # A statement (`--profile auto`'s B, a lesson an earlier run kept)
+        # speaks for the reading only if it holds to it already.
+        held = safer is not None and adopt(safer, lesson.rule.windows, "") is None
+        return Confirmation.SAID if held else Confirmation.STRONG
     answered = with_answers(log)
     windows = _windows(lesson, safer)
     refusals = sorted((s for s in answered if s.refused), key=arrived)

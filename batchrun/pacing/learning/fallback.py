@@ -46,10 +46,11 @@ class Fallback:
     # with it behind): the interval it was kept with (`retest.due`). Its
     # confirmation is a second word already: one refusal it explains takes it.
     retest: float | None = None
-    # Whether the reading ahead of it (the key's rule) was confirmed by the
-    # server's own word (`Lesson.strong`): the lesson that rules this fallback
-    # out is no stronger.
+    # Whether the reading ahead of it (the key's rule) was confirmed strongly
+    # (`Lesson.strong`), and by the server's own word (`Lesson.said`): the
+    # lesson that rules this fallback out is no stronger.
     strong: bool = True
+    said: bool = False
 
     @property
     def rule(self) -> Rule:
@@ -104,7 +105,7 @@ class Fallback:
                         f"{seen} accepted within {durations.compact(span)}, more "
                         f"than {self.rule} allows: the server enforces {given}"
                     )
-                    return Lesson(given, why, strong=self.strong)
+                    return Lesson(given, why, strong=self.strong, said=self.said)
         return None
 
     def _past_burst(self, learner: Seen, key: str, given: Rule) -> Lesson | None:
@@ -123,4 +124,4 @@ class Fallback:
             f"{seen} accepted within {durations.compact(span)}, more than bursts "
             f"of {burst + 1} allow: the server enforces {given}"
         )
-        return Lesson(given, why, strong=self.strong)
+        return Lesson(given, why, strong=self.strong, said=self.said)

@@ -110,6 +110,10 @@ class Learner:
         self._episodes[key] = began
         self._stated.discard(key)
 
+    def pending(self, key: str) -> bool:
+        """Whether a 429 episode of `key` waits to be reviewed."""
+        return key in self._episodes
+
     def spent(self, key: str, entry: Sent) -> None:
         """The server accepted `entry` and said no budget remains: as good as a
         refusal of a request sent right after it, at no cost. Reviewed like a 429

@@ -31,9 +31,9 @@ class Lesson:
     # server's word (a Retry-After, a stated limit) or a refusal just past it
     # confirmed. An unconfirmed one paces this process only.
     confirmed: bool = True
-    # Confirmed by the server's own word (`evidence.Confirmation.STRONG`):
-    # kept, it is first re-tested after `storage.RETEST_WINDOWS` of the given
-    # rule's longest window; on weaker grounds, by the very next run.
+    # Confirmed strongly (`evidence.Confirmation.STRONG` or `SAID`): kept, it
+    # is first re-tested after `retest.RETEST_WINDOWS` of the given rule's
+    # longest window; on weaker grounds, by the very next run.
     strong: bool = True
     # Confirmed by the server's own word (`evidence.Confirmation.SAID`): not
     # re-tested in the run that learned it (`retest.run_wait`).

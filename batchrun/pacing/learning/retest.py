@@ -1,12 +1,13 @@
 """When a kept lesson is re-tested: the weaker the evidence, the sooner.
 
-A lesson the server confirmed by its own word (`Lesson.strong`: a Retry-After
-or header that fits a window the given rule lacks, a stated limit, two
-refusals back to back) is first re-tested after `RETEST_WINDOWS` of the given
-rule's longest window; one kept on weaker grounds (acceptances between its
-refusals, or a safer reading ruled out behind a reading no refusal confirmed,
-as a stray 429 leaves) by the very next run. A re-test that the server refuses
-confirms it, and the next waits twice as long; one it lets through forgets it.
+A lesson the server confirmed strongly (`Lesson.strong`: by its own word, a
+Retry-After or header that fits a window the given rule lacks or a stated
+limit; or by two refusals back to back) is first re-tested after
+`RETEST_WINDOWS` of the given rule's longest window; one kept on weaker
+grounds (acceptances between its refusals, or a safer reading ruled out behind
+a reading no refusal confirmed, as a stray 429 leaves) by the very next run. A
+re-test that the server refuses confirms it, and the next waits twice as long;
+one it lets through forgets it.
 The cadence is kept in the lesson's text in the ledger (`storage.stored`).
 
 Within the run that learned it, a lesson the server did not confirm by its own
@@ -40,8 +41,8 @@ def interval(
 ) -> float:
     """Seconds from now until a run re-tests `lesson`, kept now: `confirms`,
     the interval a re-test it passed was kept with, doubled (at least the
-    base); for one just learned, the base if the server confirmed it by its
-    own word, else 0 (due in the next run)."""
+    base); for one just learned, the base if the server confirmed it
+    strongly, else 0 (due in the next run)."""
     base = RETEST_WINDOWS * given.longest * time_scale
     if confirms is not None:
         return max(2 * confirms, base)
