@@ -8,8 +8,9 @@ a `RuleLearned` event.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from batchrun.api.hints import Hints
 from batchrun.core.clock import Clock
@@ -23,15 +24,16 @@ from batchrun.pacing.pacer import Pacer
 
 
 @dataclass(frozen=True, slots=True)
-class _Doubt:
-    """A lesson learned in this run that the server did not state itself: when
-    it is re-tested (`Lessons.retest`), the wait before that, and the lesson in
-    force before it (None: the given rule), which the key goes back to."""
+class _InForce:
+    """A lesson a key is paced by in this run: when this run re-tests it
+    (`math.inf`: never, the server stated it), the wait before that, and the
+    one in force before it (None: the given rule), which the key goes back to
+    if the re-test rules it out."""
 
     lesson: Lesson
     due: float
     wait: float
-    base: Lesson | None
+    base: _InForce | None
 
 
 class Lessons:
@@ -69,11 +71,9 @@ class Lessons:
         # Keys paced by a lesson an earlier run kept: the ledger's cadence
         # re-tests it (`retest.due`), not this run.
         self._kept = {k.key for k in recalled if k.retest is None}
-        # Per key, the lesson in doubt this run re-tests, the last one it
-        # re-tested, and the last one in force that is not in doubt.
-        self._doubted: dict[LimitKey, _Doubt] = {}
-        self._tested: dict[LimitKey, _Doubt] = {}
-        self._settled: dict[LimitKey, Lesson] = {}
+        # Per key, the lesson of this run in force, and the one under re-test.
+        self._in_force: dict[LimitKey, _InForce] = {}
+        self._tested: dict[LimitKey, _InForce] = {}
 
     def recalled(self) -> None:
         """Report what earlier runs taught, as the run starts (a lesson under
@@ -137,22 +137,21 @@ class Lessons:
             self._learned(key, lesson, ruled_out=True)
 
     def retest(self, key: LimitKey) -> None:
-        """Re-test `key`'s lesson in doubt once it is due (`_doubt`) and no 429
-        episode is pending: the key goes back to the lesson in force before it
-        (or its given rule) with the lesson behind it, which a refusal just
-        past it confirms and acceptances past it rule out, as a later run
-        re-tests a kept lesson."""
-        doubt = self._doubted.get(key)
+        """Re-test `key`'s lesson once it is due (`_doubt`) and no 429 episode
+        is pending: the key goes back to the lesson in force before it (or its
+        given rule) with the lesson behind it, which a refusal just past it
+        confirms and acceptances past it rule out, as a later run re-tests a
+        kept lesson."""
+        record = self._in_force.get(key)
         now = self._clock.now()
-        if doubt is None or now < doubt.due or self._behind(key):
+        if record is None or now < record.due or self._behind(key):
             return
         if self._learner.pending(key) or now < self._pacer.cooling(key)[1]:
             return
-        del self._doubted[key]
-        self._tested[key] = doubt
-        self._fallback[key] = Fallback(doubt.lesson, retest=0.0)
-        base = None if doubt.base is None else doubt.base.rule
-        self._pacer.retest(key, doubt.lesson.rule, base)
+        self._tested[key] = record
+        self._fallback[key] = Fallback(record.lesson, retest=0.0)
+        base = None if record.base is None else record.base.lesson.rule
+        self._pacer.retest(key, record.lesson.rule, base)
 
     def _learned(
         self, key: LimitKey, lesson: Lesson, *, ruled_out: bool = False
@@ -199,41 +198,44 @@ class Lessons:
         self._emit(key, lesson)
 
     def _relax(self, key: LimitKey) -> None:
-        """A re-test found the server no stricter than the rule in force before
-        the lesson: pace by that again (`_Doubt.base`, or the given rule), and
-        the ledger forgets a lesson it kept (one of this run that was never
-        kept leaves it as it is: another process may keep one)."""
-        tested = self._tested.get(key)
+        """A re-test found the server no stricter than the lesson in force
+        before (`_InForce.base`, re-tested in turn after its own wait) or the
+        given rule: pace by that again; the ledger forgets a lesson it kept
+        (one of this run that was never kept leaves it as it is: another
+        process may keep one)."""
+        tested = self._tested.pop(key, None)
         base = None if tested is None else tested.base
         if base is not None:
-            self._pacer.learn(key, base, keep=base.confirmed)
-        else:
-            self._pacer.forget(key, kept=tested is None or tested.lesson.confirmed)
+            self._pacer.learn(key, base.lesson, keep=base.lesson.confirmed)
+            due = base.due if math.isinf(base.due) else self._clock.now() + base.wait
+            self._in_force[key] = replace(base, due=due)
+            return
+        self._in_force.pop(key, None)
+        self._pacer.forget(key, kept=tested is None or tested.lesson.confirmed)
 
     def _doubt(self, key: LimitKey, lesson: Lesson) -> None:
-        """Hold `lesson` for a re-test in this run (`retest`) if the server did
-        not state it, a re-test can rule it out, no safer reading stands behind
-        it (`_behind`) and no earlier run's lesson paces the key: after
-        `retest.run_wait`, twice as long as the last re-test's wait if that
-        was of the same rule (it was refused, or the server taught the rule
-        again). A lesson the server stated, or one a re-test confirmed, is
-        what a later lesson's re-test goes back to."""
-        held = self._doubted.pop(key, None)
-        given = self._pacer.given(key)
-        tested = self._tested.get(key)
-        again = tested is not None and tested.lesson.rule == lesson.rule
-        if lesson.said or (again and lesson.confirmed and lesson.strong):
-            self._settled[key] = lesson
-        if lesson.said or self._behind(key) or key in self._kept:
+        """Record `lesson` as in force, re-tested in this run after
+        `retest.run_wait` (twice as long as the last re-test's wait if that was
+        of the same rule: it was refused, or the server taught the rule again)
+        unless the server stated it or a re-test cannot rule it out; none while
+        a safer reading stands behind it (`_behind`) or an earlier run's lesson
+        paces the key."""
+        if self._behind(key) or key in self._kept:
             return
-        if not testable(lesson, given) or lesson.rule == given:
-            return
-        if held is not None and held.lesson.rule == lesson.rule:
-            self._doubted[key] = _Doubt(lesson, held.due, held.wait, held.base)
-            return  # the same rule: its time runs on
-        wait = run_wait(given, tested.wait if tested is not None and again else None)
-        base = tested.base if again and tested is not None else self._settled.get(key)
-        self._doubted[key] = _Doubt(lesson, self._clock.now() + wait, wait, base)
+        held = self._in_force.get(key)
+        tested = self._tested.pop(key, None)
+        given, now = self._pacer.given(key), self._clock.now()
+        if lesson.rule == given:
+            self._in_force.pop(key, None)
+        elif held is not None and held.lesson.rule == lesson.rule and tested is None:
+            self._in_force[key] = replace(held, lesson=lesson)  # its time runs on
+        else:
+            again = tested is not None and tested.lesson.rule == lesson.rule
+            wait = run_wait(given, tested.wait if tested and again else None)
+            base = tested.base if tested and again else held
+            stays = lesson.said or not testable(lesson, given)
+            due = math.inf if stays else now + wait
+            self._in_force[key] = _InForce(lesson, due, wait, base)
 
     def _behind(self, key: LimitKey) -> bool:
         """Whether a safer reading stands behind `key`'s rule (not a 429 in
