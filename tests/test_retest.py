@@ -29,6 +29,15 @@ LOOPBACK = (0.002, 0.01)
 RIGHT = Server(LimiterKind.SLIDING, GIVEN)
 # The base interval of a lesson given 30/2s (`RETEST_WINDOWS` of its 2 s).
 BASE = RETEST_WINDOWS * 2.0
+# A gateway that refuses every request for 0.2 s, 20 ms into the run.
+OUTAGE = Server(
+    LimiterKind.SLIDING,
+    GIVEN,
+    stray=1.0,
+    stray_from=0.02,
+    stray_for=0.2,
+    retry_after=False,
+)
 
 
 def _traced_run(server: Server, ledger: MemoryLedger) -> Simulated:
@@ -159,16 +168,8 @@ def test_a_lesson_a_passing_fault_left_is_re_tested_within_the_run():
     run (11.3 x the ideal) and was kept for later runs. Re-tested within the
     run (after 4 s), it is forgotten: the rest of the run goes at the given
     rule, and the next run has nothing to re-learn."""
-    fault = Server(
-        LimiterKind.SLIDING,
-        GIVEN,
-        stray=1.0,
-        stray_from=0.02,
-        stray_for=0.2,
-        retry_after=False,
-    )
     first = MemoryLedger()
-    run = _traced_run(fault, first)
+    run = _traced_run(OUTAGE, first)
     assert run.finished
     assert run.tally.rate_limited <= 3
     assert run.ratio < 1.5
@@ -242,17 +243,9 @@ def test_under_profile_auto_a_reading_stricter_than_b_is_re_tested():
     """The outage under `--profile auto` (B here 10/2s): its reading, stricter
     than B, is no statement's word, so it is re-tested and forgotten (5.7 x
     the ideal when the statement kept it from being re-tested)."""
-    fault = Server(
-        LimiterKind.SLIDING,
-        GIVEN,
-        stray=1.0,
-        stray_from=0.02,
-        stray_for=0.2,
-        retry_after=False,
-    )
     run = simulate(
         client="30/2s",
-        server=fault,
+        server=OUTAGE,
         count=240,
         latency=LOOPBACK,
         network=Network(traced=True),
