@@ -251,8 +251,7 @@ class Pacer:
 
     def gate(self, key: LimitKey) -> tuple[Window, ...]:
         """The windows whose accepted record gates `key` (rule, given, re-test)."""
-        retest = self._retests.get(key)
-        tested = () if retest is None else retest.windows
+        tested = self._retests[key].windows if key in self._retests else ()
         return tuple({*self._rules[key].windows, *self._given[key].windows, *tested})
 
     def given(self, key: LimitKey) -> Rule:
@@ -294,9 +293,10 @@ class Pacer:
 
     def hold(self, key: LimitKey, until: float) -> None:
         """Grant no slot of `key` before `until`, as a server that says its budget
-        is spent until then asks; unlike a 429's cool-down, no probe follows."""
+        is spent until then asks (named by it: no lesson shortens it); unlike a
+        429's cool-down, no probe follows."""
         cooling = self._cooling[key]
-        cooling.until, cooling.asked = max(cooling.until, until), True  # named
+        cooling.until, cooling.asked = max(cooling.until, until), True
 
     def cooling(self, key: LimitKey) -> tuple[float, float]:
         """When the key's latest cool-down began, and when it ends (or ended)."""

@@ -137,7 +137,7 @@ class Lessons:
             self._learned(key, lesson, ruled_out=True)
 
     def retest(self, key: LimitKey) -> None:
-        """Re-test `key`'s lesson once it is due (`_doubt`) and no 429 episode
+        """Re-test `key`'s lesson once it is due (`_put_in_force`) and no 429 episode
         is pending: the key goes back to the lesson in force before it (or its
         given rule) with the lesson behind it, which a refusal just past it
         confirms and acceptances past it rule out, as a later run re-tests a
@@ -194,7 +194,7 @@ class Lessons:
         self._pacer.learn(key, lesson, kept=kept, keep=keep, confirms=retest)
         if lesson.trial:
             return  # a 429 in doubt: nothing learned yet
-        self._doubt(key, lesson)
+        self._put_in_force(key, lesson)
         self._emit(key, lesson)
 
     def _relax(self, key: LimitKey) -> None:
@@ -213,7 +213,7 @@ class Lessons:
         self._in_force.pop(key, None)
         self._pacer.forget(key, kept=tested is None or tested.lesson.confirmed)
 
-    def _doubt(self, key: LimitKey, lesson: Lesson) -> None:
+    def _put_in_force(self, key: LimitKey, lesson: Lesson) -> None:
         """Record `lesson` as in force, re-tested in this run after
         `retest.run_wait` (twice as long as the last re-test's wait if that was
         of the same rule: it was refused, or the server taught the rule again)
