@@ -104,6 +104,18 @@ SCENARIOS = (
         lambda: nginx_server(rate="15r/s", burst=10, nodelay=True),
         lambda _: oracle.LeakyBucket(15, 10, nodelay=True),
     ),
+    # Stricter than told and silent on when it has room: a bucket a third as
+    # fast, and a window half as long, as the rule's.
+    Scenario(
+        "nginx limit_req 5r/s burst=4 nodelay",
+        lambda: nginx_server(rate="5r/s", burst=4, nodelay=True),
+        lambda _: oracle.LeakyBucket(5, 4, nodelay=True),
+    ),
+    Scenario(
+        "5/1s limits moving window (a shorter window)",
+        _limits("5/1s", "moving-window"),
+        lambda _: oracle.SlidingLog([(5, 1000)]),
+    ),
     Scenario(
         "nginx limit_req 15r/s burst=10 (delay)",
         lambda: nginx_server(rate="15r/s", burst=10, nodelay=False),
