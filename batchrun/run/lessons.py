@@ -218,9 +218,12 @@ class Lessons:
         `retest.run_wait` (twice as long as the last re-test's wait if that was
         of the same rule: it was refused, or the server taught the rule again)
         unless the server stated it or a re-test cannot rule it out; none while
-        a safer reading stands behind it (`_behind`) or an earlier run's lesson
-        paces the key."""
-        if self._behind(key) or key in self._kept:
+        a safer reading that is not its own stands behind it (`_behind`) or an
+        earlier run's lesson paces the key. A reading with a safer one of its
+        own behind it is re-tested once that is settled (`retest`), on the
+        time it was first learned: the reading that settles it takes its place
+        (the lesson before both stays the base)."""
+        if (self._behind(key) and lesson.fallback is None) or key in self._kept:
             return
         held = self._in_force.get(key)
         tested = self._tested.pop(key, None)
@@ -233,6 +236,8 @@ class Lessons:
             again = tested is not None and tested.lesson.rule == lesson.rule
             wait = run_wait(given, tested.wait if tested and again else None)
             base = tested.base if tested and again else held
+            if held is not None and held.lesson.fallback is not None:
+                base = held.base  # a reading in doubt is no lesson to go back to
             stays = lesson.said or not testable(lesson, given)
             due = math.inf if stays else now + wait
             self._in_force[key] = _InForce(lesson, due, wait, base)

@@ -24,10 +24,6 @@ from batchrun.pacing.learning.readings import infer, latest_refusal
 # reading paces by one window per request of the burst's window.
 LEAK_MOST = 100
 
-# Behind a leaky bucket's reading with a burst, a shorter window's is tried next
-# only if the window reading would pace this many times slower (`leaky_lesson`).
-_WORTH = 3
-
 
 def counted_lesson(counter: counters.Counter, rule: Rule) -> Lesson:
     """`rule` with its shortest window's count lowered to `counter`'s: paced
@@ -123,13 +119,12 @@ def leaky_lesson(
     log: Sequence[Sent], rule: Rule, safe: Lesson, looser: Lesson | None
 ) -> Lesson | None:
     """`rule` read as a leaky bucket that drains at the rate of the rule's shortest
-    window, with the `safe` window reading to fall back to; with no burst, the
-    `looser` one (a shorter window) first, as the bucket, at the rule's rate, may
-    well be too fast. A Retry-After longer than one such drain is the drain of
-    a slower bucket (it has room again by then), which is read if it is faster
-    than `safe` (a window server asks for about its window). None if `rule`
-    already is such a reading (its refusal is `safe`), or if the bucket would
-    hold the window's whole count anyway.
+    window, with the `safe` window reading to fall back to, and the `looser` one
+    (a shorter window, faster than `safe`) before it. A Retry-After longer than
+    one such drain is the drain of a slower bucket (it has room again by then),
+    which is read if it is faster than `safe` (a window server asks for about
+    its window). None if `rule` already is such a reading (its refusal is
+    `safe`), or if the bucket would hold the window's whole count anyway.
 
     Its first request past the burst settles it: a window server refuses that
     one, for one 429; a bucket lets it through, and then keeps letting through
@@ -148,13 +143,9 @@ def leaky_lesson(
     burst = _burst(log, step, 2 * base.count)
     if burst + 1 >= base.count:
         return None
-    # Behind a burst, a shorter window is tried too if the window reading would
-    # be `_WORTH` times slower or more (10/10s read as 10/1m): it costs a 429 if
-    # wrong, as the bucket's own reading does.
-    worth = looser is not None and (
-        burst == 0 or _WORTH * looser.rule.interval <= safe.rule.interval
-    )
-    after = looser if looser is not None and worth else safe
+    # Behind the bucket, the shorter window, faster than the safe reading:
+    # each reading is tried fastest first, and a wrong one costs one 429.
+    after = safe if looser is None else looser
     then = "" if after is safe else f", then {safe.rule},"
     why = (
         f"{safe.evidence}: read as a leaky bucket that lets {burst + 1} through "
