@@ -16,7 +16,7 @@ from batchrun.pacing.learning.retest import (
     due,
     run_wait,
 )
-from batchrun.pacing.learning.storage import stored
+from batchrun.pacing.learning.storage import RECORD_SUFFIX, stored
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.store.paths import StatePaths
@@ -256,3 +256,38 @@ def test_under_profile_auto_a_reading_stricter_than_b_is_re_tested():
     )
     assert run.finished
     assert run.ratio < 1.5
+
+
+def test_a_re_tested_bucket_probes_one_request_past_its_burst():
+    """nginx `limit_req 15r/s burst=10` under 30/2s, silent: the first run
+    keeps its bucket reading on weak grounds, so the next run re-tests it,
+    paced by the given 30/2s. Past the bucket's burst its requests are probes
+    that go one at a time (the gate holds the bucket's windows, and the
+    record what it let through at once): one 429 confirms the bucket, not a
+    burst of refusals (8 to 20 before, with `--concurrency` 8)."""
+    bucket = Server(
+        LimiterKind.LEAKY, parse_rule("15/1s"), {"burst": 10}, retry_after=False
+    )
+    first = MemoryLedger()
+    ran = simulate(
+        client=GIVEN,
+        server=bucket,
+        ledger=first,
+        latency=LOOPBACK,
+        network=Network(traced=True),
+    )
+    assert ran.finished
+    assert interval(first) == 0.0  # due in the next run
+    second = rerun_from(first)
+    record = f"{KEY.value}{RECORD_SUFFIX}"
+    second.remember(record, first.recall(record) or "{}")
+    again = simulate(
+        client=GIVEN,
+        server=bucket,
+        ledger=second,
+        latency=LOOPBACK,
+        network=Network(traced=True),
+    )
+    assert again.finished
+    assert again.tally.rate_limited == 1
+    assert again.ratio <= 1.3
