@@ -796,16 +796,19 @@ def spaced(count: int, step: float, *, at: float, refused_last: bool) -> list[Se
 
 def test_a_retry_after_that_comes_early_keeps_the_rules_own_window_behind():
     """10 accepted in a burst at 0.1 s, refused with Retry-After 1 s: a 1 s sliding
-    window fits, and so does a fixed 2 s one resetting at 1.1 s. The 1 s window
-    is tried, with 10/2s, the safe reading, to fall back to (it was 10/1s alone,
-    twice the fixed window's count)."""
+    window fits, and so does a fixed 2 s one resetting at 1.1 s, and a bucket
+    (one drain, rounded up to whole seconds). Fastest first: the bucket, then
+    the 1 s window, with 10/2s, the safe reading, behind both (it was 10/1s
+    alone, twice the fixed window's count)."""
     learner = Learner()
     log = [*burst(10, 0, at=0.1), Sent(0.1, 0.11, True, wait=1.0)]
     logged(learner, log)
     lesson = reviewed(learner, "30/2s", 0.1, spread=False)
-    assert str(lesson.rule) == "10/1s+30/2s"
+    assert str(lesson.rule) == "30/2s, bursts of 10"
     assert lesson.fallback is not None
-    assert str(lesson.fallback.rule) == "10/2s"
+    assert str(lesson.fallback.rule) == "10/1s+30/2s"
+    assert lesson.fallback.fallback is not None
+    assert str(lesson.fallback.fallback.rule) == "10/2s"
 
 
 def reviewed(learner: Learner, rule: str, at: float, *, spread: bool = True) -> Lesson:
@@ -907,13 +910,13 @@ def test_a_quota_spaced_evenly_is_learned_as_its_longer_window():
     ("log", "reading", "safer"),
     [
         # One accepted, the next refused with Retry-After 2 s: a bucket with no
-        # burst (nginx `rate=30r/m`) drains one request in 2 s, and that window
-        # of one is tried first (the usual lengths would give one per second,
-        # refused, then one per minute).
+        # burst (nginx `rate=30r/m`) drains one request in 2 s: it is tried
+        # first, then that window of one (the usual lengths would give one per
+        # second, refused, then one per minute), then one per minute.
         pytest.param(
             [Sent(0.0, 0.01, False), Sent(0.0, 0.01, True, wait=2.0)],
+            "30/1m, bursts of 1",
             "1/2s+30/1m",
-            "1/1m",
             id="window-of-one",
         ),
         # 6 at once, the 7th refused with Retry-After 4 s: longer than one drain

@@ -207,7 +207,7 @@ def test_a_lesson_the_server_said_is_not_re_tested_within_the_run():
     strict = Server(LimiterKind.SLIDING, parse_rule("10/2s"))
     run = _traced_run(strict, MemoryLedger())
     assert run.tally.rate_limited == 2
-    assert run.ratio <= 1.05
+    assert run.ratio <= 1.07  # the bucket's refused test spent a slot
 
 
 def test_a_lesson_in_doubt_over_a_confirmed_one_goes_back_to_it():
@@ -233,13 +233,14 @@ def test_a_lesson_in_doubt_over_a_confirmed_one_goes_back_to_it():
 
 
 def test_a_window_the_server_said_stays_said_when_its_safer_reading_is_ruled_out():
-    """A 5/1s server with Retry-After: 5/1s is read with 5/2s behind it; once
-    acceptances rule 5/2s out, the reading is still the server's word, so the
-    run re-tests nothing (it paid two more 429s for re-tests before)."""
+    """A 5/1s server with Retry-After: a bucket (its rounded Retry-After fits
+    one drain) is tried first, for one 429, then 5/1s with 5/2s behind it;
+    once acceptances rule 5/2s out, the reading is still the server's word,
+    so the run re-tests nothing (it paid two more 429s for re-tests before)."""
     strict = Server(LimiterKind.SLIDING, parse_rule("5/1s"))
     run = simulate(client="30/2s", server=strict, count=120, seed=0)
-    assert run.tally.rate_limited == 1
-    assert run.ratio <= 1.05
+    assert run.tally.rate_limited == 2
+    assert run.ratio <= 1.07  # the bucket's refused test spent a slot
 
 
 def test_under_profile_auto_a_reading_stricter_than_b_is_re_tested():

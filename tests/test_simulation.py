@@ -186,8 +186,9 @@ def test_a_leaky_bucket_with_a_burst_is_paced_near_its_ideal(seed, retry_after):
     read as a leaky bucket after one 429, paced near its ideal (the client's own
     30/2s and the refused request, which it counts, cost the rest); a rerun from
     the ledger sends none and runs at the ideal. A Retry-After of one second (a
-    drain, rounded up) fits a 1 s window as a sliding window's: that reading,
-    which the bucket's burst and drain keep to, is as fast."""
+    drain, rounded up) fits a 1 s window as a sliding window's too, but the
+    bucket is faster and is tried first (the 1 s window was taken, and its
+    reruns, sending 12 at once, ran at 1.5 x over a traced loopback)."""
     server = Server(
         LimiterKind.LEAKY, parse_rule("15/1s"), {"burst": 10}, retry_after=retry_after
     )
@@ -199,8 +200,7 @@ def test_a_leaky_bucket_with_a_burst_is_paced_near_its_ideal(seed, retry_after):
     assert run.ratio <= 1.3
     kept = recalled(parse_rule("30/2s"), first.recall(KEY.value))
     assert kept is not None
-    reading = r"\d+/1s\+30/2s" if retry_after else r"30/2s, bursts of \d+"
-    assert re.fullmatch(reading, kept)
+    assert re.fullmatch(r"30/2s, bursts of \d+", kept)
     second = rerun_from(first)
     again = simulate(client="30/2s", server=server, seed=seed, ledger=second)
     # Without a Retry-After, one refusal and acceptances past the window behind
@@ -322,8 +322,9 @@ def test_fixed_and_weighted_counters_at_every_phase(kind, retry_after, phase):
     accepted once, at most 5 429s (a burst fits a bucket and 10/1s too, each
     tried first as faster, for one 429 each; 7 where it straddled a reset of a
     weighted counter that sends no Retry-After: each reading of a refusal
-    there is a trial until a second refusal; 2 at every phase against a
-    fixed window that sends Retry-After), and a rerun from the ledger sends
+    there is a trial until a second refusal; 3 at every phase against a
+    fixed window that sends Retry-After: its rounded Retry-After fits a bucket
+    too, tried first), and a rerun from the ledger sends
     at most one (a weakly confirmed lesson's re-test, or a weighted counter
     whose first run gave no sign it needed spacing; two against a weighted
     counter without Retry-After) and ends within 1.25 x the ideal under
@@ -337,12 +338,13 @@ def test_fixed_and_weighted_counters_at_every_phase(kind, retry_after, phase):
     ideal = eta(60, parse_rule("10/2s"), now=0.0)
     assert run.finished
     assert set(run.accepted.values()) == {1}
-    # With Retry-After, a fixed window's phase is read at the second refusal.
+    # With Retry-After, a fixed window's phase is read at the third refusal
+    # (the second is the test of a bucket, which the rounded Retry-After fits).
     told_fixed = retry_after and kind is LimiterKind.FIXED
     # A weighted counter without Retry-After whose first burst straddled a
     # reset: each reading there is a trial until a second refusal.
     straddled = kind is LimiterKind.WEIGHTED and not retry_after and phase == 9
-    assert run.tally.rate_limited <= (2 if told_fixed else 7 if straddled else 5)
+    assert run.tally.rate_limited <= (3 if told_fixed else 7 if straddled else 5)
     assert run.makespan <= 1.35 * ideal
     second = rerun_from(ledger)
     again = simulate(client="30/2s", server=server, seed=0, ledger=second)

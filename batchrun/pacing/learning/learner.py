@@ -259,8 +259,11 @@ class Learner:
         plain: bool = False,
     ) -> Lesson | None:
         """The window reading of the log (`infer`), or, unless `plain` or a
-        fallback stands, a faster one with it to fall back to: a shorter window
-        (`looser_lesson`) or a leaky bucket (`leaky_lesson`, not when `spread`)."""
+        fallback stands, the faster ones it also fits, fastest first, each with
+        the next to fall back to: a leaky bucket (`leaky_lesson`, not when
+        `spread`), then a shorter window (`looser_lesson`). A Retry-After that
+        a shorter window fits does not rule the bucket out: rounded up to
+        whole seconds, it fits a bucket's drain too."""
         windows = candidates(rule, time_scale=self._time_scale)
         # The rule's own windows first: the best guess at the server's time scale.
         own = sorted({w.seconds for w in rule.windows})
@@ -278,15 +281,10 @@ class Learner:
         lesson = infer(log.sent, rule, order, fit=Fit.FIXED)
         if lesson is None or safer is not None or plain:
             return lesson
-        # One faster reading at a time is tried, for at most one more 429;
-        # spaced evenly, no bucket's burst can be used.
+        # Each faster reading is tried for at most one more 429; spaced
+        # evenly, no bucket's burst can be used.
         looser = looser_lesson(log.sent, rule, lesson, shorter)
-        # A Retry-After that only the shorter window fits, read as a sliding
-        # window's, speaks for that reading (or a fixed window's reset):
-        # not for a bucket's.
-        told = infer(log.sent, rule, order)
-        said = looser is not None and told is not None and told.rule == looser.rule
-        leaky = None if spread or said else leaky_lesson(log.sent, rule, lesson, looser)
+        leaky = None if spread else leaky_lesson(log.sent, rule, lesson, looser)
         return leaky or looser or lesson
 
     def _spread_lesson(
