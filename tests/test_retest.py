@@ -40,12 +40,12 @@ OUTAGE = Server(
 )
 
 
-def _traced_run(server: Server, ledger: MemoryLedger) -> Simulated:
-    """240 jobs at 30/2s over a traced loopback, as the bench's stray row."""
+def _traced_run(server: Server, ledger: MemoryLedger, count: int = 240) -> Simulated:
+    """`count` jobs at 30/2s over a traced loopback, as the bench's stray row."""
     return simulate(
         client="30/2s",
         server=server,
-        count=240,
+        count=count,
         ledger=ledger,
         latency=LOOPBACK,
         network=Network(traced=True),
@@ -270,25 +270,12 @@ def test_a_re_tested_bucket_probes_one_request_past_its_burst():
         LimiterKind.LEAKY, parse_rule("15/1s"), {"burst": 10}, retry_after=False
     )
     first = MemoryLedger()
-    ran = simulate(
-        client=GIVEN,
-        server=bucket,
-        ledger=first,
-        latency=LOOPBACK,
-        network=Network(traced=True),
-    )
-    assert ran.finished
+    assert _traced_run(bucket, first, count=60).finished
     assert interval(first) == 0.0  # due in the next run
     second = rerun_from(first)
     record = f"{KEY.value}{RECORD_SUFFIX}"
     second.remember(record, first.recall(record) or "{}")
-    again = simulate(
-        client=GIVEN,
-        server=bucket,
-        ledger=second,
-        latency=LOOPBACK,
-        network=Network(traced=True),
-    )
+    again = _traced_run(bucket, second, count=60)
     assert again.finished
     assert again.tally.rate_limited == 1
     assert again.ratio <= 1.3
