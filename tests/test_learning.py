@@ -1074,3 +1074,16 @@ def test_a_stated_policy_is_kept_without_a_trial_standing_behind_the_rule():
     lessons.heed(key, Hints(policy=(Window(100, 60.0),)), None)
     kept = json.loads(ledger.recall(key.value) or "{}")
     assert kept["windows"] == [[30, 2.0], [100, 60.0]]
+
+
+def test_a_bucket_slower_than_the_shorter_window_is_not_tried_before_it():
+    """Under 30/1m, 6 spread over 6 s, then refused with Retry-After 4 s: a
+    bucket draining one per 4 s fits, and so does 6/10s, which allows one per
+    2 s: the faster window is tried first, the bucket dropped (it stood in
+    front of the window, which could then never be tried)."""
+    log = [Sent(n * 1.0, n * 1.0 + 0.01, False) for n in range(6)]
+    log.append(Sent(6.0, 6.01, True, wait=4.0))
+    lesson = settled_review(log, parse_rule("30/1m"))
+    assert lesson is not None
+    assert lesson.rule.burst is None
+    assert str(lesson.rule) == "6/10s+30/1m"

@@ -39,7 +39,7 @@ from batchrun.pacing.learning.storage import (
     stored,
 )
 from batchrun.pacing.ledger import Ledger
-from batchrun.pacing.slots import Grant, Wait, earliest_slot, paced, reach
+from batchrun.pacing.slots import Grant, Wait, earliest_slot, reach
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,8 +250,8 @@ class Pacer:
         self._retests[key] = rule
 
     def gate(self, key: LimitKey) -> tuple[Window, ...]:
-        """Windows whose record gates `key`: rule, given, re-test (bucket: `paced`)."""
-        tested = paced(self._retests[key]) if key in self._retests else ()
+        """The windows whose accepted record gates `key` (rule, given, re-test)."""
+        tested = self._retests[key].windows if key in self._retests else ()
         return tuple({*self._rules[key].windows, *self._given[key].windows, *tested})
 
     def given(self, key: LimitKey) -> Rule:
@@ -263,9 +263,9 @@ class Pacer:
         return self.learner.beyond(key, self.gate(key), self._clock.now())
 
     def keep_record(self, key: LimitKey) -> None:
-        """Keep what the server was seen to accept of `key` (a bucket's burst too:
-        `paced`) in the ledger as it grows: where a rerun or another process starts."""
-        record = self.learner.record(key, {*self.gate(key), *paced(self._rules[key])})
+        """Keep in the ledger what the server was seen to accept of `key`, when it
+        has grown: a rerun, or another process, starts from it."""
+        record = self.learner.record(key, self.gate(key))
         if record == self._kept_records.get(key):
             return
         self._kept_records[key] = record

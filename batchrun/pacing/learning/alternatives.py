@@ -144,7 +144,10 @@ def leaky_lesson(
     if burst + 1 >= base.count:
         return None
     # Behind the bucket, the shorter window, faster than the safe reading:
-    # each reading is tried fastest first, and a wrong one costs one 429.
+    # each reading is tried fastest first, and a wrong one costs one 429 (a
+    # bucket slower than the shorter window is not tried before it).
+    if looser is not None and Rule(windows, burst).interval > looser.rule.interval:
+        return None
     after = safe if looser is None else looser
     then = "" if after is safe else f", then {safe.rule},"
     why = (

@@ -10,7 +10,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from batchrun.core.limits import Rule, Window
-from batchrun.pacing.slots import paced
 
 # Requests older than the longest candidate window cannot bear on a lesson; past
 # this many the oldest are dropped, which keeps `infer` cheap (quadratic in it).
@@ -147,9 +146,8 @@ class KeyLog:
 
     def rearm(self, rule: Rule | None = None) -> None:
         """After a lesson the server's state is in doubt: what it was seen to accept
-        is kept only up to what `rule` (the lesson's) allows in each of its windows
-        (a bucket's: `slots.paced`, its burst at once among them)."""
-        counts = {} if rule is None else {w.seconds: w.count for w in paced(rule)}
+        is kept only up to what `rule` (the lesson's) allows in each of its windows."""
+        counts = {} if rule is None else {w.seconds: w.count for w in rule.windows}
         self.record = {
             seconds: min(count, self.proven(seconds))
             for seconds, count in counts.items()
