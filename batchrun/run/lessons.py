@@ -143,8 +143,10 @@ class Lessons:
         confirms and acceptances past it rule out, as a later run re-tests a
         kept lesson."""
         record = self._in_force.get(key)
+        if record is None:
+            return  # nothing of this run in force: the common case, per answer
         now = self._clock.now()
-        if record is None or now < record.due or self._behind(key):
+        if now < record.due or self._behind(key):
             return
         if self._learner.pending(key) or now < self._pacer.cooling(key)[1]:
             return

@@ -143,10 +143,11 @@ def leaky_lesson(
     burst = _burst(log, step, 2 * base.count)
     if burst + 1 >= base.count:
         return None
+    bucket = Rule(windows, burst)
     # Behind the bucket, the shorter window, faster than the safe reading:
     # each reading is tried fastest first, and a wrong one costs one 429 (a
     # bucket slower than the shorter window is not tried before it).
-    if looser is not None and Rule(windows, burst).interval > looser.rule.interval:
+    if looser is not None and bucket.interval > looser.rule.interval:
         return None
     after = safe if looser is None else looser
     then = "" if after is safe else f", then {safe.rule},"
@@ -154,7 +155,7 @@ def leaky_lesson(
         f"{safe.evidence}: read as a leaky bucket that lets {burst + 1} through "
         f"at once, then drains at {base}; {after.rule}{then} if refused again"
     )
-    return Lesson(Rule(windows, burst), why, fallback=after)
+    return Lesson(bucket, why, fallback=after)
 
 
 def _slower(rule: Rule, drain: float) -> tuple[Window, tuple[Window, ...]]:
