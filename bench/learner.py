@@ -129,6 +129,25 @@ def cases() -> list[Case]:
             quiet=right,
         )
     )
+    # A stricter server, and another consumer of the token for half the run.
+    shared = _server(
+        sliding,
+        "10/2s",
+        retry_after=False,
+        rival_every=0.5,
+        rival_from=6.0,
+        rival_for=30.0,
+    )
+    quiet = _server(sliding, "10/2s", retry_after=False)
+    rows.append(
+        Case(
+            "30/2s vs sliding 10/2s, no R-A, another consumer 4/2s for 30 s",
+            "30/2s",
+            shared,
+            240,
+            quiet=quiet,
+        )
+    )
     return rows
 
 

@@ -210,19 +210,18 @@ def test_a_lesson_the_server_said_is_not_re_tested_within_the_run():
     assert run.ratio <= 1.07  # the bucket's refused test spent a slot
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known regression since readings are tried fastest first: the chain "
-    "lowers to 9/2s and 8/2s during the other consumer, relaxes to 8/2s, which "
-    "`Fallback.ruled_out` ((n + 1) x COUNT within n x W) can never rule out "
-    "under a 10/2s server, and keeps it (the next run 1.15-1.33 x, was 1.07)",
-)
-def test_a_lesson_in_doubt_over_a_confirmed_one_goes_back_to_it():
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("traced", [True, False], ids=["traced", "untraced"])
+def test_a_lesson_in_doubt_over_a_confirmed_one_goes_back_to_it(traced, seed):
     """A 10/2s server without Retry-After, and another consumer of the token
-    from 6 s to 36 s: 10/2s is learned and confirmed by its re-test, then a
-    lower count while the consumer runs. Re-tested, that lower count is ruled
-    out back to 10/2s, not to the given 30/2s (which spiralled to 46 429s and
-    left the ledger empty), and 10/2s is what the ledger keeps."""
+    from 6 s to 36 s: 10/2s is learned and confirmed by its re-test, then
+    lower counts (9/2s, 8/2s, 6/2s, some spaced evenly) while the consumer
+    runs. Re-tested paced by the run's first lesson, each is ruled out back to
+    10/2s, not to the given 30/2s (which spiralled to 46 429s and left the
+    ledger empty), nor one level at a time (which kept 8/2s: no 10/2s server
+    can show acceptances past it paced by 9/2s within a run). 10/2s is what the
+    ledger keeps, paced as it was learned, not evenly (the next run took
+    1.11 x when spacing evenly stayed for good)."""
     strict = Server(
         LimiterKind.SLIDING,
         parse_rule("10/2s"),
@@ -232,10 +231,33 @@ def test_a_lesson_in_doubt_over_a_confirmed_one_goes_back_to_it():
         rival_for=30.0,
     )
     ledger = MemoryLedger()
-    run = simulate(client="30/2s", server=strict, count=240, ledger=ledger)
+    # Untraced: 5-50 ms answers, each request counted until its answer.
+    latency, network = (LOOPBACK if traced else (0.005, 0.05)), Network(traced=traced)
+    run = simulate(
+        client="30/2s",
+        server=strict,
+        count=240,
+        ledger=ledger,
+        seed=seed,
+        latency=latency,
+        network=network,
+    )
     assert run.finished
     assert run.tally.rate_limited <= 20
+    assert run.ratio <= 1.3
     assert recalled(GIVEN, ledger.recall(KEY.value)) == "10/2s"
+    quiet = Server(LimiterKind.SLIDING, parse_rule("10/2s"), retry_after=False)
+    then = simulate(
+        client="30/2s",
+        server=quiet,
+        count=120,
+        ledger=rerun_from(ledger),
+        seed=seed,
+        latency=latency,
+        network=network,
+    )
+    assert then.tally.rate_limited == 0
+    assert then.ratio <= 1.05
 
 
 def test_a_window_the_server_said_stays_said_when_its_safer_reading_is_ruled_out():

@@ -82,6 +82,7 @@ class Pacer:
         self._given = dict(rules)  # what lessons tighten, kept with them
         self._ledger = ledger
         self._clock = clock
+        self._pace = pace
         self._paces = dict.fromkeys(self._rules, pace)
         self._sink = sink
         # fast_acquire: an uncontended turn costs no trip through the event loop.
@@ -116,12 +117,7 @@ class Pacer:
                 await self._sleep(key, wait.until)
 
     def release(
-        self,
-        key: LimitKey,
-        ticket: int,
-        *,
-        sent: bool = True,
-        trip: Trip | None = None,
+        self, key: LimitKey, ticket: int, *, sent: bool = True, trip: Trip | None = None
     ) -> float:
         """Record the answer of a granted request, waking a sender waiting on it;
         `sent=False`: it never reached the server, and takes no room in the windows.
@@ -179,16 +175,18 @@ class Pacer:
         kept: Lesson | None = None,
         keep: bool = True,
         confirms: float | None = None,
+        back: bool = False,
     ) -> None:
-        """Pace `key` by the lesson's rule from now on (and evenly, if it says so),
-        and keep it (or `kept`, joined with a safer rule that still stands), with
+        """Pace `key` by the lesson's rule from now on (and evenly, if it says so;
+        `back` to a lesson before, or one a re-test confirmed: as it says), and
+        keep it (or `kept`, joined with a safer rule that still stands), with
         the safer reading it falls back to if it has one, in the ledger for later
         runs and other processes (`keep`); `confirms`: it confirms a lesson
         re-tested, kept with that interval (`retest.interval`)."""
         self._rules[key] = lesson.rule
         self._retests.pop(key, None)
-        if lesson.spread:
-            self._paces[key] = Pace.SPREAD
+        if lesson.spread or back:
+            self._paces[key] = Pace.SPREAD if lesson.spread else self._pace
         cooling = self._cooling[key]
         if not cooling.asked:
             # A backoff was a guess at when the server has room again; the rule
@@ -201,10 +199,9 @@ class Pacer:
                 slot = earliest_slot(usage, doubted.rule)
                 cooling.until = guess if slot is None else slot
         if keep:
-            kept = kept or lesson
-            # Spaced evenly once is spaced evenly for good, whatever comes after.
+            # Kept as paced now: spaced evenly until a lesson goes `back`.
             spread = self._paces[key] is Pace.SPREAD
-            kept = replace(kept, spread=spread, trial=False)
+            kept = replace(kept or lesson, spread=spread, trial=False)
             given, scale = self._given[key], self._time_scale
             later = interval(kept, given, scale, confirms=confirms)
             text = stored(
@@ -215,7 +212,7 @@ class Pacer:
     def forget(self, key: LimitKey, *, kept: bool = True) -> None:
         """Pace `key` by its given rule from now on, and forget what the ledger
         kept of it if `kept` (a re-test found the server no stricter)."""
-        self.learn(key, Lesson(self._given[key], ""), keep=False)
+        self.learn(key, Lesson(self._given[key], ""), keep=False, back=True)
         if kept:
             self._ledger.remember(key.value, "{}")
 

@@ -27,8 +27,16 @@ from batchrun.pacing.pacer import Pacer
 class _InForce:
     """A lesson a key is paced by in this run: when this run re-tests it
     (`math.inf`: never, the server stated it), the wait before that, and the
-    one in force before it (None: the given rule), which the key goes back to
-    if the re-test rules it out."""
+    run's first lesson, its root, which the key goes back to if the re-test
+    rules it out (None: this is the root, and the key goes back to its rule).
+
+    Lessons stand on the root, not on each other: each later one was learned
+    while something (another consumer, stray 429s) lowered the count, and
+    stepping back one level at a time cannot end within a run, since a rule
+    within a factor (n + 1) / n of the next cannot be ruled out in fewer than
+    n of its windows (`Fallback.ruled_out`). Paced by the root, a re-test rules
+    a lesson its cause has left out in a few windows, and a refusal past it
+    still costs one 429."""
 
     lesson: Lesson
     due: float
@@ -138,8 +146,8 @@ class Lessons:
 
     def retest(self, key: LimitKey) -> None:
         """Re-test `key`'s lesson once it is due (`_put_in_force`) and no 429 episode
-        is pending: the key goes back to the lesson in force before it (or its
-        given rule) with the lesson behind it, which a refusal just past it
+        is pending: the key goes back to the run's first lesson (`_InForce`; or
+        its given rule) with the lesson behind it, which a refusal just past it
         confirms and acceptances past it rule out, as a later run re-tests a
         kept lesson."""
         record = self._in_force.get(key)
@@ -172,8 +180,9 @@ class Lessons:
             self._emit(key, lesson)
             return
         if retest is not None and fallback is not None:
-            # Refused past it: the lesson stands as kept, confirmed again (an
-            # earlier run's is re-tested again by a later run, `retest.due`).
+            # Refused past it: the lesson stands as kept, its pace too,
+            # confirmed again (an earlier run's is re-tested again by a later
+            # run, `retest.due`).
             lesson = reconfirmed(fallback.reading, lesson)
             if key not in self._tested:
                 self._kept.add(key)
@@ -193,22 +202,24 @@ class Lessons:
         standing = None if lesson.fallback else self._fallback.get(key)
         kept = None if standing is None else standing.kept(lesson)
         keep = lesson.confirmed and not lesson.trial
-        self._pacer.learn(key, lesson, kept=kept, keep=keep, confirms=retest)
+        self._pacer.learn(
+            key, lesson, kept=kept, keep=keep, confirms=retest, back=retest is not None
+        )
         if lesson.trial:
             return  # a 429 in doubt: nothing learned yet
         self._put_in_force(key, lesson)
         self._emit(key, lesson)
 
     def _relax(self, key: LimitKey) -> None:
-        """A re-test found the server no stricter than the lesson in force
-        before (`_InForce.base`, re-tested in turn after its own wait) or the
-        given rule: pace by that again; the ledger forgets a lesson it kept
-        (one of this run that was never kept leaves it as it is: another
-        process may keep one)."""
+        """A re-test found the server no stricter than the run's first lesson
+        (`_InForce.base`, re-tested in turn after its own wait) or the given
+        rule: pace by that again, as it was learned (evenly or not); the ledger
+        forgets a lesson it kept (one of this run that was never kept leaves it
+        as it is: another process may keep one)."""
         tested = self._tested.pop(key, None)
         base = None if tested is None else tested.base
         if base is not None:
-            self._pacer.learn(key, base.lesson, keep=base.lesson.confirmed)
+            self._pacer.learn(key, base.lesson, keep=base.lesson.confirmed, back=True)
             due = base.due if math.isinf(base.due) else self._clock.now() + base.wait
             self._in_force[key] = replace(base, due=due)
             return
@@ -224,7 +235,7 @@ class Lessons:
         earlier run's lesson paces the key. A reading with a safer one of its
         own behind it is re-tested once that is settled (`retest`), on the
         time it was first learned: the reading that settles it takes its place
-        (the lesson before both stays the base)."""
+        (the root before both stays the base)."""
         if (self._behind(key) and lesson.fallback is None) or key in self._kept:
             return
         held = self._in_force.get(key)
@@ -233,13 +244,19 @@ class Lessons:
         if lesson.rule == given:
             self._in_force.pop(key, None)
         elif held is not None and held.lesson.rule == lesson.rule and tested is None:
-            self._in_force[key] = replace(held, lesson=lesson)  # its time runs on
+            # Its time runs on, and it stays paced as first learned: spacing
+            # evenly that came on top goes at its re-test (`Pacer.learn`'s
+            # `back`: confirmed, it stands as first learned).
+            first = replace(lesson, spread=held.lesson.spread)
+            self._in_force[key] = replace(held, lesson=first)
         else:
             again = tested is not None and tested.lesson.rule == lesson.rule
             wait = run_wait(given, tested.wait if tested and again else None)
             base = tested.base if tested and again else held
             if held is not None and held.lesson.fallback is not None:
                 base = held.base  # a reading in doubt is no lesson to go back to
+            if base is not None and base.base is not None:
+                base = base.base  # the run's first lesson: its root
             stays = lesson.said or not testable(lesson, given)
             due = math.inf if stays else now + wait
             self._in_force[key] = _InForce(lesson, due, wait, base)
