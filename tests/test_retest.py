@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 
@@ -232,30 +233,21 @@ def test_a_lesson_in_doubt_over_a_confirmed_one_goes_back_to_it(traced, seed):
     )
     ledger = MemoryLedger()
     # Untraced: 5-50 ms answers, each request counted until its answer.
-    latency, network = (LOOPBACK if traced else (0.005, 0.05)), Network(traced=traced)
-    run = simulate(
+    latency = LOOPBACK if traced else (0.005, 0.05)
+    client = functools.partial(
+        simulate,
         client="30/2s",
-        server=strict,
-        count=240,
-        ledger=ledger,
         seed=seed,
         latency=latency,
-        network=network,
+        network=Network(traced=traced),
     )
+    run = client(server=strict, count=240, ledger=ledger)
     assert run.finished
     assert run.tally.rate_limited <= 20
     assert run.ratio <= 1.3
     assert recalled(GIVEN, ledger.recall(KEY.value)) == "10/2s"
     quiet = Server(LimiterKind.SLIDING, parse_rule("10/2s"), retry_after=False)
-    then = simulate(
-        client="30/2s",
-        server=quiet,
-        count=120,
-        ledger=rerun_from(ledger),
-        seed=seed,
-        latency=latency,
-        network=network,
-    )
+    then = client(server=quiet, count=120, ledger=rerun_from(ledger))
     assert then.tally.rate_limited == 0
     assert then.ratio <= 1.05
 
