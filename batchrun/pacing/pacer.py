@@ -30,7 +30,7 @@ from batchrun.core.limits import LimitKey, Pace, Rule, Window
 from batchrun.pacing.arrival import ArrivalBound, Trip
 from batchrun.pacing.learning.learner import Learner
 from batchrun.pacing.learning.lessons import Lesson
-from batchrun.pacing.learning.retest import due, interval, testable
+from batchrun.pacing.learning.retest import due, interval, testable, under_way
 from batchrun.pacing.learning.storage import (
     RECORD_SUFFIX,
     accepted_record,
@@ -127,8 +127,7 @@ class Pacer:
 
         The answer of a half-open key's probe closes the circuit: the key sends at
         its rule again, unless the answer was a 429 and `cool_down` follows. A probe
-        that never reached the server proves nothing: another goes.
-        """
+        that never reached the server proves nothing: another goes."""
         now = self._clock.now()
         ends = now if trip is None else self._counts_until(key, trip, now)
         self._ledger.release(ticket, ends, sent=sent)
@@ -242,9 +241,14 @@ class Pacer:
 
     def retest(self, key: LimitKey, rule: Rule, base: Rule | None = None) -> None:
         """Pace `key` by `base` (its given rule if None) again, with `rule`, a
-        lesson in doubt, behind it: past it, a probe waits for every answer."""
+        lesson in doubt, behind it: past it, a probe waits for every answer. The
+        ledger's lesson is due until the server answers (`retest.under_way`)."""
         self._rules[key] = self._given[key] if base is None else base
         self._retests[key] = rule
+        text = self._ledger.recall(key.value)
+        text = under_way(text, rule, self._given[key], self._time_scale, wall_time())
+        if text is not None:
+            self._ledger.remember(key.value, text)
 
     def gate(self, key: LimitKey) -> tuple[Window, ...]:
         """The windows whose accepted record gates `key` (rule, given, re-test)."""
@@ -290,8 +294,7 @@ class Pacer:
 
     def hold(self, key: LimitKey, until: float) -> None:
         """Grant no slot of `key` before `until`, as a server that says its budget
-        is spent until then asks (named by it: no lesson shortens it); unlike a
-        429's cool-down, no probe follows."""
+        is spent until then asks (no lesson shortens it; no probe follows)."""
         cooling = self._cooling[key]
         cooling.until, cooling.asked = max(cooling.until, until), True
 

@@ -14,7 +14,9 @@ Within the run that learned it, a lesson the server did not confirm by its own
 word is re-tested `RUN_WINDOWS` of the given rule's longest window after it was
 learned, and each re-test it passes doubles the wait (`run_wait`): a lesson
 whose cause went away (stray 429s, another consumer that stopped) stops costing
-in the same run.
+in the same run. While a run re-tests a lesson the ledger keeps, the ledger has
+it due (`under_way`): a run that ends or is killed before the server answers
+leaves the test to the next run.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import replace
 
 from batchrun.core.limits import Rule
 from batchrun.pacing.learning.lessons import Lesson
-from batchrun.pacing.learning.storage import LEARNED
+from batchrun.pacing.learning.storage import LEARNED, recalled
 
 # A lesson confirmed by the server's own word is first re-tested this many of
 # the given rule's longest windows (unscaled) after, and each re-test it
@@ -97,3 +99,18 @@ def reconfirmed(kept: Lesson, refusal: Lesson) -> Lesson:
         why = why.split(": ", 1)[1]  # the date is the new confirmation's
     why = f"{why}; re-tested, refused again ({refusal.evidence})"
     return replace(kept, evidence=why, confirmed=True, strong=True, trial=False)
+
+
+def under_way(
+    text: str | None, rule: Rule, given: Rule, time_scale: float, now: float
+) -> str | None:
+    """`text`, the ledger's lesson, due at once while a run re-tests it (`rule`):
+    a run that ends or is killed before the server answers leaves the re-test
+    to the next run, not to the lesson's cadence. None: nothing to change (no
+    such lesson kept, or it is due already)."""
+    kept = recalled(given, text, time_scale=time_scale, now=now)
+    if kept is None or kept.rule != rule or due(text, now) is not None:
+        return None
+    fields = json.loads(text or "{}")
+    fields["retest"] = 0.0
+    return json.dumps(fields)
