@@ -20,6 +20,7 @@ from batchrun.core.clock import LoopClock
 from batchrun.core.events import RuleLearned
 from batchrun.core.limits import (
     LimitKey,
+    Pace,
     Profile,
     Rule,
     Window,
@@ -1074,6 +1075,27 @@ def test_a_stated_policy_is_kept_without_a_trial_standing_behind_the_rule():
     lessons.heed(key, Hints(policy=(Window(100, 60.0),)), None)
     kept = json.loads(ledger.recall(key.value) or "{}")
     assert kept["windows"] == [[30, 2.0], [100, 60.0]]
+
+
+def test_spacing_evenly_learned_settles_the_trial_it_answers():
+    """A lone refusal read as "space evenly" stands as a trial; the next
+    refusal's lesson, the first to space the same rule evenly, answers it, and
+    the trial goes. It stood for the rest of the run before (no count rules out
+    a reading of the rule's own window), and every lone 429 after it was set
+    aside: a 10/2s server that tightened to 8/2s for good in the middle of a
+    run cost 28 429s, with 10/2s kept, instead of 22, with 8/2s."""
+    key, clock = LimitKey.RUN_QUERY, FakeClock()
+    rule = parse_rule("10/2s")
+    pacer = Pacer(rules={key: rule}, ledger=MemoryLedger(), clock=clock)
+    lessons = Lessons(pacer=pacer, clock=clock, sink=ListSink(), fallback={})
+    why = "429s came although requests kept to the rule"
+    reading = Lesson(rule, why, spread=True)
+    doubt = Lesson(rule, f"a 429 in doubt: {why}", fallback=reading, trial=True)
+    lessons._learned(key, doubt)
+    assert lessons._fallback[key].trial
+    lessons._learned(key, reading)
+    assert key not in lessons._fallback
+    assert pacer.pace(key) is Pace.SPREAD
 
 
 def test_a_bucket_slower_than_the_shorter_window_is_not_tried_before_it():

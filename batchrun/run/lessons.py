@@ -27,8 +27,10 @@ from batchrun.pacing.pacer import Pacer
 class _InForce:
     """A lesson a key is paced by in this run: when this run re-tests it
     (`math.inf`: never, the server stated it), the wait before that, and the
-    run's first lesson, its root, which the key goes back to if the re-test
-    rules it out (None: this is the root, and the key goes back to its rule).
+    root: the run's earliest lesson still in force (a root ruled out, or a
+    reading in doubt, leaves the next lesson to be one), which the key goes
+    back to if the re-test rules it out (None: this is the root, and the key
+    goes back to its given rule).
 
     Lessons stand on the root, not on each other: each later one was learned
     while something (another consumer, stray 429s) lowered the count, and
@@ -166,14 +168,11 @@ class Lessons:
     def _learned(
         self, key: LimitKey, lesson: Lesson, *, ruled_out: bool = False
     ) -> None:
-        # A lesson settles a fallback, unless it is the first to only space the
-        # same rule evenly (the count is still in question): one that rules the
-        # fallback out drops it; any other (a tighter rule, a refusal past what
-        # the fallback allows, 429s that still come when spread) takes it.
+        # A lesson settles a fallback (`_settled`): one that rules the fallback
+        # out drops it; any other (a tighter rule, a refusal past what the
+        # fallback allows, 429s that still come when spread) takes it.
         given = self._pacer.rules[key]
-        spread = self._pacer.pace(key) is Pace.SPREAD
-        first_spread = lesson.spread and lesson.rule == given and not spread
-        fallback = None if first_spread else self._fallback.pop(key, None)
+        fallback = self._settled(key, lesson)
         retest = None if fallback is None else fallback.retest
         if retest is not None and ruled_out:
             self._relax(key)
@@ -209,6 +208,19 @@ class Lessons:
             return  # a 429 in doubt: nothing learned yet
         self._put_in_force(key, lesson)
         self._emit(key, lesson)
+
+    def _settled(self, key: LimitKey, lesson: Lesson) -> Fallback | None:
+        """The fallback `lesson` settles, taken off; None if it settles none:
+        it is the first to only space the same rule evenly while a safer
+        reading stands, whose count is still in question. (A trial is the
+        reading such a lesson answers: left standing, no count would ever rule
+        it out, and every lone 429 after it would be set aside.)"""
+        spread = self._pacer.pace(key) is Pace.SPREAD
+        same = lesson.rule == self._pacer.rules[key]
+        standing = self._fallback.get(key)
+        if lesson.spread and same and not spread and standing and not standing.trial:
+            return None
+        return self._fallback.pop(key, None)
 
     def _relax(self, key: LimitKey) -> None:
         """A re-test found the server no stricter than the run's first lesson
