@@ -233,8 +233,8 @@ class Pacer:
             again = due(text, now) if testable(lesson, given) else None
             if again is None:
                 self.learn(key, lesson, keep=False)
-            else:
-                self.retest(key, lesson.rule)
+            else:  # paced by the given rule already; the ledger has it due
+                self._retests[key] = lesson.rule
             self.learner.rearm(key.value, lesson.rule)
             found.append(Kept(key, lesson, again))
         return found
