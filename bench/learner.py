@@ -98,6 +98,21 @@ def cases() -> list[Case]:
                         quiet=server,
                     )
                 )
+        for kind, origins in ((sliding, (0.0,)), (fixed, (0.0, -0.7, -1.4))):
+            for origin in origins:
+                at = f" at {-origin:g}" if kind is fixed else ""
+                where = {"origin": origin} if kind is fixed else {}
+                counted = _server(
+                    kind, "10/2s", retry_after=told, count_refused=True, **where
+                )
+                rows.append(
+                    Case(
+                        f"30/2s vs {kind.value} 10/2s{at}, refused count, {ra}",
+                        "30/2s",
+                        counted,
+                        quiet=counted,
+                    )
+                )
         bucket = _server(leaky, "10/2s", retry_after=told, burst=4)
         rows.append(
             Case(f"30/2s vs leaky 5/s burst 4, {ra}", "30/2s", bucket, quiet=bucket)

@@ -82,6 +82,14 @@ def test_sliding_log_matches_its_definition(rule, times):
     replay(LimiterKind.SLIDING, rule, times, sliding_accepts(rule))
 
 
+@given(rules, arrivals)
+def test_sliding_log_counting_refused_matches_its_definition(rule, times):
+    """With count_refused (a Redis sorted set that adds before it counts), every
+    arrival counts in every (t - W, t], refused or not."""
+    accepts = sliding_accepts(rule)
+    replay(LimiterKind.SLIDING, rule, times, accepts, count_refused=True)
+
+
 @given(rules, arrivals, st.integers(0, 7).map(lambda k: k / 8))
 def test_fixed_window_matches_its_definition(rule, times, origin):
     """Fixed windows accept exactly when each aligned window counted < COUNT."""
@@ -254,6 +262,7 @@ def test_clients_and_keys_are_counted_apart():
     ("kind", "options", "policy"),
     [
         ("sliding", {}, "sliding log 10/2s"),
+        ("sliding", {"count_refused": True}, "sliding log 10/2s, refused count"),
         (
             "fixed",
             {"count_refused": True},

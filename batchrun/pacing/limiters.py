@@ -6,7 +6,8 @@ seconds until one would be (what the server puts in Retry-After). State is kept 
 client and key. The models, and their invariants:
 
 - `SlidingLog`: at most COUNT accepted arrivals in any half-open (t - W, t];
-  refused ones do not count (the sandbox's model).
+  refused ones do not count (the sandbox's model), unless `count_refused` (a Redis
+  sorted set that adds each arrival before it counts them).
 - `FixedWindow`: at most COUNT counted arrivals per window aligned to `origin` + k W;
   `count_refused` counts refused ones too (express-rate-limit's memory store).
 - `WeightedCounter`: refuses while previous window's count x (1 - elapsed
@@ -78,27 +79,30 @@ class Limiter(Protocol):
 
 @dataclass(slots=True, kw_only=True)
 class SlidingLog:
-    """At most COUNT accepted arrivals within any (t - W, t]; refused ones not counted.
+    """At most COUNT counted arrivals within any (t - W, t]: accepted ones, and with
+    `count_refused` refused ones too (a Redis sorted set that adds before it counts).
 
-    An accepted arrival at `a` counts while `a + W > t`, summed in floats as the
-    pacer sums its slots.
+    An arrival at `a` counts while `a + W > t`, summed in floats as the pacer sums
+    its slots.
     """
 
     rule: Rule
+    count_refused: bool = False
     _logs: defaultdict[tuple[str, str], deque[float]] = field(
         default_factory=lambda: defaultdict(deque), init=False, repr=False
     )
 
     @property
     def policy(self) -> str:
-        return f"sliding log {self.rule}"
+        refused = ", refused count" if self.count_refused else ""
+        return f"sliding log {self.rule}{refused}"
 
     def admit(self, client: str, key: str, now: float) -> float | None:
         log = self._logs[(client, key)]
         while log and log[0] + self.rule.longest <= now:
             log.popleft()
         wait = _sliding_wait(log, self.rule, now)
-        if wait is None:
+        if wait is None or self.count_refused:
             log.append(now)
         return wait
 
@@ -329,7 +333,8 @@ class LeakyBucket:
 def make_limiter(kind: str, rule: Rule, **options: Any) -> Limiter:
     """A server model of `kind` (a `LimiterKind` value) enforcing `rule`.
 
-    Options: `origin` (fixed, weighted), `count_refused` (fixed), `burst` (leaky).
+    Options: `origin` (fixed, weighted), `count_refused` (sliding, fixed), `burst`
+    (leaky).
     """
     models: dict[LimiterKind, Any] = {
         LimiterKind.SLIDING: SlidingLog,
