@@ -117,6 +117,11 @@ def cases() -> list[Case]:
         rows.append(
             Case(f"30/2s vs leaky 5/s burst 4, {ra}", "30/2s", bucket, quiet=bucket)
         )
+        # nginx `limit_req rate=15r/s burst=10`: the given rate, smaller bursts.
+        bursts = _server(leaky, "30/2s", retry_after=told, burst=10)
+        rows.append(
+            Case(f"30/2s vs leaky 15/s burst 10, {ra}", "30/2s", bursts, quiet=bursts)
+        )
     b_shaped = _server(sliding, "15/4s+60/20s")
     rows.append(
         Case("a 30/4s vs b 15/4s+60/20s", "30/4s", b_shaped, 120, quiet=b_shaped)

@@ -298,16 +298,29 @@ def summarize(
     }
 
 
+def _groups(reruns: int) -> tuple[tuple[tuple[str, Driver], ...], ...]:
+    """The driver groups, batchrun's with `reruns` reruns on the same state."""
+    first, *rest = DRIVERS
+    (name, run), again = first[0], first[1][1]
+    names = (
+        ["batchrun rerun"]
+        if reruns == 1
+        else [f"batchrun rerun {i + 1}" for i in range(reruns)]
+    )
+    return (((name, run), *[(n, again) for n in names]), *rest)
+
+
 def run_scenario(
     scenario: Scenario,
     timeout: float,
     say: Callable[[str], None],
     tools: list[str] | None = None,
+    reruns: int = 1,
 ) -> list[dict[str, Any]]:
     """Every driver group (or those with one of `tools`) against its own fresh
-    server of `scenario`."""
+    server of `scenario`; batchrun's reruns `reruns` times on the same state."""
     rows = []
-    for group in DRIVERS:
+    for group in _groups(reruns):
         if tools is not None and not any(tool in tools for tool, _ in group):
             continue
         with scenario.server() as server, TemporaryDirectory() as name:
@@ -336,12 +349,13 @@ def measure(
     say: Callable[[str], None],
     only: list[str] | None = None,
     tools: list[str] | None = None,
+    reruns: int = 1,
 ) -> list[dict[str, Any]]:
     """Every scenario (or those whose name holds one of `only`), one after another."""
     rows = []
     for scenario in SCENARIOS:
         if only is None or any(word in scenario.name for word in only):
-            rows += run_scenario(scenario, timeout, say, tools)
+            rows += run_scenario(scenario, timeout, say, tools, reruns)
     return rows
 
 
@@ -377,13 +391,16 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument(
         "--tool", nargs="+", help="only the driver groups with one of these tools"
     )
+    parser.add_argument(
+        "--reruns", type=int, default=1, help="batchrun's reruns on the same state"
+    )
     parser.add_argument("--out", type=Path, help="also write the rows as JSON here")
     return parser.parse_args()
 
 
 def main() -> None:
     args = _arguments()
-    rows = measure(args.timeout, say, args.scenario, args.tool)
+    rows = measure(args.timeout, say, args.scenario, args.tool, args.reruns)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
     print(table(rows))

@@ -9,7 +9,10 @@ import time
 import pytest
 
 from batchrun.core.limits import Rule, parse_rule
+from batchrun.pacing.learning.evidence import Weight, weighed
 from batchrun.pacing.learning.lessons import Lesson
+from batchrun.pacing.learning.log import Sent
+from batchrun.pacing.learning.readings import went_past
 from batchrun.pacing.learning.retest import (
     RETEST_WINDOWS,
     RUN_WINDOWS,
@@ -18,7 +21,7 @@ from batchrun.pacing.learning.retest import (
     run_wait,
     under_way,
 )
-from batchrun.pacing.learning.storage import stored
+from batchrun.pacing.learning.storage import RECORD_SUFFIX, stored
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.pacer import Pacer
@@ -321,3 +324,59 @@ def test_under_profile_auto_a_reading_stricter_than_b_is_re_tested():
     )
     assert run.finished
     assert run.ratio < 1.5
+
+
+def test_a_burst_past_a_bucket_under_re_test_is_its_refusal_not_noise():
+    """A kept leaky bucket (30/2s, bursts of 11) re-tested: the given rule lets
+    a burst go, and the server refuses the 12th within one drain. The bucket's
+    own windows (`slots.paced`) explain that, so it is the re-test's refusal;
+    read against 30/2s alone it was noise, and the run went on bursting."""
+    bucket = Rule(parse_rule("30/2s").windows, 10)
+    log = [Sent(0.0, 0.008, False) for _ in range(11)]
+    log += [Sent(0.0, 0.012, True) for _ in range(7)]
+    assert went_past(log, bucket)
+    assert not went_past(log, GIVEN)
+    lesson = Lesson(GIVEN, "a request was refused again")
+    assert weighed(log, lesson, bucket, stated=True) is Weight.EVIDENCE
+    assert weighed(log, lesson, GIVEN, stated=True) is Weight.NOISE
+
+
+def _next_run(ledger: MemoryLedger) -> MemoryLedger:
+    """What a later run finds in the ledger: the lesson and the accepted record."""
+    later = MemoryLedger()
+    for name in (KEY.value, f"{KEY.value}{RECORD_SUFFIX}"):
+        text = ledger.recall(name)
+        if text is not None:
+            later.remember(name, text)
+    return later
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_bucket_kept_weakly_is_confirmed_by_the_next_run_and_left_alone_after(seed):
+    """nginx's `limit_req rate=15r/s burst=10` without Retry-After, told 30/2s:
+    the first run reads the bucket on weak grounds, so the next run re-tests
+    it; the refused burst confirms it, kept whole (its burst too) until the
+    base interval, and the run after sends no 429. (Seed 0 read the refused
+    burst as noise, then as "counts in another way", and kept 30/2s spaced
+    evenly: every later run 1.3 x.)"""
+    nginx = Server(LimiterKind.LEAKY, GIVEN, {"burst": 10}, retry_after=False)
+    client = functools.partial(
+        simulate,
+        client=GIVEN,
+        server=nginx,
+        seed=seed,
+        latency=LOOPBACK,
+        network=Network(traced=True),
+    )
+    first = MemoryLedger()
+    client(ledger=first)
+    assert recalled(GIVEN, first.recall(KEY.value)) == "30/2s, bursts of 11"
+    assert interval(first) == 0.0  # weak: the next run re-tests it
+    second = _next_run(first)
+    again = client(ledger=second)
+    assert again.tally.rate_limited <= 8
+    assert recalled(GIVEN, second.recall(KEY.value)) == "30/2s, bursts of 11"
+    assert interval(second) == BASE
+    third = client(ledger=_next_run(second))
+    assert third.tally.rate_limited == 0
+    assert third.ratio <= 1.05

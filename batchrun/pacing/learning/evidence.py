@@ -38,6 +38,7 @@ from batchrun.pacing.learning.alternatives import aligned_counter
 from batchrun.pacing.learning.lessons import Lesson, adopt
 from batchrun.pacing.learning.log import Sent, arrived, with_answers
 from batchrun.pacing.learning.readings import Fit, agrees, bounds
+from batchrun.pacing.slots import paced
 
 # How many windows of the record around a refusal bear on it ("not long
 # before"): the span `counters.read` replays too.
@@ -222,14 +223,17 @@ def _news(windows: Iterable[Window], given: Rule | None) -> list[Window]:
 
 def _windows(lesson: Lesson, safer: Rule | None) -> list[Window]:
     """The windows a reading may be in: those of `lesson`, of `lesson` joined
-    with `safer` (what the key is paced by if the fallback is taken), and of
-    the safer lessons behind it."""
+    with `safer` (what the key is paced by if the fallback is taken), of a
+    leaky bucket's `safer` (its burst and drain, `slots.paced`), and of the
+    safer lessons behind it."""
     joined = None if safer is None else adopt(lesson.rule, safer.windows, "")
-    found = list(lesson.rule.windows)
+    found = list(paced(lesson.rule))
     if joined is not None:
         found.extend(w for w in joined.rule.windows if w not in found)
+    if safer is not None and safer.burst is not None:
+        found.extend(w for w in paced(safer) if w not in found)
     behind = lesson.fallback
     while behind is not None:
-        found.extend(behind.rule.windows)
+        found.extend(paced(behind.rule))
         behind = behind.fallback
     return found

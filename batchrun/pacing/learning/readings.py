@@ -12,7 +12,7 @@ from enum import Enum
 from batchrun.core.limits import Rule, Window
 from batchrun.pacing.learning.lessons import Lesson, tightened
 from batchrun.pacing.learning.log import Sent, arrived, count_within, with_answers
-from batchrun.pacing.slots import spread_interval
+from batchrun.pacing.slots import paced, spread_interval
 
 # A window longer than the rule's shortest is learned as a quota only when it
 # counts at least this many times the shortest window's count (`infer`).
@@ -134,13 +134,14 @@ def latest_refusal(log: Sequence[Sent]) -> tuple[float, list[float]] | None:
 
 def went_past(log: Sequence[Sent], rule: Rule) -> bool:
     """Whether the latest refusal in `log` came when as many accepted requests as
-    some window of `rule` allows were already within it."""
+    some window of `rule` allows were already within it; for a leaky bucket's
+    reading, the windows it is paced by (`slots.paced`: its burst and drain)."""
     latest = latest_refusal(log)
     if latest is None:
         return False
     refusal, arrivals = latest
     return any(
-        count_within(arrivals, refusal, w.seconds) >= w.count for w in rule.windows
+        count_within(arrivals, refusal, w.seconds) >= w.count for w in paced(rule)
     )
 
 
