@@ -107,7 +107,7 @@ BENCH = [
     ],
     ["script_pyrate", "script_limits", "script_aiolimiter", "script_sleep"],
     ["slowapi_server"],
-    ["drivers", "spread", "ledgers", "overhead", "script_cases"],
+    ["drivers", "spread", "ledgers", "overhead", "script_cases", "chains"],
     ["pacing", "throughput", "stricter", "against_scripts", "arrival"],
     ["bigfile"],
     ["startup"],

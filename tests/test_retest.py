@@ -339,6 +339,11 @@ def test_a_burst_past_a_bucket_under_re_test_is_its_refusal_not_noise():
     lesson = Lesson(GIVEN, "a request was refused again")
     assert weighed(log, lesson, bucket, stated=True) is Weight.EVIDENCE
     assert weighed(log, lesson, GIVEN, stated=True) is Weight.NOISE
+    # A server that is no bucket any more lets the burst through; a stray
+    # after 19 accepted within the drain is no refusal of bursts of 11.
+    stray = [Sent(0.0, 0.008, False) for _ in range(19)]
+    stray += [Sent(0.0, 0.012, True)]
+    assert weighed(stray, lesson, bucket, stated=True) is Weight.NOISE
 
 
 def _next_run(ledger: MemoryLedger) -> MemoryLedger:

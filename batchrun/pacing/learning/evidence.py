@@ -37,8 +37,7 @@ from batchrun.core.limits import Rule, Window
 from batchrun.pacing.learning.alternatives import aligned_counter
 from batchrun.pacing.learning.lessons import Lesson, adopt
 from batchrun.pacing.learning.log import Sent, arrived, with_answers
-from batchrun.pacing.learning.readings import Fit, agrees, bounds
-from batchrun.pacing.slots import paced
+from batchrun.pacing.learning.readings import Fit, agrees, bounds, burst_window
 
 # How many windows of the record around a refusal bear on it ("not long
 # before"): the span `counters.read` replays too.
@@ -73,10 +72,13 @@ def weighed(
     if latest is None:
         return Weight.NOISE
     windows = _windows(lesson, safer)
+    bursts = _bursts(lesson, safer)
     quota = [Window(len(answered), seconds) for seconds in longer]
 
     def reads(refusals: list[Sent]) -> bool:
-        return explained(answered, refusals, windows)
+        return explained(answered, refusals, windows) or explained(
+            answered, refusals, bursts, counters=False
+        )
 
     def spans(refusals: list[Sent]) -> bool:
         return _slides(answered, refusals, quota)
@@ -161,16 +163,22 @@ def newest_refusal(log: Sequence[Sent]) -> Sent | None:
 
 
 def explained(
-    log: Sequence[Sent], refusals: Sequence[Sent], windows: Iterable[Window]
+    log: Sequence[Sent],
+    refusals: Sequence[Sent],
+    windows: Iterable[Window],
+    *,
+    counters: bool = True,
 ) -> bool:
     """Whether one reading of one of `windows` explains every one of `refusals`
-    and the acceptances of `log` around them: one sliding count per W, or an
-    aligned counter of W at a count no higher than the window's."""
+    and the acceptances of `log` around them: one sliding count per W, or (if
+    `counters`) an aligned counter of W at a count no higher than the window's."""
     for window in windows:
         kept = _around(log, refusals, window.seconds)
         most, least = bounds(kept, window.seconds, fit=Fit.NONE)
         if least <= window.count <= most:
             return True  # a sliding window of the reading's count
+        if not counters:
+            continue
         counter = aligned_counter(kept, Rule((window,)), leeway=False)
         if counter is not None and counter.window == window:
             return True  # an aligned counter of it
@@ -221,19 +229,29 @@ def _news(windows: Iterable[Window], given: Rule | None) -> list[Window]:
     return [w for w in windows if given is None or w not in given.windows]
 
 
-def _windows(lesson: Lesson, safer: Rule | None) -> list[Window]:
-    """The windows a reading may be in: those of `lesson`, of `lesson` joined
-    with `safer` (what the key is paced by if the fallback is taken), of a
-    leaky bucket's `safer` (its burst and drain, `slots.paced`), and of the
-    safer lessons behind it."""
-    joined = None if safer is None else adopt(lesson.rule, safer.windows, "")
-    found = list(paced(lesson.rule))
-    if joined is not None:
-        found.extend(w for w in joined.rule.windows if w not in found)
-    if safer is not None and safer.burst is not None:
-        found.extend(w for w in paced(safer) if w not in found)
+def _bursts(lesson: Lesson, safer: Rule | None) -> list[Window]:
+    """The bursts of the leaky buckets among `lesson`, `safer` and the lessons
+    behind `lesson`, as windows (`burst_window`: B + 1 within one drain). A
+    bucket drains continuously: only a sliding count reads it, never an
+    aligned counter; and its burst is not a window a Retry-After can fit."""
+    rules = [lesson.rule, *([] if safer is None else [safer])]
     behind = lesson.fallback
     while behind is not None:
-        found.extend(paced(behind.rule))
+        rules.append(behind.rule)
+        behind = behind.fallback
+    return [w for w in map(burst_window, rules) if w is not None]
+
+
+def _windows(lesson: Lesson, safer: Rule | None) -> list[Window]:
+    """The windows a reading may be in: those of `lesson`, of `lesson` joined
+    with `safer` (what the key is paced by if the fallback is taken), and of
+    the safer lessons behind it."""
+    joined = None if safer is None else adopt(lesson.rule, safer.windows, "")
+    found = list(lesson.rule.windows)
+    if joined is not None:
+        found.extend(w for w in joined.rule.windows if w not in found)
+    behind = lesson.fallback
+    while behind is not None:
+        found.extend(behind.rule.windows)
         behind = behind.fallback
     return found

@@ -134,15 +134,22 @@ def latest_refusal(log: Sequence[Sent]) -> tuple[float, list[float]] | None:
 
 def went_past(log: Sequence[Sent], rule: Rule) -> bool:
     """Whether the latest refusal in `log` came when as many accepted requests as
-    some window of `rule` allows were already within it; for a leaky bucket's
-    reading, the windows it is paced by (`slots.paced`: its burst and drain)."""
+    some window of `rule` allows (or its burst, `burst_window`) were already
+    within it."""
     latest = latest_refusal(log)
     if latest is None:
         return False
     refusal, arrivals = latest
-    return any(
-        count_within(arrivals, refusal, w.seconds) >= w.count for w in paced(rule)
-    )
+    burst = burst_window(rule)
+    windows = rule.windows if burst is None else (*rule.windows, burst)
+    return any(count_within(arrivals, refusal, w.seconds) >= w.count for w in windows)
+
+
+def burst_window(rule: Rule) -> Window | None:
+    """A leaky bucket reading's burst as a window: B + 1 within one drain (the
+    first of the windows it is paced by, `slots.paced`); None for a rule with
+    no burst."""
+    return None if rule.burst is None else paced(rule)[0]
 
 
 def heard_windows(log: Sequence[Sent], rule: Rule) -> list[float]:
