@@ -21,13 +21,14 @@ from batchrun.pacing.learning.retest import (
     run_wait,
     under_way,
 )
-from batchrun.pacing.learning.storage import RECORD_SUFFIX, stored
+from batchrun.pacing.learning.storage import stored
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.pacer import Pacer
 from batchrun.store.paths import StatePaths
 from tests.simulation import KEY, Network, Server, Simulated, simulate
 from tests.test_arrival import FakeClock
+from tests.test_noise import rerun
 from tests.test_overview import LEARNED, cli, learned_ledger
 from tests.test_simulation import recalled, rerun_from
 
@@ -84,7 +85,7 @@ def test_stray_429s_leave_no_lesson():
     assert first.recall(KEY.value) is None
 
 
-def test_a_weak_lesson_the_server_lets_through_is_forgotten_by_the_next_run():
+def test_a_weak_lesson_the_server_lets_through_is_forgotten_by_thererun():
     """A bucket kept on weak grounds (as a stray could leave) is due in the
     next run, which the quiet server lets through: forgotten, at full speed."""
     bucket = Lesson(Rule(GIVEN.windows, 6), "a bucket read from a stray", strong=False)
@@ -113,7 +114,7 @@ def test_a_lesson_is_due_in_the_ledger_while_a_run_re_tests_it():
     assert under_way(None, strong.rule, GIVEN, 1.0, now) is None
 
 
-def test_a_run_that_ends_during_a_re_test_leaves_it_to_the_next_run():
+def test_a_run_that_ends_during_a_re_test_leaves_it_to_thererun():
     """A lesson of this run kept strong (64 windows to its next re-test) and
     re-tested in the run (`Pacer.retest`): until the server answers, the ledger
     has it due, so a run that ends or is killed first leaves the test to the
@@ -132,7 +133,7 @@ def test_a_run_that_ends_during_a_re_test_leaves_it_to_the_next_run():
     assert str(later.rules[KEY]) == "30/2s"
 
 
-def test_a_lesson_the_server_said_is_not_due_in_the_next_run():
+def test_a_lesson_the_server_said_is_not_due_in_thererun():
     """A Retry-After that fits 10/2s confirms it by the server's own word: first
     re-tested after the base interval, so the next run sends no 429."""
     strict = Server(LimiterKind.SLIDING, parse_rule("10/2s"))
@@ -346,16 +347,6 @@ def test_a_burst_past_a_bucket_under_re_test_is_its_refusal_not_noise():
     assert weighed(stray, lesson, bucket, stated=True) is Weight.NOISE
 
 
-def _next_run(ledger: MemoryLedger) -> MemoryLedger:
-    """What a later run finds in the ledger: the lesson and the accepted record."""
-    later = MemoryLedger()
-    for name in (KEY.value, f"{KEY.value}{RECORD_SUFFIX}"):
-        text = ledger.recall(name)
-        if text is not None:
-            later.remember(name, text)
-    return later
-
-
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_bucket_kept_weakly_is_confirmed_by_the_next_run_and_left_alone_after(seed):
     """nginx's `limit_req rate=15r/s burst=10` without Retry-After, told 30/2s:
@@ -377,11 +368,11 @@ def test_a_bucket_kept_weakly_is_confirmed_by_the_next_run_and_left_alone_after(
     client(ledger=first)
     assert recalled(GIVEN, first.recall(KEY.value)) == "30/2s, bursts of 11"
     assert interval(first) == 0.0  # weak: the next run re-tests it
-    second = _next_run(first)
+    second = rerun(first)
     again = client(ledger=second)
     assert again.tally.rate_limited <= 8
     assert recalled(GIVEN, second.recall(KEY.value)) == "30/2s, bursts of 11"
     assert interval(second) == BASE
-    third = client(ledger=_next_run(second))
+    third = client(ledger=rerun(second))
     assert third.tally.rate_limited == 0
     assert third.ratio <= 1.05
