@@ -85,7 +85,7 @@ def test_stray_429s_leave_no_lesson():
     assert first.recall(KEY.value) is None
 
 
-def test_a_weak_lesson_the_server_lets_through_is_forgotten_by_thererun():
+def test_a_weak_lesson_the_server_lets_through_is_forgotten_by_the_next_run():
     """A bucket kept on weak grounds (as a stray could leave) is due in the
     next run, which the quiet server lets through: forgotten, at full speed."""
     bucket = Lesson(Rule(GIVEN.windows, 6), "a bucket read from a stray", strong=False)
@@ -114,7 +114,7 @@ def test_a_lesson_is_due_in_the_ledger_while_a_run_re_tests_it():
     assert under_way(None, strong.rule, GIVEN, 1.0, now) is None
 
 
-def test_a_run_that_ends_during_a_re_test_leaves_it_to_thererun():
+def test_a_run_that_ends_during_a_re_test_leaves_it_to_the_next_run():
     """A lesson of this run kept strong (64 windows to its next re-test) and
     re-tested in the run (`Pacer.retest`): until the server answers, the ledger
     has it due, so a run that ends or is killed first leaves the test to the
@@ -133,7 +133,7 @@ def test_a_run_that_ends_during_a_re_test_leaves_it_to_thererun():
     assert str(later.rules[KEY]) == "30/2s"
 
 
-def test_a_lesson_the_server_said_is_not_due_in_thererun():
+def test_a_lesson_the_server_said_is_not_due_in_the_next_run():
     """A Retry-After that fits 10/2s confirms it by the server's own word: first
     re-tested after the base interval, so the next run sends no 429."""
     strict = Server(LimiterKind.SLIDING, parse_rule("10/2s"))
@@ -330,8 +330,9 @@ def test_under_profile_auto_a_reading_stricter_than_b_is_re_tested():
 def test_a_burst_past_a_bucket_under_re_test_is_its_refusal_not_noise():
     """A kept leaky bucket (30/2s, bursts of 11) re-tested: the given rule lets
     a burst go, and the server refuses the 12th within one drain. The bucket's
-    own windows (`slots.paced`) explain that, so it is the re-test's refusal;
-    read against 30/2s alone it was noise, and the run went on bursting."""
+    burst as a window (`readings.burst_window`) explains that, so it is the
+    re-test's refusal; read against 30/2s alone it was noise, and the run went
+    on bursting."""
     bucket = Rule(parse_rule("30/2s").windows, 10)
     log = [Sent(0.0, 0.008, False) for _ in range(11)]
     log += [Sent(0.0, 0.012, True) for _ in range(7)]

@@ -234,12 +234,18 @@ def _bursts(lesson: Lesson, safer: Rule | None) -> list[Window]:
     behind `lesson`, as windows (`burst_window`: B + 1 within one drain). A
     bucket drains continuously: only a sliding count reads it, never an
     aligned counter; and its burst is not a window a Retry-After can fit."""
-    rules = [lesson.rule, *([] if safer is None else [safer])]
+    rules = [lesson.rule, *([] if safer is None else [safer]), *_behind(lesson)]
+    return [w for w in map(burst_window, rules) if w is not None]
+
+
+def _behind(lesson: Lesson) -> list[Rule]:
+    """The rules of the safer lessons behind `lesson`, nearest first."""
+    rules = []
     behind = lesson.fallback
     while behind is not None:
         rules.append(behind.rule)
         behind = behind.fallback
-    return [w for w in map(burst_window, rules) if w is not None]
+    return rules
 
 
 def _windows(lesson: Lesson, safer: Rule | None) -> list[Window]:
@@ -250,8 +256,6 @@ def _windows(lesson: Lesson, safer: Rule | None) -> list[Window]:
     found = list(lesson.rule.windows)
     if joined is not None:
         found.extend(w for w in joined.rule.windows if w not in found)
-    behind = lesson.fallback
-    while behind is not None:
-        found.extend(behind.rule.windows)
-        behind = behind.fallback
+    for rule in _behind(lesson):
+        found.extend(rule.windows)
     return found
