@@ -124,11 +124,15 @@ class Network:
     seconds between an accepted request's arrival and its answer (a 429 is
     answered at once), and, with `traced`, a transport that says when each
     request left and measures a round trip on each of `connections` new
-    connections (httpx's trace), so the arrival bound applies."""
+    connections (httpx's trace), so the arrival bound applies. `queue`: a busy
+    server, where a share `queued` of the requests waits up to that long (a
+    uniform draw) after it arrives before the limiter counts it."""
 
     work: float = 0.0
     traced: bool = False
     connections: int = 8
+    queue: float = 0.0
+    queued: float = 1.0
 
 
 class _Server:
@@ -157,6 +161,8 @@ class _Server:
         trip = self._rng.uniform(*self._latency)
         out = trip * self._rng.random()
         await anyio.sleep(out)
+        if self._network.queue > 0 and self._rng.random() < self._network.queued:
+            await anyio.sleep(self._rng.uniform(0.0, self._network.queue))
         at = anyio.current_time() - self._start
         wait = self._limiter.admit("client", job.key, at)
         stray = wait is None and self._stray(at)

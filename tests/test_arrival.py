@@ -1,5 +1,5 @@
-"""The arrival bound: how late a request can have reached the server, from the
-network's round trips alone (`pacing.arrival`), and what the pacer does with it."""
+"""The arrival bound: how late a request can have been counted by the server, its
+answer less the key's floor (`pacing.arrival`), and what the pacer does with it."""
 
 from __future__ import annotations
 
@@ -45,15 +45,67 @@ def test_nothing_seen_means_no_bound():
     """Without a round trip seen there is no bound: a request counts until its
     answer, as it always did."""
     bound = ArrivalBound()
-    assert (bound.bound, bound.latest(10.0)) == (None, None)
+    trip = Trip(written=9.9, accepted=True)
+    assert (bound.bound, bound.counted_by("k", trip, 10.0)) == (None, 10.0)
+    assert bound.floor("k") is None
 
 
 def test_a_connect_trace_sets_the_bound_as_tcp_does():
-    """The first round trip R gives RFC 6298's first timeout, R + 4 * R/2 = 3R."""
+    """The first round trip R gives RFC 6298's first timeout, R + 4 * R/2 = 3R.
+    A key's first exchange counts until its answer (it may have waited alone,
+    a server waking up); it is the floor of the next: that exchange less 3R."""
     bound = ArrivalBound()
-    bound.observe(Trip(written=1.0, round_trip=0.010), answered=1.2)
+    trip = Trip(written=1.0, round_trip=0.010, accepted=True)
+    bound.observe(trip, answered=1.2)
     assert bound.bound == pytest.approx(0.030)
-    assert bound.latest(5.0) == pytest.approx(5.030)
+    assert bound.counted_by("k", trip, 1.2) == 1.2
+    assert bound.floor("k") == pytest.approx(0.170)
+    again = Trip(written=2.0, accepted=True)
+    assert bound.counted_by("k", again, 2.2) == pytest.approx(2.030)
+
+
+def test_a_request_that_waited_before_its_count_counts_that_much_longer():
+    """A busy server: a request waits 50 ms before its limiter counts it, then
+    works 100 ms like the others. Its answer comes 50 ms later, and so does the
+    moment it counts until: never before the count (the network's bound alone,
+    its send plus D, would have been 50 ms too soon)."""
+    bound = ArrivalBound()
+    bound.observe(Trip(written=0.0, round_trip=0.002), answered=0.102)
+    bound.counted_by("k", Trip(written=0.0, accepted=True), 0.102)  # no queue
+    assert bound.bound is not None
+    counted = 1.0 + 0.001 + 0.050  # its way out, then the queue
+    by = bound.counted_by("k", Trip(written=1.0, accepted=True), counted + 0.101)
+    assert counted <= by < counted + 0.101
+    assert by > 1.0 + bound.bound + 0.049
+
+
+def test_the_floor_allows_for_how_much_the_exchanges_vary():
+    """Four mean deviations of a key's exchange times (RFC 6298's estimator,
+    from none at the first) are taken off its floor: what a queue may have
+    hidden even in the quickest exchange."""
+    bound = ArrivalBound()
+    bound.observe(Trip(written=0.0, round_trip=0.002), answered=0.1)
+    d = bound.bound
+    assert d is not None
+    for exchange in (0.100, 0.100, 0.120):
+        bound.counted_by("k", Trip(written=0.0, accepted=True), exchange)
+    # Deviation: 0, then 0 (the same again), then 0.25 * |0.1 - 0.12|; the
+    # quickest stays the quickest, not the latest.
+    assert bound.floor("k") == pytest.approx(0.100 - d - 4 * 0.005)
+
+
+def test_a_floor_is_kept_per_key_and_only_for_acceptances():
+    """A quick key's exchanges do not lower a slow key's floor; a refusal or an
+    error, with no work to take off, counts until its answer."""
+    bound = ArrivalBound()
+    bound.observe(Trip(written=0.0, round_trip=0.002), answered=0.1)
+    bound.counted_by("slow", Trip(written=0.0, accepted=True), 0.100)
+    bound.counted_by("quick", Trip(written=0.0, accepted=True), 0.003)
+    assert bound.floor("slow") == pytest.approx(0.100 - 0.006)
+    assert bound.floor("quick") == 0.0
+    assert bound.counted_by("slow", Trip(written=1.0, refused=True), 1.004) == 1.004
+    assert bound.counted_by("slow", Trip(written=2.0), 2.2) == 2.2
+    assert bound.floor("slow") == pytest.approx(0.100 - 0.006)
 
 
 def test_steady_round_trips_narrow_the_bound_toward_them():
@@ -128,14 +180,17 @@ def grant(made: Pacer, ledger: MemoryLedger, clock: FakeClock) -> int:
 
 
 def test_a_slow_answer_counts_until_its_bounded_arrival():
-    """A request that left at 0 on a network of 10 ms round trips, answered
-    after 100 ms of work, counts until 0.030 (3R, the first bound), not 0.1."""
-    made, ledger, clock = pacer("1/1s")
-    ticket = grant(made, ledger, clock)
+    """Two requests that left at 0 on a network of 10 ms round trips, answered
+    after 100 ms of work: the first counts until its answer, the second, as
+    quick, until 0.030 (its answer less the floor: 0.1 - 3R), not 0.1."""
+    made, ledger, clock = pacer("2/1s")
+    first, second = grant(made, ledger, clock), grant(made, ledger, clock)
     clock.advance(0.1)
-    made.release(KEY, ticket, trip=Trip(written=0.0, round_trip=0.010))
+    made.release(KEY, first, trip=Trip(written=0.0, round_trip=0.010, accepted=True))
+    made.release(KEY, second, trip=Trip(written=0.0, accepted=True))
     assert list(ledger.usage(KEY.value, made.rules[KEY]).finished) == [
-        pytest.approx(0.030)
+        pytest.approx(0.030),
+        0.1,
     ]
 
 
@@ -144,7 +199,7 @@ def test_a_quick_answer_counts_until_its_answer():
     made, ledger, clock = pacer("1/1s")
     ticket = grant(made, ledger, clock)
     clock.advance(0.005)
-    made.release(KEY, ticket, trip=Trip(written=0.0, round_trip=0.010))
+    made.release(KEY, ticket, trip=Trip(written=0.0, round_trip=0.010, accepted=True))
     assert list(ledger.usage(KEY.value, made.rules[KEY]).finished) == [0.005]
 
 
@@ -168,13 +223,14 @@ def test_without_a_trip_a_request_counts_until_its_answer():
 )
 def test_a_refusal_while_the_bound_was_in_play_widens_it(refused_at, factor):
     """A 429 for a request that left within the rule's reach of a request
-    counted by the bound doubles the bound; a 429 long after only adds its
-    round trip as a sample."""
-    made, ledger, clock = pacer("1/1s")
-    first = grant(made, ledger, clock)
+    counted by a floor (the second of two slow answers) doubles the bound; a
+    429 long after only adds its round trip as a sample."""
+    made, ledger, clock = pacer("2/1s")
+    first, floored = grant(made, ledger, clock), grant(made, ledger, clock)
     clock.advance(0.1)
-    connect = Trip(written=0.0, round_trip=0.010)
+    connect = Trip(written=0.0, round_trip=0.010, accepted=True)
     made.release(KEY, first, trip=connect)
+    made.release(KEY, floored, trip=Trip(written=0.0, accepted=True))
     clock.set(refused_at)
     second = grant(made, ledger, clock)
     clock.advance(0.001)

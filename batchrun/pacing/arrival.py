@@ -1,26 +1,38 @@
-"""How late a request can have reached the server: a bound from the network alone.
+"""Until when a request counts: its answer, less the key's floor.
 
-The server counts a request when it arrives; the client sees only when the request
-left and when its answer came back. Counting it until its answer is always safe,
-but an answer that waits on the server's work (an expensive query) holds the slot
-for that work too. The network alone bounds the arrival sooner:
+The server counts a request when its limiter sees it; the client sees only when
+the request's last byte left (`w`) and when its answer came back. Counting it
+until its answer is always safe, but an answer that waits on the server's work
+(an expensive query) holds the slot for that work too. So the part of the answer
+that surely came after the count is taken off:
 
-    a request whose last byte left at w arrived by w + D,
+    a request of key K answered at `a` counts until a - F(K),
 
-where D bounds the one-way delay. D is read from round trips that hold no server
-work: the TCP connect of each new connection (the kernel answers the SYN), and
-each refusal (a 429 is refused before any work is done). D is the retransmission
-timeout TCP derives from such samples (RFC 6298: the smoothed round trip plus four
-times its mean deviation), so a one-way trip, shorter than any round trip, is
-within it while the network stays as measured; a refusal that the bound may have
-caused doubles it (as TCP doubles its timeout), for the rest of the run.
+F(K), the key's floor, being its quickest accepted exchange (`w` to answer) less
+D and less four mean deviations of its exchange times. D bounds a round trip of
+the network: TCP's retransmission timeout (RFC 6298: the smoothed round trip plus
+four mean deviations) over round trips that hold no server work, the TCP connect
+of each new connection (the kernel answers the SYN) and each refusal (a 429 is
+refused before any work); a refusal the floor may have caused doubles it (as TCP
+doubles its timeout) for the rest of the run, lowering every floor.
 
-The slot rule stays as `slots` states it, with "answered" read as "counts until":
-a request counts until min(its answer, w + D). Why it is safe: if request i
-arrived at w_i + f_i and a later request j left at w_j >= w_i + D + WINDOW, then
-j arrived at w_j + f_j >= (w_i + f_i) + WINDOW + (D - f_i): at least one window
-later whenever f_i <= D. With no sample yet there is no D, and a request counts
-until its answer, as without this module.
+Why it is safe: the quickest exchange k took its way to the count, any queue
+there, the work, and its way back; D covers the two ways, the deviations cover
+a queue in k that the exchanges show by varying, and what is left is work. If
+every request of K does that much work after its count, each spends at least
+F(K) between its count and its answer. A request that waited in a busy server's
+queue before its count is answered that much later, so it counts that much
+longer: the network alone (`w + D`, the bound this replaced) would have let the
+next window open too soon for it. Where the assumptions fail (the quickest
+exchange queued as long as every other, a queued request doing less work than
+it), a request still counts until `w + D` at least: never less safe than the
+old bound. A floor takes a second exchange: the key's first answered, which may
+have waited alone (a server waking up), counts until its answer.
+
+A refusal or an error (no work to take off), an exchange the transport did not
+trace, and every exchange before a round trip has been seen count until their
+answers. The learner places an arrival by the network alone (`latest`): an
+estimate, not a count.
 """
 
 from __future__ import annotations
@@ -42,34 +54,93 @@ class Trip:
     `written`: when the request's last byte left. `round_trip`: a network round
     trip measured during it (the TCP connect, when it opened its connection).
     `refused`: the answer was a refusal (429), which holds no server work.
+    `accepted`: the server accepted it and answered after its work (a 2xx).
     """
 
     written: float
     round_trip: float | None = None
     refused: bool = False
+    accepted: bool = False
+
+
+class _Smoothed:
+    """RFC 6298's estimator of a time: its smoothed value and mean deviation,
+    section 2.2 for the first sample (the deviation half of it, unless told),
+    2.3 for the later ones."""
+
+    __slots__ = ("deviation", "mean")
+
+    def __init__(self, first: float, deviation: float | None = None) -> None:
+        self.mean = first
+        self.deviation = first / 2 if deviation is None else deviation
+
+    def sample(self, value: float) -> None:
+        self.deviation = (1 - _BETA) * self.deviation + _BETA * abs(self.mean - value)
+        self.mean = (1 - _ALPHA) * self.mean + _ALPHA * value
+
+
+@dataclass(slots=True)
+class _Exchanges:
+    """A key's accepted exchanges: the quickest, and how much they vary (from
+    no deviation at the first: the second, if as quick, counts until its send
+    plus D, as the network alone would count it)."""
+
+    quickest: float
+    times: _Smoothed
 
 
 class ArrivalBound:
-    """D, the bound on a request's one-way delay, from the round trips seen."""
+    """D, a bound on a round trip of the network, from the round trips seen
+    that hold no server work, and each key's floor, from its accepted
+    exchanges."""
 
     def __init__(self) -> None:
-        self._smoothed: float | None = None
-        self._deviation = 0.0
+        self._network: _Smoothed | None = None
         self._factor = 1.0
         self._widened = -math.inf
+        self._exchanges: dict[str, _Exchanges] = {}
 
     @property
     def bound(self) -> float | None:
         """D in seconds; None until a round trip has been seen."""
-        if self._smoothed is None:
+        if self._network is None:
             return None
-        return (self._smoothed + _K * self._deviation) * self._factor
+        return (self._network.mean + _K * self._network.deviation) * self._factor
 
     def latest(self, written: float) -> float | None:
-        """The latest moment a request whose last byte left at `written` can
-        have arrived; None when nothing is known (count it until its answer)."""
+        """When a request whose last byte left at `written` reached the server
+        if nothing held it there: its send plus D (the learner's estimate of
+        an arrival; counting it, the pacer allows for a queue: `counted_by`).
+        None when no round trip has been seen."""
         bound = self.bound
         return None if bound is None else written + bound
+
+    def floor(self, key: str) -> float | None:
+        """F: how long after its count any accepted request of `key` is surely
+        answered; None until a round trip and an acceptance have been seen."""
+        bound, seen = self.bound, self._exchanges.get(key)
+        if bound is None or seen is None:
+            return None
+        return max(seen.quickest - bound - _K * seen.times.deviation, 0.0)
+
+    def counted_by(self, key: str, trip: Trip, answered: float) -> float:
+        """Learn from an acceptance of `key` answered at `answered`, then say
+        the latest moment the server can have counted it: the answer less the
+        key's floor. Never before the send plus D, as the floor is at most this
+        exchange less D."""
+        if not trip.accepted:
+            return answered
+        exchange = max(answered - trip.written, 0.0)
+        seen = self._exchanges.get(key)
+        if seen is None:
+            # A floor takes a second exchange: the first may have waited
+            # alone (a server waking up), with nothing quicker to show it.
+            self._exchanges[key] = _Exchanges(exchange, _Smoothed(exchange, 0.0))
+            return answered
+        seen.quickest = min(seen.quickest, exchange)
+        seen.times.sample(exchange)
+        floor = self.floor(key)
+        return answered if floor is None else answered - floor
 
     def observe(self, trip: Trip, answered: float) -> None:
         """Learn from one exchange: its connect, and a refusal's whole trip."""
@@ -82,17 +153,14 @@ class ArrivalBound:
         """Double D after a refusal the bound may have caused; once for every
         request that left after the last widening (those before it were paced
         by the tighter bound already doubled). Whether it widened."""
-        if self._smoothed is None or trip.written <= self._widened:
+        if self._network is None or trip.written <= self._widened:
             return False
         self._factor *= 2
         self._widened = now
         return True
 
     def _sample(self, round_trip: float) -> None:
-        """RFC 6298 section 2.2 for the first sample, 2.3 for the later ones."""
-        if self._smoothed is None:
-            self._smoothed, self._deviation = round_trip, round_trip / 2
-            return
-        error = abs(self._smoothed - round_trip)
-        self._deviation = (1 - _BETA) * self._deviation + _BETA * error
-        self._smoothed = (1 - _ALPHA) * self._smoothed + _ALPHA * round_trip
+        if self._network is None:
+            self._network = _Smoothed(round_trip)
+        else:
+            self._network.sample(round_trip)

@@ -12,8 +12,8 @@ has been seen to accept in a window (kept in the ledger beside the lessons, so a
 rerun starts at full speed), requests are probes that reach the server one at a
 time, each once the last has surely arrived (`learning.log.KeyLog.gated`).
 
-A request counts until its answer, or until the latest moment it can have reached
-the server (`arrival.ArrivalBound`) when the network says that is sooner.
+A request counts until its answer, less the part of it that surely came after the
+server counted it (`arrival.ArrivalBound`: the key's floor).
 """
 
 from __future__ import annotations
@@ -122,8 +122,8 @@ class Pacer:
         """Record the answer of a granted request, waking a sender waiting on it;
         `sent=False`: it never reached the server, and takes no room in the windows.
         `trip`, what the client saw of the exchange, may let the request count
-        until the latest moment it can have arrived rather than until its answer:
-        that moment is returned (the answer's, when nothing bounds it sooner).
+        until before its answer (`arrival`: the answer less the key's floor):
+        that moment is returned (the answer's, when nothing is taken off).
 
         The answer of a half-open key's probe closes the circuit: the key sends at
         its rule again, unless the answer was a 429 and `cool_down` follows. A probe
@@ -141,18 +141,17 @@ class Pacer:
         return ends
 
     def _counts_until(self, key: LimitKey, trip: Trip, now: float) -> float:
-        """Until when a request answered `now` counts: its answer, or the latest
-        moment it can have arrived when the bound says that is sooner. A refusal
-        of a request that left while the bound was in play widens the bound."""
+        """Until when a request answered `now` counts: its answer, less the
+        key's floor when one is known. A refusal of a request that left while
+        a floor was in play widens the bound on the network, lowering floors."""
         in_play = self._bounded.get(key, -math.inf) + reach(self._rules[key])
         if trip.refused and trip.written < in_play:
             self.arrival.widen(trip, now)
         self.arrival.observe(trip, now)
-        latest = self.arrival.latest(trip.written)
-        if latest is None or latest >= now:
-            return now
-        self._bounded[key] = now
-        return latest
+        counted = self.arrival.counted_by(key.value, trip, now)
+        if counted < now:
+            self._bounded[key] = now
+        return counted
 
     def cool_down(self, key: LimitKey, until: float, *, asked: bool = False) -> None:
         """Grant no slot of `key` before `until` (after a 429 from the server), then

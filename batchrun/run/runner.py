@@ -243,9 +243,10 @@ class Runner:
 
     async def _send(
         self, key: LimitKey, ticket: int, job: Job
-    ) -> tuple[Outcome, float]:
-        """Send `job`, and release its slot whatever happens to the request; the
-        latest moment it can have arrived (`Pacer.release`) with its outcome."""
+    ) -> tuple[Outcome, float | None]:
+        """Send `job`, and release its slot whatever happens to the request; with
+        its outcome, where the learner places its arrival at the latest: by the
+        network's bound (`ArrivalBound.latest`), None: by its answer."""
         outcome: Outcome | None = None
         began = self._clock.now()
         try:
@@ -254,8 +255,9 @@ class Runner:
             # A request that never reached the server spends no budget.
             reached = outcome is None or outcome.reached
             trip = _trip(began, outcome)
-            by = self._pacer.release(key, ticket, sent=reached, trip=trip)
+            self._pacer.release(key, ticket, sent=reached, trip=trip)
             self._in_flight -= 1
+        by = None if trip is None else self._pacer.arrival.latest(trip.written)
         return outcome, by
 
     def _emit(self, event: Event) -> None:
@@ -267,5 +269,6 @@ def _trip(began: float, outcome: Outcome | None) -> Trip | None:
     pacer's arrival bound; None when the transport did not say when it left."""
     if outcome is None or outcome.written is None:
         return None
-    refused = outcome.kind is Kind.RATE_LIMITED
-    return Trip(began + outcome.written, outcome.round_trip, refused=refused)
+    refused, accepted = outcome.kind is Kind.RATE_LIMITED, outcome.kind is Kind.DONE
+    written = began + outcome.written
+    return Trip(written, outcome.round_trip, refused=refused, accepted=accepted)

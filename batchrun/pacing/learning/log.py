@@ -28,8 +28,10 @@ class Sent:
     wait: float | None = None
     # It left past what the server had been seen to accept (`KeyLog.beyond`).
     probe: bool = False
-    # The latest moment it can have arrived (`arrival.ArrivalBound`), when the
-    # network bounds it before its answer; None: by its answer.
+    # The latest moment it can have arrived by the network's bound (its send
+    # plus D: `arrival.ArrivalBound.latest`), when that is before its answer;
+    # None: by its answer. An estimate for the readings; the pacer counts it
+    # longer (the key's floor), allowing for a queue at the server.
     by: float | None = None
 
 
