@@ -39,10 +39,11 @@ def test_equal_rules_against_limits_moving_window_are_done_once_with_no_429(
     tmp_path, headers
 ):
     """Client and server both at 10/1s (limits moving window): each job 200
-    once, and at most one 429: a busy server that reads a request late, past
-    the arrival bound, may see one window hold one too many, and the refusal
-    widens the bound (docs/design/arrival.md, "What it does not cover"; seen
-    in two full runs on a loaded 2-core machine, 1 x 429 each)."""
+    once, and at most one 429: a busy server that reads a request late may see
+    one window hold one too many where the arrival bound's assumptions fail
+    (docs/design/arrival.md, "What it does not cover"; seen in two full runs on
+    a loaded 2-core machine, 1 x 429 each, under the network-only bound since
+    replaced by the floor)."""
     with limits_server("10/1s", strategy="moving-window", headers=headers) as server:
         started = time.monotonic()
         result = CliRunner().invoke(
