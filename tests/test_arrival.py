@@ -41,27 +41,37 @@ class FakeClock:
         self.moment = moment
 
 
+def answer(bound: ArrivalBound, key: str, trip: Trip, at: float) -> float:
+    """One exchange of `key` answered `at`, as the pacer takes it: learn from
+    it, then say until when it counts."""
+    bound.observe(key, trip, at)
+    return bound.counted_by(key, trip, at)
+
+
+def accepted(written: float) -> Trip:
+    return Trip(written=written, accepted=True)
+
+
 def test_nothing_seen_means_no_bound():
     """Without a round trip seen there is no bound: a request counts until its
     answer, as it always did."""
     bound = ArrivalBound()
-    trip = Trip(written=9.9, accepted=True)
-    assert (bound.bound, bound.counted_by("k", trip, 10.0)) == (None, 10.0)
-    assert bound.floor("k") is None
+    assert answer(bound, "k", accepted(9.9), 10.0) == 10.0
+    assert answer(bound, "k", accepted(10.9), 11.0) == 11.0
+    assert (bound.bound, bound.floor("k")) == (None, None)
 
 
 def test_a_connect_trace_sets_the_bound_as_tcp_does():
     """The first round trip R gives RFC 6298's first timeout, R + 4 * R/2 = 3R.
     A key's first exchange counts until its answer (it may have waited alone,
-    a server waking up); it is the floor of the next: that exchange less 3R."""
+    a server waking up); a second as quick counts until its send plus 3R."""
     bound = ArrivalBound()
     trip = Trip(written=1.0, round_trip=0.010, accepted=True)
-    bound.observe(trip, answered=1.2)
+    assert answer(bound, "k", trip, 1.2) == 1.2
     assert bound.bound == pytest.approx(0.030)
-    assert bound.counted_by("k", trip, 1.2) == 1.2
+    assert bound.floor("k") is None
+    assert answer(bound, "k", accepted(2.0), 2.2) == pytest.approx(2.030)
     assert bound.floor("k") == pytest.approx(0.170)
-    again = Trip(written=2.0, accepted=True)
-    assert bound.counted_by("k", again, 2.2) == pytest.approx(2.030)
 
 
 def test_a_request_that_waited_before_its_count_counts_that_much_longer():
@@ -70,11 +80,12 @@ def test_a_request_that_waited_before_its_count_counts_that_much_longer():
     moment it counts until: never before the count (the network's bound alone,
     its send plus D, would have been 50 ms too soon)."""
     bound = ArrivalBound()
-    bound.observe(Trip(written=0.0, round_trip=0.002), answered=0.102)
-    bound.counted_by("k", Trip(written=0.0, accepted=True), 0.102)  # no queue
+    bound.observe("k", Trip(written=0.0, round_trip=0.002), answered=0.0)
+    answer(bound, "k", accepted(0.0), 0.102)  # no queue, twice
+    answer(bound, "k", accepted(0.5), 0.602)
     assert bound.bound is not None
     counted = 1.0 + 0.001 + 0.050  # its way out, then the queue
-    by = bound.counted_by("k", Trip(written=1.0, accepted=True), counted + 0.101)
+    by = answer(bound, "k", accepted(1.0), counted + 0.101)
     assert counted <= by < counted + 0.101
     assert by > 1.0 + bound.bound + 0.049
 
@@ -84,27 +95,31 @@ def test_the_floor_allows_for_how_much_the_exchanges_vary():
     from none at the first) are taken off its floor: what a queue may have
     hidden even in the quickest exchange."""
     bound = ArrivalBound()
-    bound.observe(Trip(written=0.0, round_trip=0.002), answered=0.1)
+    bound.observe("k", Trip(written=0.0, round_trip=0.002), answered=0.0)
     d = bound.bound
     assert d is not None
-    for exchange in (0.100, 0.100, 0.120):
-        bound.counted_by("k", Trip(written=0.0, accepted=True), exchange)
-    # Deviation: 0, then 0 (the same again), then 0.25 * |0.1 - 0.12|; the
-    # quickest stays the quickest, not the latest.
-    assert bound.floor("k") == pytest.approx(0.100 - d - 4 * 0.005)
+    for exchange in (0.120, 0.100, 0.110):
+        answer(bound, "k", accepted(0.0), exchange)
+    # Deviation: 0, then 0.25 * |0.12 - 0.1| (the mean goes to 0.1175), then
+    # 0.75 * 0.005 + 0.25 * |0.1175 - 0.11|. The quickest is the one between,
+    # neither the first nor the latest.
+    deviation = 0.75 * 0.005 + 0.25 * 0.0075
+    assert bound.floor("k") == pytest.approx(0.100 - d - 4 * deviation)
 
 
 def test_a_floor_is_kept_per_key_and_only_for_acceptances():
     """A quick key's exchanges do not lower a slow key's floor; a refusal or an
     error, with no work to take off, counts until its answer."""
     bound = ArrivalBound()
-    bound.observe(Trip(written=0.0, round_trip=0.002), answered=0.1)
-    bound.counted_by("slow", Trip(written=0.0, accepted=True), 0.100)
-    bound.counted_by("quick", Trip(written=0.0, accepted=True), 0.003)
+    bound.observe("k", Trip(written=0.0, round_trip=0.002), answered=0.0)
+    for _ in range(2):
+        answer(bound, "slow", accepted(0.0), 0.100)
+        answer(bound, "quick", accepted(0.0), 0.003)
     assert bound.floor("slow") == pytest.approx(0.100 - 0.006)
     assert bound.floor("quick") == 0.0
-    assert bound.counted_by("slow", Trip(written=1.0, refused=True), 1.004) == 1.004
-    assert bound.counted_by("slow", Trip(written=2.0), 2.2) == 2.2
+    refusal = Trip(written=1.0, refused=True)
+    assert bound.counted_by("slow", refusal, 1.004) == 1.004
+    assert answer(bound, "slow", Trip(written=2.0), 2.2) == 2.2
     assert bound.floor("slow") == pytest.approx(0.100 - 0.006)
 
 
@@ -113,7 +128,7 @@ def test_steady_round_trips_narrow_the_bound_toward_them():
     the round trip itself, never below it."""
     bound = ArrivalBound()
     for _ in range(40):
-        bound.observe(Trip(written=0.0, round_trip=0.010), answered=0.5)
+        bound.observe("k", Trip(written=0.0, round_trip=0.010), answered=0.5)
     assert bound.bound == pytest.approx(0.010, abs=1e-4)
     assert bound.bound is not None
     assert bound.bound >= 0.010
@@ -123,14 +138,14 @@ def test_an_answer_with_work_in_it_is_no_sample():
     """An accepted answer holds the server's work: it teaches nothing of the
     network, however quick or slow."""
     bound = ArrivalBound()
-    bound.observe(Trip(written=0.0), answered=0.100)
+    bound.observe("k", Trip(written=0.0), answered=0.100)
     assert bound.bound is None
 
 
 def test_a_refusal_is_a_round_trip_of_the_network():
     """A 429 is refused before any work: its whole trip is a sample."""
     bound = ArrivalBound()
-    bound.observe(Trip(written=2.0, refused=True), answered=2.004)
+    bound.observe("k", Trip(written=2.0, refused=True), answered=2.004)
     assert bound.bound == pytest.approx(0.012)
 
 
@@ -138,8 +153,8 @@ def test_a_slower_round_trip_widens_the_bound():
     """A round trip slower than the ones before raises the bound above both."""
     bound = ArrivalBound()
     for _ in range(40):
-        bound.observe(Trip(written=0.0, round_trip=0.010), answered=0.5)
-    bound.observe(Trip(written=0.0, round_trip=0.030), answered=0.5)
+        bound.observe("k", Trip(written=0.0, round_trip=0.010), answered=0.5)
+    bound.observe("k", Trip(written=0.0, round_trip=0.030), answered=0.5)
     assert bound.bound is not None
     assert bound.bound > 0.030
 
@@ -148,7 +163,7 @@ def test_a_refusal_doubles_the_bound_once_per_episode():
     """A refusal says the bound was too tight: it doubles; refusals of requests
     that left before that doubling (the same burst) do not double it again."""
     bound = ArrivalBound()
-    bound.observe(Trip(written=0.0, round_trip=0.010), answered=0.5)
+    bound.observe("k", Trip(written=0.0, round_trip=0.010), answered=0.5)
     assert bound.widen(Trip(written=1.0, refused=True), now=1.1)
     assert bound.bound == pytest.approx(0.060)
     assert not bound.widen(Trip(written=1.05, refused=True), now=1.2)
@@ -207,7 +222,7 @@ def test_without_a_trip_a_request_counts_until_its_answer():
     """A transport that says nothing of the exchange (in process) leaves the
     rule as it was: until the answer."""
     made, ledger, clock = pacer("1/1s")
-    made.arrival.observe(Trip(written=0.0, round_trip=0.010), answered=0.0)
+    made.arrival.observe(KEY.value, Trip(written=0.0, round_trip=0.010), answered=0.0)
     ticket = grant(made, ledger, clock)
     clock.advance(0.1)
     made.release(KEY, ticket)
@@ -237,8 +252,8 @@ def test_a_refusal_while_the_bound_was_in_play_widens_it(refused_at, factor):
     refusal = Trip(written=refused_at, refused=True)
     made.release(KEY, second, trip=refusal)
     alone = ArrivalBound()  # the same samples, never widened
-    alone.observe(connect, answered=0.1)
-    alone.observe(refusal, answered=refused_at + 0.001)
+    alone.observe(KEY.value, connect, answered=0.1)
+    alone.observe(KEY.value, refusal, answered=refused_at + 0.001)
     assert alone.bound is not None
     assert made.arrival.bound == pytest.approx(alone.bound * factor)
 

@@ -81,12 +81,13 @@ class _Smoothed:
 
 @dataclass(slots=True)
 class _Exchanges:
-    """A key's accepted exchanges: the quickest, and how much they vary (from
-    no deviation at the first: the second, if as quick, counts until its send
-    plus D, as the network alone would count it)."""
+    """A key's accepted exchanges: how many, the quickest, and how much they
+    vary (from no deviation at the first: the second, if as quick, counts
+    until its send plus D, as the network alone would count it)."""
 
     quickest: float
     times: _Smoothed
+    seen: int = 1
 
 
 class ArrivalBound:
@@ -116,38 +117,40 @@ class ArrivalBound:
         return None if bound is None else written + bound
 
     def floor(self, key: str) -> float | None:
-        """F: how long after its count any accepted request of `key` is surely
-        answered; None until a round trip and an acceptance have been seen."""
+        """F: how long after its count any accepted request of `key` is taken
+        to be answered; None until a round trip and two acceptances have been
+        seen (the first may have waited alone, a server waking up, with nothing
+        quicker to show it)."""
         bound, seen = self.bound, self._exchanges.get(key)
-        if bound is None or seen is None:
+        if bound is None or seen is None or seen.seen < 2:
             return None
         return max(seen.quickest - bound - _K * seen.times.deviation, 0.0)
 
     def counted_by(self, key: str, trip: Trip, answered: float) -> float:
-        """Learn from an acceptance of `key` answered at `answered`, then say
-        the latest moment the server can have counted it: the answer less the
-        key's floor. Never before the send plus D, as the floor is at most this
-        exchange less D."""
-        if not trip.accepted:
-            return answered
-        exchange = max(answered - trip.written, 0.0)
-        seen = self._exchanges.get(key)
-        if seen is None:
-            # A floor takes a second exchange: the first may have waited
-            # alone (a server waking up), with nothing quicker to show it.
-            self._exchanges[key] = _Exchanges(exchange, _Smoothed(exchange, 0.0))
-            return answered
-        seen.quickest = min(seen.quickest, exchange)
-        seen.times.sample(exchange)
-        floor = self.floor(key)
+        """The latest moment the server can have counted a request of `key`
+        answered at `answered` (`observe`d): the answer less the key's floor
+        for an acceptance, else the answer. Never before the send plus D, as
+        the floor is at most this exchange less D."""
+        floor = self.floor(key) if trip.accepted else None
         return answered if floor is None else answered - floor
 
-    def observe(self, trip: Trip, answered: float) -> None:
-        """Learn from one exchange: its connect, and a refusal's whole trip."""
+    def observe(self, key: str, trip: Trip, answered: float) -> None:
+        """Learn from one exchange of `key`: its connect and a refusal's whole
+        trip (round trips of the network), an acceptance's whole exchange."""
         if trip.round_trip is not None:
             self._sample(trip.round_trip)
         if trip.refused:
             self._sample(max(answered - trip.written, 0.0))
+        if not trip.accepted:
+            return
+        exchange = max(answered - trip.written, 0.0)
+        seen = self._exchanges.get(key)
+        if seen is None:
+            self._exchanges[key] = _Exchanges(exchange, _Smoothed(exchange, 0.0))
+            return
+        seen.quickest = min(seen.quickest, exchange)
+        seen.times.sample(exchange)
+        seen.seen += 1
 
     def widen(self, trip: Trip, now: float) -> bool:
         """Double D after a refusal the bound may have caused; once for every

@@ -147,7 +147,7 @@ class Pacer:
         in_play = self._bounded.get(key, -math.inf) + reach(self._rules[key])
         if trip.refused and trip.written < in_play:
             self.arrival.widen(trip, now)
-        self.arrival.observe(trip, now)
+        self.arrival.observe(key.value, trip, now)
         counted = self.arrival.counted_by(key.value, trip, now)
         if counted < now:
             self._bounded[key] = now
