@@ -12,8 +12,8 @@ has been seen to accept in a window (kept in the ledger beside the lessons, so a
 rerun starts at full speed), requests are probes that reach the server one at a
 time, each once the last has surely arrived (`learning.log.KeyLog.gated`).
 
-A request counts until its answer, less the part of it that surely came after the
-server counted it (`arrival.ArrivalBound`: the key's floor).
+A request counts until its answer, less the part of it taken to have come after
+the server counted it (`arrival.ArrivalBound`: the key's floor).
 """
 
 from __future__ import annotations

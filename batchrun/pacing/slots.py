@@ -7,9 +7,9 @@ counted at arrival, whatever the network latency):
     requests of K are still in flight or count until after s - WINDOW,
     for every window of K's rule.
 
-A request counts until its answer, or, when the server's work on it is known to
-take at least F, until F before its answer (`arrival`: the key's floor); either
-way no earlier than the server counted it.
+A request counts until its answer, or, when the server's work on it is taken to
+last at least F, until F before its answer (`arrival`: the key's floor, and the
+assumptions it rests on); either way no earlier than the server counted it.
 
 Why: two requests that fall in one server window arrived less than WINDOW apart; the
 earlier one counted until no earlier than its arrival, so the later one counted it.
