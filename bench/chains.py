@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
-from bench.learner import _LOOPBACK, _TRACED, _rerun_ledger, _server
-from tests.simulation import Server, simulate
+from bench.learner import model, traced_run
+from tests.simulation import Server, carried
 
 SLOW = 1.1
 
@@ -32,10 +32,10 @@ def chains() -> dict[str, tuple[Server, ...]]:
 
     def nginx(**options: object) -> Server:
         # nginx's `limit_req rate=15r/s burst=10` (no Retry-After by default).
-        return _server(leaky, "30/2s", burst=10, retry_after=False, **options)
+        return model(leaky, "30/2s", burst=10, retry_after=False, **options)
 
     def right(**options: object) -> Server:
-        return _server(sliding, "30/2s", **options)
+        return model(sliding, "30/2s", **options)
 
     return {
         "nginx bucket, four runs": (nginx(),) * 4,
@@ -61,17 +61,9 @@ def run_chain(
     """Each run's ratio to the ideal and 429s, one ledger carried between runs."""
     ledger, runs = MemoryLedger(), []
     for server in servers:
-        run = simulate(
-            client="30/2s",
-            server=server,
-            count=jobs,
-            seed=seed,
-            ledger=ledger,
-            latency=_LOOPBACK,
-            network=_TRACED,
-        )
+        run = traced_run("30/2s", server, count=jobs, seed=seed, ledger=ledger)
         runs.append((run.ratio, run.tally.rate_limited))
-        ledger = _rerun_ledger(ledger)
+        ledger = carried(ledger)
     return runs
 
 

@@ -20,13 +20,14 @@ import json
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from batchrun.core.limits import parse_rule
 from batchrun.pacing.learning import retest
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
-from tests.simulation import KEY, Network, Server, Simulated, simulate
+from tests.simulation import Network, Server, Simulated, carried, simulate
 
 _LOOPBACK = (0.002, 0.01)
 # httpx's trace says when each request left and how long each connect took, so
@@ -47,10 +48,12 @@ class Case:
     concurrency: int = 8
 
 
-def _server(kind: LimiterKind, rule: str, **options: object) -> Server:
+def model(kind: LimiterKind, rule: str, **options: object) -> Server:
+    """A server model: `Server`'s own fields among `options`, the rest for the
+    limiter (`burst`, `origin`, ...)."""
     fields = {k: v for k, v in options.items() if k in _FIELDS}
-    model = {k: v for k, v in options.items() if k not in _FIELDS}
-    return Server(kind, parse_rule(rule), model, **fields)  # type: ignore[arg-type]
+    limiter = {k: v for k, v in options.items() if k not in _FIELDS}
+    return Server(kind, parse_rule(rule), limiter, **fields)  # type: ignore[arg-type]
 
 
 _FIELDS = {"retry_after", "work", "stray", "stray_for", "rival_every", "rival_from"}
@@ -61,18 +64,18 @@ def cases() -> list[Case]:
     """Issue 24's figures, as simulated rows."""
     sliding, fixed = LimiterKind.SLIDING, LimiterKind.FIXED
     weighted, leaky = LimiterKind.WEIGHTED, LimiterKind.LEAKY
-    right = _server(sliding, "30/2s")
+    right = model(sliding, "30/2s")
     rows = [
         Case(
             "right rule, 100 ms answers",
             "30/2s",
-            _server(sliding, "30/2s", work=0.1),
+            model(sliding, "30/2s", work=0.1),
             120,
         ),
         Case(
             "right rule, 100 ms answers, -c 32",
             "30/2s",
-            _server(sliding, "30/2s", work=0.1),
+            model(sliding, "30/2s", work=0.1),
             120,
             concurrency=32,
         ),
@@ -83,13 +86,13 @@ def cases() -> list[Case]:
             Case(
                 f"30/2s vs sliding 10/2s, {ra}",
                 "30/2s",
-                _server(sliding, "10/2s", retry_after=told),
-                quiet=_server(sliding, "10/2s", retry_after=told),
+                model(sliding, "10/2s", retry_after=told),
+                quiet=model(sliding, "10/2s", retry_after=told),
             )
         )
         for origin in (0.0, -0.7, -1.4):
             for kind in (fixed, weighted):
-                server = _server(kind, "10/2s", retry_after=told, origin=origin)
+                server = model(kind, "10/2s", retry_after=told, origin=origin)
                 rows.append(
                     Case(
                         f"30/2s vs {kind.value} 10/2s at {-origin:g}, {ra}",
@@ -102,7 +105,7 @@ def cases() -> list[Case]:
             for origin in origins:
                 at = f" at {-origin:g}" if kind is fixed else ""
                 where = {"origin": origin} if kind is fixed else {}
-                counted = _server(
+                counted = model(
                     kind, "10/2s", retry_after=told, count_refused=True, **where
                 )
                 rows.append(
@@ -113,25 +116,25 @@ def cases() -> list[Case]:
                         quiet=counted,
                     )
                 )
-        bucket = _server(leaky, "10/2s", retry_after=told, burst=4)
+        bucket = model(leaky, "10/2s", retry_after=told, burst=4)
         rows.append(
             Case(f"30/2s vs leaky 5/s burst 4, {ra}", "30/2s", bucket, quiet=bucket)
         )
         # nginx `limit_req rate=15r/s burst=10`: the given rate, smaller bursts.
-        bursts = _server(leaky, "30/2s", retry_after=told, burst=10)
+        bursts = model(leaky, "30/2s", retry_after=told, burst=10)
         rows.append(
             Case(f"30/2s vs leaky 15/s burst 10, {ra}", "30/2s", bursts, quiet=bursts)
         )
-    b_shaped = _server(sliding, "15/4s+60/20s")
+    b_shaped = model(sliding, "15/4s+60/20s")
     rows.append(
         Case("a 30/4s vs b 15/4s+60/20s", "30/4s", b_shaped, 120, quiet=b_shaped)
     )
-    noisy = _server(sliding, "30/2s", stray=0.05, stray_for=14.0)
+    noisy = model(sliding, "30/2s", stray=0.05, stray_for=14.0)
     rows.append(
         Case("right rule, 5 % stray 429s for 14 s", "30/2s", noisy, 240, quiet=right)
     )
     # A gateway that refuses everything for 0.2 s early in the run, then is quiet.
-    outage = _server(
+    outage = model(
         sliding, "30/2s", stray=1.0, stray_from=0.02, stray_for=0.2, retry_after=False
     )
     rows.append(
@@ -139,7 +142,7 @@ def cases() -> list[Case]:
             "right rule, a 0.2 s outage at the start", "30/2s", outage, 240, quiet=right
         )
     )
-    rival = _server(sliding, "30/2s", rival_every=2 / 15, rival_from=2.0, rival_for=6.0)
+    rival = model(sliding, "30/2s", rival_every=2 / 15, rival_from=2.0, rival_for=6.0)
     rows.append(
         Case(
             "right rule, another consumer 15/2s for 6 s",
@@ -150,7 +153,7 @@ def cases() -> list[Case]:
         )
     )
     # A stricter server, and another consumer of the token for half the run.
-    shared = _server(
+    shared = model(
         sliding,
         "10/2s",
         retry_after=False,
@@ -158,7 +161,7 @@ def cases() -> list[Case]:
         rival_from=6.0,
         rival_for=30.0,
     )
-    quiet = _server(sliding, "10/2s", retry_after=False)
+    quiet = model(sliding, "10/2s", retry_after=False)
     rows.append(
         Case(
             "30/2s vs sliding 10/2s, no R-A, another consumer 4/2s for 30 s",
@@ -171,16 +174,26 @@ def cases() -> list[Case]:
     return rows
 
 
-def _rerun_ledger(first: MemoryLedger) -> MemoryLedger:
-    """A fresh ledger with only what the first run kept (its sends are on another
-    virtual clock)."""
-    ledger = MemoryLedger()
-    for key in (KEY.value,):
-        for name in (key, f"{key}#accepted"):
-            text = first.recall(name)
-            if text is not None:
-                ledger.remember(name, text)
-    return ledger
+def traced_run(
+    client: str,
+    server: Server,
+    *,
+    count: int,
+    seed: int,
+    ledger: MemoryLedger,
+    concurrency: int = 8,
+) -> Simulated:
+    """One run over traced loopback, as every row here is made."""
+    return simulate(
+        client=client,
+        server=server,
+        count=count,
+        seed=seed,
+        ledger=ledger,
+        latency=_LOOPBACK,
+        concurrency=concurrency,
+        network=_TRACED,
+    )
 
 
 def _median(runs: list[Simulated], figure: Callable[[Simulated], float]) -> float:
@@ -192,31 +205,16 @@ def measure(case: Case, seeds: int) -> dict[str, object]:
     firsts, thens = [], []
     for seed in range(seeds):
         ledger = MemoryLedger()
-        first = simulate(
-            client=case.client,
-            server=case.server,
+        run = partial(
+            traced_run,
+            case.client,
             count=case.count,
             seed=seed,
-            ledger=ledger,
-            latency=_LOOPBACK,
             concurrency=case.concurrency,
-            network=_TRACED,
         )
-        firsts.append(first)
+        firsts.append(run(case.server, ledger=ledger))
         if case.quiet is not None:
-            quiet = replace(case.quiet)
-            thens.append(
-                simulate(
-                    client=case.client,
-                    server=quiet,
-                    count=case.count,
-                    seed=seed,
-                    ledger=_rerun_ledger(ledger),
-                    latency=_LOOPBACK,
-                    concurrency=case.concurrency,
-                    network=_TRACED,
-                )
-            )
+            thens.append(run(replace(case.quiet), ledger=carried(ledger)))
     row: dict[str, object] = {
         "case": case.name,
         "ratio": round(_median(firsts, lambda r: r.ratio), 3),

@@ -31,6 +31,7 @@ from batchrun.core.events import Status, Tally
 from batchrun.core.limits import LimitKey, Pace, Rule, parse_rule
 from batchrun.jobs.endpoints import JobType
 from batchrun.jobs.job import Job
+from batchrun.pacing.learning.storage import RECORD_SUFFIX
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import Limiter, LimiterKind, make_limiter
 from batchrun.pacing.pacer import Pacer
@@ -229,6 +230,19 @@ def ideal(server: Server, count: int) -> float:
 def jobs(count: int) -> list[Job]:
     """`count` run-query jobs."""
     return [Job(f"q-{n:04}", JobType.RUN_QUERY, "t1", {}) for n in range(count)]
+
+
+def carried(run: MemoryLedger, *, record: bool = True) -> MemoryLedger:
+    """A fresh ledger with only what `run` kept of the key for the next run: its
+    lesson and, with `record`, what the server was seen to accept (the sends
+    themselves are on the last run's virtual clock)."""
+    ledger = MemoryLedger()
+    names = (KEY.value, KEY.value + RECORD_SUFFIX) if record else (KEY.value,)
+    for name in names:
+        text = run.recall(name)
+        if text is not None:
+            ledger.remember(name, text)
+    return ledger
 
 
 def simulate(

@@ -12,7 +12,7 @@ from batchrun.pacing.learning.lessons import Lesson
 from batchrun.pacing.learning.log import Sent
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
-from tests.simulation import KEY, Server, simulate
+from tests.simulation import KEY, Server, carried, simulate
 
 
 def evenly(count: int, at: float, step: float) -> list[Sent]:
@@ -94,7 +94,7 @@ def test_stray_429s_at_the_right_rule_leave_no_lesson_lower_than_one_step(seed, 
         server=quiet,
         count=240,
         seed=seed,
-        ledger=rerun(ledger),
+        ledger=carried(ledger),
         latency=(0.002, 0.01),
     )
     assert again.tally.rate_limited == 0
@@ -164,18 +164,8 @@ def test_another_consumer_for_part_of_a_run_leaves_the_next_run_at_full_speed():
         server=quiet,
         count=240,
         seed=1,
-        ledger=rerun(ledger),
+        ledger=carried(ledger),
         latency=(0.002, 0.01),
     )
     assert again.tally.rate_limited == 0
     assert again.ratio <= 1.05
-
-
-def rerun(first: MemoryLedger) -> MemoryLedger:
-    """A fresh ledger with only what the first run kept of the key."""
-    ledger = MemoryLedger()
-    for name in (KEY.value, f"{KEY.value}#accepted"):
-        text = first.recall(name)
-        if text is not None:
-            ledger.remember(name, text)
-    return ledger

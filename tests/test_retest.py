@@ -26,9 +26,8 @@ from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.pacer import Pacer
 from batchrun.store.paths import StatePaths
-from tests.simulation import KEY, Network, Server, Simulated, simulate
+from tests.simulation import KEY, Network, Server, Simulated, carried, simulate
 from tests.test_arrival import FakeClock
-from tests.test_noise import rerun
 from tests.test_overview import LEARNED, cli, learned_ledger
 from tests.test_simulation import recalled, rerun_from
 
@@ -369,11 +368,11 @@ def test_a_bucket_kept_weakly_is_confirmed_by_the_next_run_and_left_alone_after(
     client(ledger=first)
     assert recalled(GIVEN, first.recall(KEY.value)) == "30/2s, bursts of 11"
     assert interval(first) == 0.0  # weak: the next run re-tests it
-    second = rerun(first)
+    second = carried(first)
     again = client(ledger=second)
     assert again.tally.rate_limited <= 8
     assert recalled(GIVEN, second.recall(KEY.value)) == "30/2s, bursts of 11"
     assert interval(second) == BASE
-    third = client(ledger=rerun(second))
+    third = client(ledger=carried(second))
     assert third.tally.rate_limited == 0
     assert third.ratio <= 1.05

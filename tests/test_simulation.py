@@ -18,7 +18,6 @@ from batchrun.core.limits import Rule, Window, parse_rule
 from batchrun.pacing.learning import retest
 from batchrun.pacing.learning.storage import (
     KEPT_FOR,
-    RECORD_SUFFIX,
     accepted_record,
     recalled_record,
 )
@@ -26,7 +25,7 @@ from batchrun.pacing.learning.storage import recalled as recalled_lesson
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.slots import eta
-from tests.simulation import KEY, Server, ideal, scenarios, simulate
+from tests.simulation import KEY, Server, carried, ideal, scenarios, simulate
 
 
 def recalled(rule: Rule, text: str | None) -> str | None:
@@ -301,13 +300,9 @@ def test_a_weighted_counter_refusing_a_spread_reading_takes_the_safer_one(seed):
 
 
 def rerun_from(run_ledger: MemoryLedger) -> MemoryLedger:
-    """A fresh ledger holding only what the last run learned (its send history
-    is on another virtual clock)."""
-    ledger = MemoryLedger()
-    text = run_ledger.recall(KEY.value)
-    if text is not None:
-        ledger.remember(KEY.value, text)
-    return ledger
+    """A fresh ledger holding only what the last run learned: its lesson, not
+    what the server was seen to accept."""
+    return carried(run_ledger, record=False)
 
 
 @pytest.mark.parametrize("phase", range(10))
@@ -432,9 +427,7 @@ def test_a_rerun_starts_at_full_speed_from_the_accepted_record():
     server = Server(LimiterKind.SLIDING, parse_rule("30/2s"), work=0.1)
     first = MemoryLedger()
     run = simulate(client="30/2s", server=server, count=30, ledger=first)
-    again = simulate(
-        client="30/2s", server=server, count=30, ledger=rerun_with_record(first)
-    )
+    again = simulate(client="30/2s", server=server, count=30, ledger=carried(first))
 
     def early(sim) -> int:
         return sum(1 for a in sim.arrivals if a.sent < 0.1)
@@ -458,12 +451,3 @@ def test_the_accepted_record_is_kept_only_for_its_rule():
     assert recalled_record(old, rule, 1.0) == {}
     scaled = accepted_record({0.2: 5}, rule.scaled(10), 10.0, now)
     assert recalled_record(scaled, rule, 1.0) == {2.0: 5}
-
-
-def rerun_with_record(run_ledger: MemoryLedger) -> MemoryLedger:
-    """`rerun_from`, with the accepted record too."""
-    ledger = rerun_from(run_ledger)
-    text = run_ledger.recall(KEY.value + RECORD_SUFFIX)
-    if text is not None:
-        ledger.remember(KEY.value + RECORD_SUFFIX, text)
-    return ledger

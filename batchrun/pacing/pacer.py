@@ -118,12 +118,11 @@ class Pacer:
 
     def release(
         self, key: LimitKey, ticket: int, *, sent: bool = True, trip: Trip | None = None
-    ) -> float:
+    ) -> None:
         """Record the answer of a granted request, waking a sender waiting on it;
         `sent=False`: it never reached the server, and takes no room in the windows.
         `trip`, what the client saw of the exchange, may let the request count
-        until before its answer (`arrival`: the answer less the key's floor):
-        that moment is returned (the answer's, when nothing is taken off).
+        until before its answer (`arrival`: the answer less the key's floor).
 
         The answer of a half-open key's probe closes the circuit: the key sends at
         its rule again, unless the answer was a 429 and `cool_down` follows. A probe
@@ -138,7 +137,6 @@ class Pacer:
         answer = self._answers.pop(key, None)
         if answer is not None:
             answer.set()
-        return ends
 
     def _counts_until(self, key: LimitKey, trip: Trip, now: float) -> float:
         """Until when a request answered `now` counts: its answer, less the
