@@ -35,11 +35,11 @@ WINGS: list[tuple[str, list[list[str]]]] = [
     (
         "pacing",
         [
-            ["slots", "limiters", "arrival"],
+            ["slots", "limiters", "arrival", "cooling"],
             ["ledger", "learning.log", "learning.lessons", "learning.counters"],
             ["learning.readings"],
             ["learning.alternatives"],
-            ["learning.storage", "learning.fallback", "learning.evidence"],
+            ["learning.storage", "learning.fallback", "learning.evidence", "room"],
             ["learning.learner", "learning.retest"],
             ["pacer"],
         ],

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import anyio
 
@@ -28,10 +28,12 @@ from batchrun.core.clock import Clock, wall_time
 from batchrun.core.events import EventSink, SlotWait
 from batchrun.core.limits import LimitKey, Pace, Rule, Window
 from batchrun.pacing.arrival import ArrivalBound, Trip
+from batchrun.pacing.cooling import Cooling
 from batchrun.pacing.learning.learner import Learner
 from batchrun.pacing.learning.lessons import Lesson
-from batchrun.pacing.learning.retest import due, interval, testable, under_way
+from batchrun.pacing.learning.retest import Kept, due, interval, testable, under_way
 from batchrun.pacing.learning.storage import (
+    KEPT_FOR,
     RECORD_SUFFIX,
     accepted_record,
     recalled,
@@ -39,29 +41,10 @@ from batchrun.pacing.learning.storage import (
     stored,
 )
 from batchrun.pacing.ledger import Ledger
+from batchrun.pacing.room import ROOM_SUFFIX, Room
+from batchrun.pacing.room import kept as room_kept
+from batchrun.pacing.room import recalled as room_recalled
 from batchrun.pacing.slots import Grant, Wait, earliest_slot, reach
-
-
-@dataclass(frozen=True, slots=True)
-class Kept:
-    """A lesson an earlier run kept for a key (`Pacer.recall`), and, if it is
-    due for a re-test, the interval it was kept with (None: paced by)."""
-
-    key: LimitKey
-    lesson: Lesson
-    retest: float | None = None
-
-
-@dataclass(slots=True)
-class _Cooling:
-    """A key's cool-down episode: when it began and ends, and its probe."""
-
-    began: float = -math.inf
-    until: float = -math.inf
-    half_open: bool = False
-    probe: int | None = None
-    # The server named its end (Retry-After): then no lesson shortens it.
-    asked: bool = False
 
 
 class Pacer:
@@ -89,7 +72,7 @@ class Pacer:
         self._turns = {key: anyio.Lock(fast_acquire=True) for key in self._rules}
         # Made only while a sender sleeps on the key (at most one: turns are FIFO).
         self._answers: dict[LimitKey, anyio.Event] = {}
-        self._cooling = {key: _Cooling() for key in self._rules}
+        self._cooling = {key: Cooling() for key in self._rules}
         self.learner = Learner(time_scale=time_scale)
         self._time_scale = time_scale
         self._kept_records: dict[LimitKey, dict[float, int]] = {}
@@ -100,6 +83,8 @@ class Pacer:
         # the arrival bound): until then plus the rule's reach, a grant may
         # have come only from the bound, and a refusal may say it is too tight.
         self._bounded: dict[LimitKey, float] = {}
+        # Per key, its refusals and whether the server counts them (`room`).
+        self._rooms = {key: Room() for key in self._rules}
 
     @property
     def rules(self) -> Mapping[LimitKey, Rule]:
@@ -117,12 +102,22 @@ class Pacer:
                 await self._sleep(key, wait.until)
 
     def release(
-        self, key: LimitKey, ticket: int, *, sent: bool = True, trip: Trip | None = None
-    ) -> None:
+        self,
+        key: LimitKey,
+        ticket: int,
+        *,
+        sent: bool = True,
+        trip: Trip | None = None,
+        refused: bool | None = None,
+    ) -> bool:
         """Record the answer of a granted request, waking a sender waiting on it;
         `sent=False`: it never reached the server, and takes no room in the windows.
         `trip`, what the client saw of the exchange, may let the request count
-        until before its answer (`arrival`: the answer less the key's floor).
+        until before its answer (`arrival`: the answer less the key's floor);
+        `refused`: the server answered 429 (False: it let the request through,
+        None: no answer), which may settle whether it counts refusals (`room`).
+        True: the room test was refused, which the server counting refusals
+        explains (the rule, counting them, waits already: no lesson, no backoff).
 
         The answer of a half-open key's probe closes the circuit: the key sends at
         its rule again, unless the answer was a 429 and `cool_down` follows. A probe
@@ -130,6 +125,11 @@ class Pacer:
         now = self._clock.now()
         ends = now if trip is None else self._counts_until(key, trip, now)
         self._ledger.release(ticket, ends, sent=sent)
+        room, before = self._rooms[key], self._rooms[key].counted
+        explained = room.answered(ticket, refused if sent else None, ends)
+        if room.counted is not before:
+            text = room_kept(room.counted, wall_time())
+            self._ledger.remember(f"{key.value}{ROOM_SUFFIX}", text)
         cooling = self._cooling[key]
         if cooling.probe == ticket:
             cooling.probe = None
@@ -137,6 +137,7 @@ class Pacer:
         answer = self._answers.pop(key, None)
         if answer is not None:
             answer.set()
+        return explained
 
     def _counts_until(self, key: LimitKey, trip: Trip, now: float) -> float:
         """Until when a request answered `now` counts: its answer, less the
@@ -155,13 +156,7 @@ class Pacer:
         """Grant no slot of `key` before `until` (after a 429 from the server), then
         one probe. A cool-down that starts while another runs extends that episode.
         `asked`: the server named `until` (Retry-After), not a backoff guess."""
-        cooling = self._cooling[key]
-        now = self._clock.now()
-        if now >= cooling.until:
-            cooling.began, cooling.asked = now, False
-        cooling.until = max(cooling.until, until)
-        cooling.asked = cooling.asked or asked
-        cooling.half_open = True
+        self._cooling[key].extend(self._clock.now(), until, asked=asked)
 
     def learn(
         self,
@@ -181,6 +176,7 @@ class Pacer:
         re-tested, kept with that interval (`retest.interval`)."""
         self._rules[key] = lesson.rule
         self._retests.pop(key, None)
+        self._rooms[key].steady = not lesson.trial and lesson.fallback is None
         if lesson.spread or back:
             self._paces[key] = Pace.SPREAD if lesson.spread else self._pace
         cooling = self._cooling[key]
@@ -220,6 +216,9 @@ class Pacer:
         now, scale = wall_time(), self._time_scale
         for key in keys:
             given = self._given[key]
+            room = self._ledger.recall(f"{key.value}{ROOM_SUFFIX}")
+            counted = room_recalled(room, now=now, kept_for=KEPT_FOR)
+            self._rooms[key].counted = counted
             kept = self._ledger.recall(f"{key.value}{RECORD_SUFFIX}")
             self._kept_records[key] = recalled_record(kept, given, scale)
             self.learner.seed(key, self._kept_records[key])
@@ -242,6 +241,7 @@ class Pacer:
         ledger's lesson is due until the server answers (`retest.under_way`)."""
         self._rules[key] = self._given[key] if base is None else base
         self._retests[key] = rule
+        self._rooms[key].steady = False
         text = self._ledger.recall(key.value)
         text = under_way(text, rule, self._given[key], self._time_scale, wall_time())
         if text is not None:
@@ -292,8 +292,7 @@ class Pacer:
     def hold(self, key: LimitKey, until: float) -> None:
         """Grant no slot of `key` before `until`, as a server that says its budget
         is spent until then asks (no lesson shortens it; no probe follows)."""
-        cooling = self._cooling[key]
-        cooling.until, cooling.asked = max(cooling.until, until), True
+        self._cooling[key].hold(until)
 
     def cooling(self, key: LimitKey) -> tuple[float, float]:
         """When the key's latest cool-down began, and when it ends (or ended)."""
@@ -309,7 +308,8 @@ class Pacer:
         held = self._probe_wait(key, now)
         if held is not None:
             return held
-        grant = self._ledger.reserve(key, self._rules[key], self._paces[key], now)
+        rule, pace = self._rules[key], self._paces[key]
+        grant = self._rooms[key].reserve(self._ledger, key, rule, pace, now)
         if cooling.half_open and isinstance(grant, Grant):
             cooling.probe = grant.ticket
         return grant

@@ -215,18 +215,20 @@ class Runner:
         probe = self._pacer.probe(key)
         sent = self._learner.sent(key, attempt.sent_at, probe=probe)
         self._emit(JobSent(self._clock.now(), key, attempt.job.id, attempt.attempts))
-        outcome, by = await self._send(key, ticket, attempt.job)
+        outcome, by, explained = await self._send(key, ticket, attempt.job)
         now = self._clock.now()
         job_id, latency = attempt.job.id, now - attempt.sent_at
         self._emit(JobAnswered(now, key, job_id, outcome.status, latency))
         # Only an answer says whether the server's limiter let the request through.
-        refused = None if outcome.status is None else outcome.kind is Kind.RATE_LIMITED
+        # A refusal the pacer explains (`room`) is no news of the rule's count.
+        answered = outcome.status is not None and not explained
+        refused = outcome.kind is Kind.RATE_LIMITED if answered else None
         wait = outcome.retry_after
         self._learner.answered(key, sent, now, refused=refused, wait=wait, by=by)
         if refused is False:
             self._pacer.keep_record(key)
         try:
-            self._settlement.settle(key, queue, attempt, outcome)
+            self._settlement.settle(key, queue, attempt, outcome, explained=explained)
         except StateError as exc:
             # The answer could not be recorded: the store still says in flight,
             # so the next run resends the job if safe, else leaves it unknown.
@@ -243,11 +245,13 @@ class Runner:
 
     async def _send(
         self, key: LimitKey, ticket: int, job: Job
-    ) -> tuple[Outcome, float | None]:
+    ) -> tuple[Outcome, float | None, bool]:
         """Send `job`, and release its slot whatever happens to the request; with
         its outcome, where the learner places its arrival at the latest: by the
-        network's bound (`ArrivalBound.latest`), None: by its answer."""
+        network's bound (`ArrivalBound.latest`), None: by its answer; and whether
+        the pacer explains a refusal (`Pacer.release`)."""
         outcome: Outcome | None = None
+        explained = False
         began = self._clock.now()
         try:
             outcome = await self._sender.send(job)
@@ -255,10 +259,15 @@ class Runner:
             # A request that never reached the server spends no budget.
             reached = outcome is None or outcome.reached
             trip = _trip(began, outcome)
-            self._pacer.release(key, ticket, sent=reached, trip=trip)
+            refused = None
+            if outcome is not None and outcome.status is not None:
+                refused = outcome.kind is Kind.RATE_LIMITED
+            explained = self._pacer.release(
+                key, ticket, sent=reached, trip=trip, refused=refused
+            )
             self._in_flight -= 1
         by = None if trip is None else self._pacer.arrival.latest(trip.written)
-        return outcome, by
+        return outcome, by, explained
 
     def _emit(self, event: Event) -> None:
         self._sink.emit(event)

@@ -69,9 +69,20 @@ class Settlement:
         self.tally = Tally()
 
     def settle(
-        self, key: LimitKey, queue: KeyQueue, attempt: Attempt, outcome: Outcome
+        self,
+        key: LimitKey,
+        queue: KeyQueue,
+        attempt: Attempt,
+        outcome: Outcome,
+        *,
+        explained: bool = False,
     ) -> None:
-        if outcome.kind is Kind.RATE_LIMITED:
+        """Finish `attempt` or send it again later; `explained`: a 429 the pacer
+        explains (`Pacer.release`), sent again when the rule allows, no cool-down."""
+        if outcome.kind is Kind.RATE_LIMITED and explained:
+            self.tally.rate_limited += 1
+            self._requeue(key, queue, attempt, 0.0, outcome, rate_limited=True)
+        elif outcome.kind is Kind.RATE_LIMITED:
             self._rate_limited(key, queue, attempt, outcome)
         elif outcome.kind is Kind.TRANSIENT:
             self._transient(key, queue, attempt, outcome)

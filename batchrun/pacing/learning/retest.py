@@ -23,11 +23,22 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from batchrun.core.limits import Rule
+from batchrun.core.limits import LimitKey, Rule
 from batchrun.pacing.learning.lessons import Lesson
 from batchrun.pacing.learning.storage import LEARNED, recalled
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """A lesson an earlier run kept for a key (`Pacer.recall`), and, if it is
+    due for a re-test, the interval it was kept with (None: paced by)."""
+
+    key: LimitKey
+    lesson: Lesson
+    retest: float | None = None
+
 
 # A lesson confirmed by the server's own word is first re-tested this many of
 # the given rule's longest windows (unscaled) after, and each re-test it
