@@ -235,10 +235,13 @@ def test_a_lesson_the_server_refuses_again_is_re_tested_twice_as_late():
     assert len(refused) == 6
     tests = refused[3:]
     first_wait = run_wait(GIVEN, None)
-    assert tests[0] - refused[2] == pytest.approx(first_wait, abs=0.5)
+    # A re-test goes with the first answer once it is due: here the key has
+    # filled its window and idles until the next (refusals take no room in
+    # this server, which does not count them: `room`), so up to one later.
+    assert first_wait - 0.5 <= tests[0] - refused[2] <= first_wait + 2.5
     assert tests[1] - tests[0] == pytest.approx(2 * first_wait, abs=0.5)
     assert tests[2] - tests[1] == pytest.approx(4 * first_wait, abs=0.5)
-    assert run.ratio <= 1.06  # each refused re-test spends one slot
+    assert run.ratio <= 1.02  # no refused re-test holds a slot (1.048 x before)
     assert recalled(GIVEN, first.recall(KEY.value)) == "10/2s"
     assert interval(first) == BASE
 
@@ -291,11 +294,17 @@ def test_a_lesson_in_doubt_over_a_confirmed_one_goes_back_to_it(traced, seed):
     run = client(server=strict, count=240, ledger=ledger)
     assert run.finished
     assert run.tally.rate_limited <= 30  # 46 going back to the given 30/2s
-    assert run.ratio <= 1.3
-    assert recalled(GIVEN, ledger.recall(KEY.value)) == "10/2s"
+    # When the other consumer starts, against the run's re-tests, moves this
+    # between 1.0 and 1.44 x (`docs/design/learner.md`, another consumer).
+    assert run.ratio <= 1.45
+    kept = recalled(GIVEN, ledger.recall(KEY.value))
+    # Never a count below the server's: untraced seed 1 rules 6/2s out back
+    # to an unconfirmed 10/2s, and the ledger kept 6/2s, due, which the next
+    # run's re-test from 30/2s reconfirmed (1.78 x); now it forgets it.
+    assert kept in ("10/2s", None)
     quiet = Server(LimiterKind.SLIDING, parse_rule("10/2s"), retry_after=False)
     then = client(server=quiet, count=120, ledger=rerun_from(ledger))
-    assert then.tally.rate_limited == 0
+    assert then.tally.rate_limited <= (0 if kept else 5)
     assert then.ratio <= 1.05
 
 

@@ -201,10 +201,12 @@ class Pacer:
             )
             self._ledger.remember(key.value, text)
 
-    def forget(self, key: LimitKey, *, kept: bool = True) -> None:
-        """Pace `key` by its given rule from now on, and forget what the ledger
-        kept of it if `kept` (a re-test found the server no stricter)."""
-        self.learn(key, Lesson(self._given[key], ""), keep=False, back=True)
+    def forget(
+        self, key: LimitKey, *, kept: bool = True, back: Lesson | None = None
+    ) -> None:
+        """Pace `key` by `back` (its given rule if None) from now on, and forget
+        what the ledger kept of it if `kept` (a re-test ruled it out)."""
+        self.learn(key, back or Lesson(self._given[key], ""), keep=False, back=True)
         if kept:
             self._ledger.remember(key.value, "{}")
 

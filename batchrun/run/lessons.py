@@ -225,18 +225,25 @@ class Lessons:
     def _relax(self, key: LimitKey) -> None:
         """A re-test found the server no stricter than the run's first lesson
         (`_InForce.base`, re-tested in turn after its own wait) or the given
-        rule: pace by that again, as it was learned (evenly or not); the ledger
-        forgets a lesson it kept (one of this run that was never kept leaves it
-        as it is: another process may keep one)."""
+        rule: pace by that again, as it was learned (evenly or not), kept again
+        if it was; the ledger forgets a lesson it kept (one of this run that was
+        never kept leaves it as it is: another process may keep one)."""
         tested = self._tested.pop(key, None)
         base = None if tested is None else tested.base
-        if base is not None:
-            self._pacer.learn(key, base.lesson, keep=base.lesson.confirmed, back=True)
-            due = base.due if math.isinf(base.due) else self._clock.now() + base.wait
-            self._in_force[key] = replace(base, due=due)
+        kept = tested is None or tested.lesson.confirmed
+        if base is None:
+            self._in_force.pop(key, None)
+            self._pacer.forget(key, kept=kept)
             return
-        self._in_force.pop(key, None)
-        self._pacer.forget(key, kept=tested is None or tested.lesson.confirmed)
+        if base.lesson.confirmed:
+            self._pacer.learn(key, base.lesson, back=True)
+        else:
+            # Paced by this process only: the lesson ruled out must not stay in
+            # the ledger, where the next run would re-test it from the given
+            # rule, and a server stricter than that refuses past it again.
+            self._pacer.forget(key, kept=kept, back=base.lesson)
+        due = base.due if math.isinf(base.due) else self._clock.now() + base.wait
+        self._in_force[key] = replace(base, due=due)
 
     def _put_in_force(self, key: LimitKey, lesson: Lesson) -> None:
         """Record `lesson` as in force, re-tested in this run after
