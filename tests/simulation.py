@@ -35,6 +35,7 @@ from batchrun.pacing.learning.storage import RECORD_SUFFIX
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import Limiter, LimiterKind, make_limiter
 from batchrun.pacing.pacer import Pacer
+from batchrun.pacing.room import ROOM_SUFFIX
 from batchrun.run.runner import Runner
 from batchrun.run.settings import Settings
 from batchrun.sandbox.faults import NOISE_DIGITS
@@ -234,10 +235,11 @@ def jobs(count: int) -> list[Job]:
 
 def carried(run: MemoryLedger, *, record: bool = True) -> MemoryLedger:
     """A fresh ledger with only what `run` kept of the key for the next run: its
-    lesson and, with `record`, what the server was seen to accept (the sends
-    themselves are on the last run's virtual clock)."""
+    lesson, whether the server counts refusals and, with `record`, what it was
+    seen to accept (the sends themselves are on the last run's virtual clock)."""
     ledger = MemoryLedger()
-    names = (KEY.value, KEY.value + RECORD_SUFFIX) if record else (KEY.value,)
+    names = [KEY.value, KEY.value + ROOM_SUFFIX]
+    names += [KEY.value + RECORD_SUFFIX] if record else []
     for name in names:
         text = run.recall(name)
         if text is not None:

@@ -304,8 +304,9 @@ def test_a_lesson_in_doubt_over_a_confirmed_one_goes_back_to_it(traced, seed):
     assert kept in ("10/2s", None)
     quiet = Server(LimiterKind.SLIDING, parse_rule("10/2s"), retry_after=False)
     then = client(server=quiet, count=120, ledger=rerun_from(ledger))
+    # Nothing kept: the next run learns 10/2s again, as a first run does.
     assert then.tally.rate_limited <= (0 if kept else 5)
-    assert then.ratio <= 1.05
+    assert then.ratio <= (1.05 if kept else 1.1)
 
 
 def test_a_window_the_server_said_stays_said_when_its_safer_reading_is_ruled_out():

@@ -10,11 +10,13 @@ import pytest
 
 from batchrun.core.clock import LoopClock
 from batchrun.core.limits import LimitKey, Pace, Rule, parse_rule
+from batchrun.ledgers.sqlite_ledger import SqliteLedger
 from batchrun.pacing.learning.lessons import Lesson
-from batchrun.pacing.ledger import MemoryLedger
+from batchrun.pacing.ledger import Ledger, MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.pacer import Pacer
 from batchrun.pacing.room import ROOM_SUFFIX, Room, kept, recalled
+from batchrun.pacing.slots import Grant, Wait
 from tests.simulation import Network, Server, carried, simulate
 
 KEY = LimitKey.RUN_QUERY
@@ -139,6 +141,54 @@ async def test_one_request_goes_past_a_refusal_to_test_whether_it_counts(counted
     assert waited.cancelled_caught  # one test at a time
     assert pacer.release(KEY, test, refused=False) is False
     assert known(ledger) is False
+
+
+def _ledgers(tmp_path) -> list[Ledger]:
+    """A memory ledger and a SQLite one on a clock that stands still."""
+    sqlite = SqliteLedger(tmp_path / "l.db", client="c", hold=30.0, now=lambda: 0.0)
+    return [MemoryLedger(), sqlite]
+
+
+@pytest.mark.parametrize("which", ["memory", "sqlite"])
+def test_a_ledger_read_by_the_plain_rule_keeps_what_the_lifted_one_needs(
+    tmp_path, which
+):
+    """3/60s, refusals seen not to count: a and b accepted, c refused, d past
+    c. A read by the plain rule (`Pacer.full` on "RateLimit-Remaining: 0")
+    trimmed SQLite's history to 3, and the lifted 4/60s then let a fourth
+    acceptance through within 60 s."""
+    ledger = _ledgers(tmp_path)[which == "sqlite"]
+    rule, room = parse_rule("3/60s"), Room(counted=False)
+
+    def send(now: float, refused: bool) -> None:
+        grant = room.reserve(ledger, KEY, rule, Pace.EXACT, now)
+        assert isinstance(grant, Grant)
+        ledger.release(grant.ticket, now + 0.05)
+        room.answered(grant.ticket, refused, now + 0.05)
+
+    send(0.0, False)
+    send(0.2, False)
+    send(0.4, True)
+    room.steady = True
+    send(1.0, False)  # past the refusal
+    ledger.usage(KEY, rule)
+    assert isinstance(room.reserve(ledger, KEY, rule, Pace.EXACT, 3.0), Wait)
+
+
+def test_no_test_goes_while_a_request_is_in_flight():
+    """It may not have reached the server yet: a counting server could see
+    the test first, with room, and accept it."""
+    ledger, rule = MemoryLedger(), parse_rule("3/60s")
+    room = Room(refusals=[0.05])
+    first = ledger.reserve(KEY, rule, Pace.EXACT, 0.0)
+    assert isinstance(first, Grant)
+    ledger.release(first.ticket, 0.05)
+    assert isinstance(room.reserve(ledger, KEY, rule, Pace.EXACT, 59.0), Grant)
+    assert isinstance(room.reserve(ledger, KEY, rule, Pace.EXACT, 59.0), Grant)
+    # The rule (counting the refusal) is full until 60.05; left out, there
+    # is room, but two are in flight.
+    assert isinstance(room.reserve(ledger, KEY, rule, Pace.EXACT, 59.0), Wait)
+    assert room.past == set()
 
 
 # Told 30/2s, a 10/2s server without Retry-After, 60 jobs: six windows exactly,

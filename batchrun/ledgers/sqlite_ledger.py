@@ -112,7 +112,9 @@ class _SharedLog:
                 del self.open[ticket]
                 self.lapsed[ticket] = expires
                 bisect.insort(self.finished, expires)
-        del self.finished[: -rule.deepest]
+        # Twice the depth: a rule with a key's refusals left out (`room`, at
+        # most twice as deep) finds them whichever rule trimmed last.
+        del self.finished[: -2 * rule.deepest]
         last = self.last_start if self.last_start > -math.inf else None
         finished: list[float] = self.finished
         if horizon is not None and now < horizon + reach(rule):

@@ -64,7 +64,9 @@ class _KeyLog:
 class MemoryLedger:
     """One process's ledger: per key, the newest completions and the in-flight count.
 
-    Only the last `rule.deepest` completions can bind, so that is all it keeps.
+    Only the last `rule.deepest` completions can bind; it keeps twice that, so a
+    rule with a key's refusals left out (`room`, at most twice as deep) finds
+    them whichever rule trimmed last.
     """
 
     def __init__(self) -> None:
@@ -75,8 +77,8 @@ class MemoryLedger:
 
     def reserve(self, key: str, rule: Rule, pace: Pace, now: float) -> Grant | Wait:
         log = self._logs[key]
-        if len(log.finished) > rule.deepest:
-            del log.finished[: -rule.deepest]
+        if len(log.finished) > 2 * rule.deepest:
+            del log.finished[: -2 * rule.deepest]
         slot = earliest_slot(log, rule, pace)
         if slot is None or slot > now:
             return Wait(slot)

@@ -17,13 +17,14 @@ request the rule allows only with them left out ("past the refusals") tells:
   count (the pacer says so, and the learner does not read it).
 
 While unknown, one such request is in flight at a time (the test), only while
-the key is steady (`Room.steady`), and only where the rule counting the
-refusals forbids it by more than twice the longest a request of the key was
-seen to count after its grant (`Room.lag`): the server, counting from
-arrivals, then still holds them all when the test arrives. Once they are seen
-not to count, any refusal makes it unknown again (another consumer, a server
-that changed): they count until the next test. What is known is kept in the
-ledger, so a server that counts refusals pays its test once.
+the key is steady (`Room.steady`) and has nothing else in flight, and only
+where the rule counting the refusals forbids it by more than twice the
+longest a request of the key was seen to count after its grant (`Room.lag`):
+the server, counting from arrivals, then still holds them all when the test
+arrives. Once they are seen not to count, any refusal makes it unknown again
+(another consumer, a server that changed): they count until the next test.
+What is known is kept in the ledger, so a server that counts refusals pays
+its test once per process that does not know it yet.
 
 What it rests on: an acceptance past the refusals is read as the server not
 counting them, though a rule looser than the one paced would explain it too;
@@ -43,7 +44,9 @@ from batchrun.pacing.slots import Grant, Wait, earliest_slot
 # The ledger key, after the limit key's, of whether the server counts refusals.
 ROOM_SUFFIX = "#refusals"
 # A refusal is left out of a window only while it counts in it by more than
-# this (seconds): a shared ledger may hold its moment a microsecond off.
+# this (seconds). Memory and SQLite hold the very moment; Redis rebases it to
+# the caller's clock, off by up to its round trip's asymmetry, which matters
+# only if the server counts refusals after all (then the next refusal says so).
 _EDGE = 0.001
 
 
@@ -59,7 +62,8 @@ class Room:
     past: set[int] = field(default_factory=set)
     # When each request in flight was granted, while refusals may not count.
     sent: dict[int, float] = field(default_factory=dict)
-    # The longest a request was seen to count after it was granted.
+    # The longest a request was seen to count after it was granted (it only
+    # grows: one slow exchange makes tests rarer for the rest of the process).
     lag: float = 0.0
     # Paced by a rule that is not itself on test (a reading with a safer one
     # behind it, a lesson under re-test) and that no refusal has put in
@@ -81,7 +85,10 @@ class Room:
         for window in rule.windows:
             since = now - window.seconds + _EDGE
             inside = sum(1 for end in self.refusals if end > since)
-            windows.append(Window(window.count + inside, window.seconds))
+            # At most twice as deep: the ledgers keep that much (`ledger`).
+            windows.append(
+                Window(window.count + min(inside, window.count), window.seconds)
+            )
         return Rule(tuple(windows))
 
     def reserve(
@@ -89,9 +96,10 @@ class Room:
     ) -> Grant | Wait:
         """A slot of `key` now from `ledger`, by `rule`, or past the refusals:
         freely once the server is seen not to count them; while unknown, as the
-        one test in flight, if the key is steady and the rule counting them
-        forbids the request by more than twice the lag (so the server, counting
-        from arrivals, still holds them all when the test arrives)."""
+        one test in flight, if the key is steady, has nothing else in flight,
+        and the rule counting them forbids the request by more than twice the
+        lag (so the server, counting from arrivals, holds them all when the
+        test arrives)."""
         lifted = self.lifted(rule, pace, now)
         if lifted is None:
             grant = ledger.reserve(key, rule, pace, now)
@@ -100,9 +108,13 @@ class Room:
             return grant
         # Reserved by the lifted rule either way: a ledger keeps only as much
         # history as the rule it is asked with needs.
-        plain = earliest_slot(ledger.usage(key, lifted), rule, pace)
+        usage = ledger.usage(key, lifted)
+        plain = earliest_slot(usage, rule, pace)
         within = plain is not None and plain <= now
-        sound = plain is None or plain > now + 2 * self.lag
+        # Nothing in flight (it may not have reached the server yet), and the
+        # rule's own slot far enough off that every answered one still counts.
+        sound = usage.in_flight == 0 and plain is not None
+        sound = sound and plain > now + 2 * self.lag
         test = not within and sound and self.steady
         if not (within or test or self.counted is False):
             return Wait(plain)
