@@ -106,15 +106,14 @@ class Room:
             if isinstance(grant, Grant) and not self.counted:
                 self.sent[grant.ticket] = now
             return grant
-        # Reserved by the lifted rule either way: a ledger keeps only as much
-        # history as the rule it is asked with needs.
+        # Reserved by the lifted rule either way, the deeper one.
         usage = ledger.usage(key, lifted)
         plain = earliest_slot(usage, rule, pace)
         within = plain is not None and plain <= now
         # Nothing in flight (it may not have reached the server yet), and the
         # rule's own slot far enough off that every answered one still counts.
-        sound = usage.in_flight == 0 and plain is not None
-        sound = sound and plain > now + 2 * self.lag
+        far = plain is not None and plain > now + 2 * self.lag
+        sound = usage.in_flight == 0 and far
         test = not within and sound and self.steady
         if not (within or test or self.counted is False):
             return Wait(plain)
