@@ -13,7 +13,8 @@ rerun starts at full speed), requests are probes that reach the server one at a
 time, each once the last has surely arrived (`learning.log.KeyLog.gated`).
 
 A request counts until its answer, less the part of it taken to have come after
-the server counted it (`arrival.ArrivalBound`: the key's floor).
+the server counted it (`arrival.ArrivalBound`: the key's floor); a refused one
+too, unless the key's server was seen not to count refusals (`room.Room`).
 """
 
 from __future__ import annotations
