@@ -9,11 +9,12 @@ import pytest
 from typer.testing import CliRunner
 
 from batchrun.cli.commands import app
-from batchrun.core.clock import MachineClock
+from batchrun.core.clock import MachineClock, wall_time
 from batchrun.core.events import Status
 from batchrun.core.limits import Pace, parse_rule
 from batchrun.jobs.job import scan
 from batchrun.ledgers.sqlite_ledger import SqliteLedger
+from batchrun.pacing.room import ROOM_SUFFIX, kept, known
 from batchrun.pacing.slots import Grant
 from batchrun.store.paths import StatePaths, client_fingerprint
 from batchrun.store.results import JobResult
@@ -259,6 +260,22 @@ def test_limits_shows_what_was_learned_and_forgets_it(tmp_path):
         "confirmed": None,
         "retest": None,
     }
+
+
+def test_forget_also_forgets_whether_the_server_counts_refusals(tmp_path):
+    """What was seen of refusals (`room`) is learned too: forgotten with the
+    lesson, the next run tests it again."""
+    paths = StatePaths.resolve(tmp_path / "state")
+    learned_ledger(paths)
+    client = client_fingerprint(URL, "tok")
+    ledger = SqliteLedger(paths.ledger, client=client, hold=30, now=MachineClock().now)
+    ledger.remember(f"run-query{ROOM_SUFFIX}", kept(False, wall_time()))
+    assert known(ledger, "run-query", now=wall_time()) is False
+    ledger.close()
+    assert cli(tmp_path, "limits", "--forget", "run-query").exit_code == 0
+    ledger = SqliteLedger(paths.ledger, client=client, hold=30, now=MachineClock().now)
+    assert known(ledger, "run-query", now=wall_time()) is None
+    ledger.close()
 
 
 def test_limits_needs_a_client_and_a_known_key(tmp_path):

@@ -25,6 +25,7 @@ from batchrun.pacing.learning.lessons import Lesson
 from batchrun.pacing.learning.retest import cadence
 from batchrun.pacing.learning.storage import recalled
 from batchrun.pacing.ledger import Ledger
+from batchrun.pacing.room import ROOM_SUFFIX
 from batchrun.pacing.slots import eta
 from batchrun.store.paths import StatePaths
 from batchrun.store.results import last_result
@@ -337,11 +338,12 @@ def limits(
 def forget(
     keys: list[LimitKey], paths: StatePaths, client: str, *, ledger_url: str | None
 ) -> list[LimitKey]:
-    """Forget what was learned of `keys`' limits for `client`, so that the next
-    run starts from the rule given again; return the keys that had a lesson."""
+    """Forget what was learned of `keys`' limits for `client`, refusals too (`room`):
+    the next run starts from the rule given; return the keys that had a lesson."""
     forgotten = []
     with _ledger(_Budget(paths, client, ledger_url), read_only=False) as ledger:
         for key in keys:
+            ledger.remember(f"{key.value}{ROOM_SUFFIX}", "{}")
             if ledger.recall(key.value) not in (None, "{}"):
                 ledger.remember(key.value, "{}")
                 forgotten.append(key)

@@ -34,7 +34,6 @@ from batchrun.pacing.learning.learner import Learner
 from batchrun.pacing.learning.lessons import Lesson
 from batchrun.pacing.learning.retest import Kept, due, interval, testable, under_way
 from batchrun.pacing.learning.storage import (
-    KEPT_FOR,
     RECORD_SUFFIX,
     accepted_record,
     recalled,
@@ -42,9 +41,8 @@ from batchrun.pacing.learning.storage import (
     stored,
 )
 from batchrun.pacing.ledger import Ledger
-from batchrun.pacing.room import ROOM_SUFFIX, Room
+from batchrun.pacing.room import ROOM_SUFFIX, Room, known
 from batchrun.pacing.room import kept as room_kept
-from batchrun.pacing.room import recalled as room_recalled
 from batchrun.pacing.slots import Grant, Wait, earliest_slot, reach
 
 
@@ -219,9 +217,7 @@ class Pacer:
         now, scale = wall_time(), self._time_scale
         for key in keys:
             given = self._given[key]
-            room = self._ledger.recall(f"{key.value}{ROOM_SUFFIX}")
-            counted = room_recalled(room, now=now, kept_for=KEPT_FOR)
-            self._rooms[key].counted = counted
+            self._rooms[key].counted = known(self._ledger, key.value, now=now)
             kept = self._ledger.recall(f"{key.value}{RECORD_SUFFIX}")
             self._kept_records[key] = recalled_record(kept, given, scale)
             self.learner.seed(key, self._kept_records[key])

@@ -38,6 +38,7 @@ import json
 from dataclasses import dataclass, field
 
 from batchrun.core.limits import Pace, Rule, Window
+from batchrun.pacing.learning.storage import KEPT_FOR
 from batchrun.pacing.ledger import Ledger
 from batchrun.pacing.slots import Grant, Wait, earliest_slot
 
@@ -173,3 +174,9 @@ def recalled(text: str | None, *, now: float, kept_for: float) -> bool | None:
     if not isinstance(counted, bool) or not now - kept_for <= at <= now + 86400.0:
         return None
     return counted
+
+
+def known(ledger: Ledger, key: str, *, now: float) -> bool | None:
+    """What `ledger` keeps of whether `key`'s server counts refusals (`kept`),
+    if seen within `KEPT_FOR` before `now` (wall clock); None: not known."""
+    return recalled(ledger.recall(f"{key}{ROOM_SUFFIX}"), now=now, kept_for=KEPT_FOR)
