@@ -59,7 +59,7 @@ class Room:
     counted: bool | None = None
     # When each of this process's recent refusals stops counting, ascending.
     refusals: list[float] = field(default_factory=list)
-    # Tickets granted past the refusals as tests, not yet answered.
+    # Tests granted past the refusals while unknown, not yet answered.
     past: set[int] = field(default_factory=set)
     # When each request in flight was granted, while refusals may not count.
     sent: dict[int, float] = field(default_factory=dict)
@@ -76,7 +76,9 @@ class Room:
         """`rule` with the key's refusals left out (each window's count raised by
         those still counting in it), or None when none are to be: they count,
         none is recent, or the key is paced by a bucket or evenly."""
-        if self.counted or rule.burst is not None or pace is not Pace.EXACT:
+        if self.counted or not self.refusals:
+            return None
+        if rule.burst is not None or pace is not Pace.EXACT:
             return None
         horizon = now - max(w.seconds for w in rule.windows) + _EDGE
         self.refusals = [end for end in self.refusals if end > horizon]
@@ -107,19 +109,21 @@ class Room:
             if isinstance(grant, Grant) and not self.counted:
                 self.sent[grant.ticket] = now
             return grant
-        # Reserved by the lifted rule either way, the deeper one.
-        usage = ledger.usage(key, lifted)
-        plain = earliest_slot(usage, rule, pace)
-        within = plain is not None and plain <= now
-        # Nothing in flight (it may not have reached the server yet), and the
-        # rule's own slot far enough off that every answered one still counts.
-        far = plain is not None and plain > now + 2 * self.lag
-        sound = usage.in_flight == 0 and far
-        test = not within and sound and self.steady
-        if not (within or test or self.counted is False):
-            return Wait(plain)
-        if test and self.counted is None and self.past:
-            return Wait(None)  # the test's answer decides
+        if self.counted is None:
+            # Reserved by the lifted rule either way, the deeper one.
+            usage = ledger.usage(key, lifted)
+            plain = earliest_slot(usage, rule, pace)
+            within = plain is not None and plain <= now
+            # Nothing in flight (it may not have reached the server yet), and
+            # the rule's own slot far enough off that every answered one counts.
+            far = plain is not None and plain > now + 2 * self.lag
+            test = not within and usage.in_flight == 0 and far and self.steady
+            if not (within or test):
+                return Wait(plain)
+            if test and self.past:
+                return Wait(None)  # the test's answer decides
+        else:
+            test = False  # past them freely: any refusal makes it unknown again
         grant = ledger.reserve(key, lifted, pace, now)
         if isinstance(grant, Grant):
             self.sent[grant.ticket] = now

@@ -219,10 +219,8 @@ class Runner:
         now = self._clock.now()
         job_id, latency = attempt.job.id, now - attempt.sent_at
         self._emit(JobAnswered(now, key, job_id, outcome.status, latency))
-        # Only an answer says whether the server's limiter let the request through.
         # A refusal the pacer explains (`room`) is no news of the rule's count.
-        answered = outcome.status is not None and not explained
-        refused = outcome.kind is Kind.RATE_LIMITED if answered else None
+        refused = None if explained else _refused(outcome)
         wait = outcome.retry_after
         self._learner.answered(key, sent, now, refused=refused, wait=wait, by=by)
         if refused is False:
@@ -259,11 +257,8 @@ class Runner:
             # A request that never reached the server spends no budget.
             reached = outcome is None or outcome.reached
             trip = _trip(began, outcome)
-            refused = None
-            if outcome is not None and outcome.status is not None:
-                refused = outcome.kind is Kind.RATE_LIMITED
             explained = self._pacer.release(
-                key, ticket, sent=reached, trip=trip, refused=refused
+                key, ticket, sent=reached, trip=trip, refused=_refused(outcome)
             )
             self._in_flight -= 1
         by = None if trip is None else self._pacer.arrival.latest(trip.written)
@@ -271,6 +266,14 @@ class Runner:
 
     def _emit(self, event: Event) -> None:
         self._sink.emit(event)
+
+
+def _refused(outcome: Outcome | None) -> bool | None:
+    """Whether the server's limiter refused the request (a 429); None when no
+    answer says so (only an answer says whether it let the request through)."""
+    if outcome is None or outcome.status is None:
+        return None
+    return outcome.kind is Kind.RATE_LIMITED
 
 
 def _trip(began: float, outcome: Outcome | None) -> Trip | None:
