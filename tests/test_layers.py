@@ -71,8 +71,8 @@ WINGS: list[tuple[str, list[list[str]]]] = [
     (
         "cli",
         [
-            ["config", "crontab", "board", "helps", "clients"],
-            ["plain_log", "overview", "defaults", "metrics"],
+            ["config", "crontab", "board", "helps", "clients", "budget"],
+            ["plain_log", "overview", "learned", "defaults", "metrics"],
             ["progress", "targets", "metrics_file"],
             ["reports", "terminal"],
             ["arguments", "flags"],

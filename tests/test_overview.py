@@ -259,23 +259,41 @@ def test_limits_shows_what_was_learned_and_forgets_it(tmp_path):
         "learned": None,
         "confirmed": None,
         "retest": None,
+        "refusals_counted": None,
+        "refusals_seen": None,
     }
 
 
 def test_forget_also_forgets_whether_the_server_counts_refusals(tmp_path):
-    """What was seen of refusals (`room`) is learned too: forgotten with the
-    lesson, the next run tests it again."""
+    """What was seen of refusals (`room`) is learned too: `limits` shows it,
+    and forgets it with the lesson; the next run tests it again."""
     paths = StatePaths.resolve(tmp_path / "state")
     learned_ledger(paths)
     client = client_fingerprint(URL, "tok")
     ledger = SqliteLedger(paths.ledger, client=client, hold=30, now=MachineClock().now)
-    ledger.remember(f"run-query{ROOM_SUFFIX}", kept(False, wall_time()))
+    seen = wall_time()
+    ledger.remember(f"run-query{ROOM_SUFFIX}", kept(False, seen))
+    ledger.remember(f"invite{ROOM_SUFFIX}", kept(True, seen))
     assert known(ledger, "run-query", now=wall_time()) is False
     ledger.close()
+    shown = cli(tmp_path, "limits").stdout.splitlines()
+    refusals = [line for line in shown if line.startswith("  429s ")]
+    assert refusals[0].startswith("  429s take no slot: the server was seen not to")
+    assert refusals[1].startswith("  429s each take a slot: the server was seen to")
+    as_json = json.loads(cli(tmp_path, "limits", "--json").stdout)
+    assert as_json["run-query"]["refusals_counted"] is False
+    assert as_json["invite"]["refusals_counted"] is True
+    assert as_json["invite"]["refusals_seen"] == pytest.approx(seen)
     assert cli(tmp_path, "limits", "--forget", "run-query").exit_code == 0
     ledger = SqliteLedger(paths.ledger, client=client, hold=30, now=MachineClock().now)
     assert known(ledger, "run-query", now=wall_time()) is None
     ledger.close()
+    # A key with nothing learned but what its server does with refusals.
+    forgot = cli(tmp_path, "limits", "--forget", "invite")
+    assert "Forgot what was learned of invite's limit." in forgot.stdout
+    after = json.loads(cli(tmp_path, "limits", "--json").stdout)
+    assert after["invite"]["refusals_counted"] is None
+    assert "--forget KEY" not in cli(tmp_path, "limits").stdout
 
 
 def test_limits_needs_a_client_and_a_known_key(tmp_path):

@@ -9,23 +9,19 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchrun.core.clock import MachineClock, wall_time
+from batchrun.cli.budget import Budget, in_force, opened
+from batchrun.core.clock import MachineClock
 from batchrun.core.errors import UsageError
 from batchrun.core.limits import LimitKey, Pace, Rule, read_table
 from batchrun.core.responses import Responses
 from batchrun.jobs.job import read_jobs
-from batchrun.ledgers.shared_ledger import open_shared_ledger
 from batchrun.pacing.learning.lessons import Lesson
-from batchrun.pacing.learning.retest import cadence
-from batchrun.pacing.learning.storage import recalled
 from batchrun.pacing.ledger import Ledger
-from batchrun.pacing.room import ROOM_SUFFIX
 from batchrun.pacing.slots import eta
 from batchrun.store.paths import StatePaths
 from batchrun.store.results import last_result
@@ -122,7 +118,7 @@ def status(
         k: s.get(JobState.PENDING, 0) + s.get(JobState.IN_FLIGHT, 0)
         for k, s in states.items()
     }
-    budget = _Budget(paths, client, ledger_url, fallback)
+    budget = Budget(paths, client, ledger_url, fallback)
     keys = _plans(pending, rules, pace, budget)
     return Status(found, states, failures, keys, activity, responses)
 
@@ -204,64 +200,23 @@ def plan(
         with RunStore(found, read_only=True) as store:
             settled = store.ids_in(_SETTLED)
     left = Counter(job.key for job in jobs if job.id not in settled)
-    budget = _Budget(paths, client, ledger_url, fallback or {})
+    budget = Budget(paths, client, ledger_url, fallback or {})
     return _plans(dict(left), rules, pace, budget)
-
-
-@dataclass(frozen=True, slots=True)
-class _Budget:
-    """Where a client's budget in use, and what was learned of its limits, are
-    read: its ledger."""
-
-    paths: StatePaths
-    client: str
-    ledger_url: str | None = field(repr=False)  # may hold a password
-    # --profile auto: the rule a key is planned by until the server settles it.
-    fallback: dict[LimitKey, Rule] = field(default_factory=dict)
 
 
 def _plans(
     left: dict[LimitKey, int],
     rules: dict[LimitKey, Rule],
     pace: Pace,
-    budget: _Budget,
+    budget: Budget,
 ) -> list[KeyPlan]:
     now = MachineClock().now()
-    with _ledger(budget, now) as ledger:
+    with opened(budget, now) as ledger:
         plans = []
         for key, n in sorted((k, n) for k, n in left.items() if n and k in rules):
-            force = _in_force(key, rules[key], ledger.recall(key.value), budget)
+            force = in_force(key, rules[key], ledger.recall(key.value), budget)
             plans.append(_plan(key, n, force, pace, ledger, now))
         return plans
-
-
-@contextmanager
-def _ledger(
-    budget: _Budget, now: float | None = None, *, read_only: bool = True
-) -> Iterator[Ledger]:
-    """The client's ledger, read at `now` (default: the time it is opened)."""
-    at = MachineClock().now() if now is None else now
-    ledger = open_shared_ledger(
-        budget.ledger_url,
-        state=budget.paths,
-        client=budget.client,
-        hold=0.0,
-        now=lambda: at,
-        read_only=read_only,
-    )
-    try:
-        yield ledger
-    finally:
-        ledger.close()
-
-
-def _in_force(key: LimitKey, rule: Rule, text: str | None, budget: _Budget) -> Lesson:
-    """The rule a run of `key` would pace by: what was learned of it (`text`, as
-    kept), if anything under this very rule, else `rule` (no evidence)."""
-    lesson = recalled(rule, text, time_scale=1.0, now=wall_time())
-    if lesson is not None:
-        return lesson
-    return Lesson(budget.fallback.get(key, rule), "")
 
 
 def _plan(
@@ -291,60 +246,3 @@ def _store_path(
         return next((path for path in found if path.exists()), None)
     stores = sorted(folder.glob("*.db"), key=lambda p: p.stat().st_mtime)
     return stores[-1] if stores else None
-
-
-@dataclass(frozen=True, slots=True)
-class KeyLimit:
-    """One key's limit for a client: the rule given (profile or --limit), the rule
-    a run paces by, and, if that was learned from the server, when and why."""
-
-    key: LimitKey
-    given: Rule
-    rule: Rule
-    spread: bool
-    learned: str | None
-    # Wall-clock seconds: when the server last confirmed the lesson, and when
-    # the next run to start re-tests it (`retest.cadence`); None if none.
-    confirmed: float | None = None
-    retest: float | None = None
-
-
-def limits(
-    rules: dict[LimitKey, Rule],
-    paths: StatePaths,
-    client: str,
-    *,
-    ledger_url: str | None = None,
-    fallback: dict[LimitKey, Rule] | None = None,
-) -> list[KeyLimit]:
-    """Each key's limit for `client`, as the next run would pace it (or plan it,
-    under --profile auto until the server settles which statement holds)."""
-    budget = _Budget(paths, client, ledger_url, fallback or {})
-    rules = {key: rules[key] for key in LimitKey if key in rules}
-    found = []
-    with _ledger(budget) as ledger:
-        for key, rule in rules.items():
-            text = ledger.recall(key.value)
-            force = _in_force(key, rule, text, budget)
-            kept = cadence(text) if force.evidence else None
-            confirmed, retest = (None, None) if kept is None else kept
-            why = force.evidence or None
-            found.append(
-                KeyLimit(key, rule, force.rule, force.spread, why, confirmed, retest)
-            )
-    return found
-
-
-def forget(
-    keys: list[LimitKey], paths: StatePaths, client: str, *, ledger_url: str | None
-) -> list[LimitKey]:
-    """Forget what was learned of `keys`' limits for `client`, refusals too (`room`):
-    the next run starts from the rule given; return the keys that had a lesson."""
-    forgotten = []
-    with _ledger(_Budget(paths, client, ledger_url), read_only=False) as ledger:
-        for key in keys:
-            ledger.remember(f"{key.value}{ROOM_SUFFIX}", "{}")
-            if ledger.recall(key.value) not in (None, "{}"):
-                ledger.remember(key.value, "{}")
-                forgotten.append(key)
-    return forgotten

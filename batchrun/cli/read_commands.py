@@ -151,7 +151,7 @@ def limits_command(
     as_json: flags.ScriptJsonFlag = False,
 ) -> None:
     """The rule each key is paced by for a client, and what was learned of it."""
-    from batchrun.cli import overview
+    from batchrun.cli import learned
 
     limit = flags.with_file_limits(ctx, limit)
     with terminal.reported():
@@ -160,9 +160,9 @@ def limits_command(
         asked = arguments.forgotten(forget)
         paths = StatePaths.resolve(state_dir, create=bool(asked))
         forgotten = (
-            overview.forget(asked, paths, client, ledger_url=ledger) if asked else []
+            learned.forget(asked, paths, client, ledger_url=ledger) if asked else []
         )
-        found = overview.limits(
+        found = learned.limits(
             rules,
             paths,
             client,

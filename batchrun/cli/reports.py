@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     # Types only: `status` and `plan` import overview when they run, so that
     # `--help` and `validate` do not load SQLite.
     from batchrun.cli.config import InForce
-    from batchrun.cli.overview import KeyLimit, KeyPlan, Shown, Status
+    from batchrun.cli.learned import KeyLimit
+    from batchrun.cli.overview import KeyPlan, Shown, Status
     from batchrun.core.errors import JobsFileError
     from batchrun.core.limits import LimitKey
     from batchrun.jobs.job import Summary
@@ -207,31 +208,43 @@ def limits_lines(
         names = ", ".join(key.value for key in asked)
         lines.append(f"Nothing was learned of {names}: nothing to forget.")
     for item in found:
-        if item.learned is None and item.rule != item.given:
-            until = f"until the server shows {item.given} holds (--profile auto)"
-            lines.append(f"{item.key.value}: {item.rule}, {until}")
-            continue
-        if item.learned is None:
-            lines.append(f"{item.key.value}: {item.rule}")
-            continue
+        lines += _limit_lines(item)
+    if any(item.learned or item.refusals for item in found):
+        lines.append("`batchrun limits --forget KEY` starts KEY from its given rule.")
+    return lines
+
+
+def _limit_lines(item: KeyLimit) -> list[str]:
+    """One key of `limits`: its rule, and what was learned of its server."""
+    if item.learned is None and item.rule != item.given:
+        until = f"until the server shows {item.given} holds (--profile auto)"
+        lines = [f"{item.key.value}: {item.rule}, {until}"]
+    elif item.learned is None:
+        lines = [f"{item.key.value}: {item.rule}"]
+    else:
         spread = ", evenly spaced" if item.spread else ""
-        lines.append(f"{item.key.value}: {item.rule}{spread} (given {item.given})")
+        lines = [f"{item.key.value}: {item.rule}{spread} (given {item.given})"]
         lines.append(f"  {item.learned}")
         if item.confirmed is not None and item.retest is not None:
             lines.append(f"  {_cadence(item.confirmed, item.retest)}")
-    if any(item.learned for item in found):
-        lines.append("`batchrun limits --forget KEY` starts KEY from its given rule.")
+    if item.refusals is not None:
+        counted, at = item.refusals
+        how = "each take a slot: the server was seen to count them"
+        if not counted:
+            how = "take no slot: the server was seen not to count them"
+        lines.append(f"  429s {how} ({_minute(at)})")
     return lines
 
 
 def _cadence(confirmed: float, retest: float) -> str:
     """When a lesson was last confirmed and is next re-tested (wall clock)."""
 
-    def when(moment: float) -> str:
-        return datetime.fromtimestamp(moment).strftime("%Y-%m-%d %H:%M")
+    again = "by the next run" if retest <= confirmed else f"from {_minute(retest)} on"
+    return f"last confirmed {_minute(confirmed)}; re-tested {again}"
 
-    again = "by the next run" if retest <= confirmed else f"from {when(retest)} on"
-    return f"last confirmed {when(confirmed)}; re-tested {again}"
+
+def _minute(moment: float) -> str:
+    return datetime.fromtimestamp(moment).strftime("%Y-%m-%d %H:%M")
 
 
 def limits_json(found: list[KeyLimit]) -> dict[str, object]:
@@ -245,6 +258,8 @@ def limits_json(found: list[KeyLimit]) -> dict[str, object]:
             "learned": item.learned,
             "confirmed": item.confirmed,
             "retest": item.retest,
+            "refusals_counted": None if item.refusals is None else item.refusals[0],
+            "refusals_seen": None if item.refusals is None else item.refusals[1],
         }
         for item in found
     }

@@ -170,6 +170,13 @@ def kept(counted: bool | None, at: float) -> str:
 def recalled(text: str | None, *, now: float, kept_for: float) -> bool | None:
     """What a ledger kept (`kept`), if readable and seen within `kept_for`
     seconds before `now`; None otherwise (not known: refusals count)."""
+    found = _read(text, now=now, kept_for=kept_for)
+    return None if found is None else found[0]
+
+
+def _read(
+    text: str | None, *, now: float, kept_for: float
+) -> tuple[bool, float] | None:
     try:
         found = json.loads(text or "{}")
         counted, at = found["counted"], float(found["at"])
@@ -177,10 +184,26 @@ def recalled(text: str | None, *, now: float, kept_for: float) -> bool | None:
         return None
     if not isinstance(counted, bool) or not now - kept_for <= at <= now + 86400.0:
         return None
-    return counted
+    return counted, at
 
 
 def known(ledger: Ledger, key: str, *, now: float) -> bool | None:
     """What `ledger` keeps of whether `key`'s server counts refusals (`kept`),
     if seen within `KEPT_FOR` before `now` (wall clock); None: not known."""
-    return recalled(ledger.recall(f"{key}{ROOM_SUFFIX}"), now=now, kept_for=KEPT_FOR)
+    found = seen(ledger, key, now=now)
+    return None if found is None else found[0]
+
+
+def seen(ledger: Ledger, key: str, *, now: float) -> tuple[bool, float] | None:
+    """As `known`, with when it was seen (wall clock); None: not known."""
+    text = ledger.recall(f"{key}{ROOM_SUFFIX}")
+    return _read(text, now=now, kept_for=KEPT_FOR)
+
+
+def forget(ledger: Ledger, key: str) -> bool:
+    """Forget whether `key`'s server counts refusals; True if anything was kept."""
+    text = ledger.recall(f"{key}{ROOM_SUFFIX}")
+    if text in (None, "{}"):
+        return False
+    ledger.remember(f"{key}{ROOM_SUFFIX}", "{}")
+    return True
