@@ -16,7 +16,7 @@ from batchrun.pacing.ledger import Ledger, MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.pacer import Pacer
 from batchrun.pacing.room import ROOM_SUFFIX, Room, kept, recalled
-from batchrun.pacing.slots import Grant, Wait
+from batchrun.pacing.slots import Grant, Usage, Wait
 from tests.simulation import Network, Server, carried, simulate
 
 KEY = LimitKey.RUN_QUERY
@@ -188,6 +188,33 @@ def test_no_test_goes_while_a_request_is_in_flight():
     # The rule (counting the refusal) is full until 60.05; left out, there
     # is room, but two are in flight.
     assert isinstance(room.reserve(ledger, KEY, rule, Pace.EXACT, 59.0), Wait)
+    assert room.past == set()
+
+
+class _Racing(MemoryLedger):
+    """A shared ledger in which another process takes a slot right after
+    this one read its usage, before it reserves."""
+
+    def usage(self, key: str, rule: Rule) -> Usage:
+        seen = super().usage(key, rule)
+        taken = super().reserve(key, rule, Pace.EXACT, 1.0)
+        assert isinstance(taken, Grant)
+        return seen
+
+
+def test_only_a_test_goes_past_the_refusals_while_unknown():
+    """3/60s: a accepted at 0, then this process's refusal (counting to 0.45).
+    At 1.0 the rule has one slot, which another process takes between this
+    one's read and its reserve: the request waits, not granted past the
+    refusal unmarked (by the lifted 4/60s, where a counting server refuses
+    it and the learner reads that as news of the limit)."""
+    ledger, rule = _Racing(), parse_rule("3/60s")
+    for sent in (0.0, 0.4):
+        grant = MemoryLedger.reserve(ledger, KEY, rule, Pace.EXACT, sent)
+        assert isinstance(grant, Grant)
+        ledger.release(grant.ticket, sent + 0.05)
+    room = Room(refusals=[0.45])
+    assert isinstance(room.reserve(ledger, KEY, rule, Pace.EXACT, 1.0), Wait)
     assert room.past == set()
 
 

@@ -106,29 +106,29 @@ class Room:
         lifted = self.lifted(rule, pace, now)
         if lifted is None:
             grant = ledger.reserve(key, rule, pace, now)
-            if isinstance(grant, Grant) and not self.counted:
-                self.sent[grant.ticket] = now
-            return grant
+            return grant if self.counted else self._granted(grant, now)
+        test = False  # known not to count: past them freely (a refusal undoes it)
         if self.counted is None:
-            # Reserved by the lifted rule either way, the deeper one.
             usage = ledger.usage(key, lifted)
             plain = earliest_slot(usage, rule, pace)
-            within = plain is not None and plain <= now
             # Nothing in flight (it may not have reached the server yet), and
             # the rule's own slot far enough off that every answered one counts.
             far = plain is not None and plain > now + 2 * self.lag
-            test = not within and usage.in_flight == 0 and far and self.steady
-            if not (within or test):
-                return Wait(plain)
-            if test and self.past:
+            test = usage.in_flight == 0 and far and self.steady
+            if not test:
+                # By the rule itself, in one step with the ledger's other
+                # senders: only a test goes past the refusals.
+                return self._granted(ledger.reserve(key, rule, pace, now), now)
+            if self.past:
                 return Wait(None)  # the test's answer decides
-        else:
-            test = False  # past them freely: any refusal makes it unknown again
-        grant = ledger.reserve(key, lifted, pace, now)
+        grant = self._granted(ledger.reserve(key, lifted, pace, now), now)
+        if isinstance(grant, Grant) and test:
+            self.past.add(grant.ticket)
+        return grant
+
+    def _granted(self, grant: Grant | Wait, now: float) -> Grant | Wait:
         if isinstance(grant, Grant):
             self.sent[grant.ticket] = now
-            if test:
-                self.past.add(grant.ticket)
         return grant
 
     def answered(self, ticket: int, refused: bool | None, ends: float) -> bool:
