@@ -9,9 +9,11 @@ import pytest
 from typer.testing import CliRunner
 
 from batchrun.cli.commands import app
+from batchrun.cli.learned import KeyLimit
+from batchrun.cli.reports import limits_lines
 from batchrun.core.clock import MachineClock, wall_time
 from batchrun.core.events import Status
-from batchrun.core.limits import Pace, parse_rule
+from batchrun.core.limits import LimitKey, Pace, Rule, parse_rule
 from batchrun.jobs.job import scan
 from batchrun.ledgers.sqlite_ledger import SqliteLedger
 from batchrun.pacing.room import ROOM_SUFFIX, kept, known
@@ -260,7 +262,7 @@ def test_limits_shows_what_was_learned_and_forgets_it(tmp_path):
         "confirmed": None,
         "retest": None,
         "refusals_counted": None,
-        "refusals_seen": None,
+        "refusals_seen_at": None,
     }
 
 
@@ -283,7 +285,7 @@ def test_forget_also_forgets_whether_the_server_counts_refusals(tmp_path):
     as_json = json.loads(cli(tmp_path, "limits", "--json").stdout)
     assert as_json["run-query"]["refusals_counted"] is False
     assert as_json["invite"]["refusals_counted"] is True
-    assert as_json["invite"]["refusals_seen"] == pytest.approx(seen)
+    assert as_json["invite"]["refusals_seen_at"] == pytest.approx(seen)
     assert cli(tmp_path, "limits", "--forget", "run-query").exit_code == 0
     ledger = SqliteLedger(paths.ledger, client=client, hold=30, now=MachineClock().now)
     assert known(ledger, "run-query", now=wall_time()) is None
@@ -294,6 +296,41 @@ def test_forget_also_forgets_whether_the_server_counts_refusals(tmp_path):
     after = json.loads(cli(tmp_path, "limits", "--json").stdout)
     assert after["invite"]["refusals_counted"] is None
     assert "--forget KEY" not in cli(tmp_path, "limits").stdout
+
+
+def test_a_stale_refusal_answer_is_neither_shown_nor_said_to_be_forgotten(tmp_path):
+    """Seen 40 days ago (kept for 30): `limits` shows nothing of it, and
+    --forget says there was nothing to forget, and clears it."""
+    paths = StatePaths.resolve(tmp_path / "state")
+    client = client_fingerprint(URL, "tok")
+    ledger = SqliteLedger(paths.ledger, client=client, hold=30, now=MachineClock().now)
+    ledger.remember(f"avatar{ROOM_SUFFIX}", kept(False, wall_time() - 40 * 86400))
+    ledger.close()
+    assert "429s" not in cli(tmp_path, "limits").stdout
+    forgot = cli(tmp_path, "limits", "--forget", "avatar")
+    assert "Nothing was learned of avatar: nothing to forget." in forgot.stdout
+    ledger = SqliteLedger(paths.ledger, client=client, hold=30, now=MachineClock().now)
+    assert ledger.recall(f"avatar{ROOM_SUFFIX}") == "{}"
+    ledger.close()
+
+
+@pytest.mark.parametrize("paced", ["bucket", "evenly"])
+def test_429s_take_a_slot_where_a_bucket_or_even_spacing_paces(paced):
+    """Refusals are left out only of windows paced exactly (`room.lifted`):
+    under a bucket reading or even spacing, `limits` does not say they take
+    no slot, though the server was seen not to count them."""
+    given = parse_rule("30/1m")
+    rule = Rule(given.windows, burst=10) if paced == "bucket" else given
+    item = KeyLimit(
+        LimitKey.RUN_QUERY,
+        given,
+        rule,
+        paced == "evenly",
+        "learned it",
+        refusals=(False, wall_time()),
+    )
+    (shown,) = [line for line in limits_lines([item], [], []) if "429s" in line]
+    assert shown.startswith("  429s each take a slot, paced as a bucket or evenly")
 
 
 def test_limits_needs_a_client_and_a_known_key(tmp_path):

@@ -192,30 +192,70 @@ def test_no_test_goes_while_a_request_is_in_flight():
 
 
 class _Racing(MemoryLedger):
-    """A shared ledger in which another process takes a slot right after
-    this one read its usage, before it reserves."""
+    """A shared ledger in which another process takes a slot by the plain
+    3/60s right after this one read its usage, before it reserves."""
 
     def usage(self, key: str, rule: Rule) -> Usage:
         seen = super().usage(key, rule)
-        taken = super().reserve(key, rule, Pace.EXACT, 1.0)
+        taken = super().reserve(key, parse_rule("3/60s"), Pace.EXACT, 1.0)
         assert isinstance(taken, Grant)
         return seen
 
 
-def test_only_a_test_goes_past_the_refusals_while_unknown():
+@pytest.mark.parametrize("racing", [True, False], ids=["raced", "alone"])
+def test_only_a_test_goes_past_the_refusals_while_unknown(racing):
     """3/60s: a accepted at 0, then this process's refusal (counting to 0.45).
-    At 1.0 the rule has one slot, which another process takes between this
-    one's read and its reserve: the request waits, not granted past the
-    refusal unmarked (by the lifted 4/60s, where a counting server refuses
-    it and the learner reads that as news of the limit)."""
-    ledger, rule = _Racing(), parse_rule("3/60s")
+    At 1.0 the rule has one slot. Alone, the request takes it. Raced, another
+    process takes it between this one's read and its reserve: the request
+    waits for the window, not granted past the refusal unmarked (by the
+    lifted 4/60s, where a counting server refuses it and the learner reads
+    that as news of the limit)."""
+    ledger, rule = (_Racing() if racing else MemoryLedger()), parse_rule("3/60s")
     for sent in (0.0, 0.4):
         grant = MemoryLedger.reserve(ledger, KEY, rule, Pace.EXACT, sent)
         assert isinstance(grant, Grant)
         ledger.release(grant.ticket, sent + 0.05)
     room = Room(refusals=[0.45])
-    assert isinstance(room.reserve(ledger, KEY, rule, Pace.EXACT, 1.0), Wait)
+    assert room.lifted(rule, Pace.EXACT, 1.0) == parse_rule("4/60s")
+    answer = room.reserve(ledger, KEY, rule, Pace.EXACT, 1.0)
     assert room.past == set()
+    if racing:
+        # Until a slot leaves the window; the other process's request is in
+        # flight, and none of this one's.
+        assert answer == Wait(60.05)
+        assert MemoryLedger.usage(ledger, KEY, rule).in_flight == 1
+        assert room.sent == {}
+    else:
+        assert isinstance(answer, Grant)
+        assert set(room.sent) == {answer.ticket}
+
+
+def test_a_request_waits_for_another_process_s_answer_only_until_it_expires(
+    tmp_path,
+):
+    """3/60s in a shared SQLite ledger: this process's refusal at 0, and
+    three requests of another process in flight (paced past refusals of its
+    own, by 4/60s). Nothing is a test (requests are in flight), so it waits
+    by the rule, whose every slot waits on an answer: the ledger names the
+    moment the other process's first lease expires, since no answer of this
+    process is coming (before, the wait named no moment, and the pacer slept
+    on this process's answers alone)."""
+    path = tmp_path / "l.db"
+    mine = SqliteLedger(path, client="c", hold=30.0, now=lambda: 0.0)
+    other = SqliteLedger(path, client="c", hold=30.0, now=lambda: 0.0)
+    rule = parse_rule("3/60s")
+    refused = mine.reserve(KEY, rule, Pace.EXACT, 0.0)
+    assert isinstance(refused, Grant)
+    mine.release(refused.ticket, 0.05)
+    for _ in range(3):
+        past = other.reserve(KEY, parse_rule("4/60s"), Pace.EXACT, 0.1)
+        assert isinstance(past, Grant)
+    room = Room(refusals=[0.05])
+    assert room.lifted(rule, Pace.EXACT, 1.0) == parse_rule("4/60s")
+    # Leased for 30 s (`hold`) on the ledgers' clock, which stands at 0.
+    assert room.reserve(mine, KEY, rule, Pace.EXACT, 1.0) == Wait(30.0)
+    mine.close()
+    other.close()
 
 
 # Told 30/2s, a 10/2s server without Retry-After, 60 jobs: six windows exactly,

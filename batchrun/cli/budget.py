@@ -1,5 +1,6 @@
 """Where the read commands find a client's budget in use and what was learned of
-its limits: its ledger (SQLite in the state folder, or Redis), opened to read.
+its limits: its ledger (SQLite in the state folder, or Redis), opened to read
+(to write only for `limits --forget`).
 """
 
 from __future__ import annotations

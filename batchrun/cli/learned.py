@@ -80,7 +80,7 @@ def forget(
     forgotten = []
     with opened(Budget(paths, client, ledger_url), read_only=False) as ledger:
         for key in keys:
-            had = room.forget(ledger, key.value)
+            had = room.forget(ledger, key.value, now=wall_time())
             if ledger.recall(key.value) not in (None, "{}"):
                 ledger.remember(key.value, "{}")
                 had = True

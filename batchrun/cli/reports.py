@@ -232,6 +232,9 @@ def _limit_lines(item: KeyLimit) -> list[str]:
         how = "each take a slot: the server was seen to count them"
         if not counted:
             how = "take no slot: the server was seen not to count them"
+        if not counted and (item.rule.burst is not None or item.spread):
+            how = "each take a slot, paced as a bucket or evenly (the server "
+            how += "was seen not to count them)"
         lines.append(f"  429s {how} ({_minute(at)})")
     return lines
 
@@ -259,7 +262,7 @@ def limits_json(found: list[KeyLimit]) -> dict[str, object]:
             "confirmed": item.confirmed,
             "retest": item.retest,
             "refusals_counted": None if item.refusals is None else item.refusals[0],
-            "refusals_seen": None if item.refusals is None else item.refusals[1],
+            "refusals_seen_at": None if item.refusals is None else item.refusals[1],
         }
         for item in found
     }

@@ -200,10 +200,10 @@ def seen(ledger: Ledger, key: str, *, now: float) -> tuple[bool, float] | None:
     return _read(text, now=now, kept_for=KEPT_FOR)
 
 
-def forget(ledger: Ledger, key: str) -> bool:
-    """Forget whether `key`'s server counts refusals; True if anything was kept."""
-    text = ledger.recall(f"{key}{ROOM_SUFFIX}")
-    if text in (None, "{}"):
-        return False
-    ledger.remember(f"{key}{ROOM_SUFFIX}", "{}")
-    return True
+def forget(ledger: Ledger, key: str, *, now: float) -> bool:
+    """Forget whether `key`'s server counts refusals; True if it was known
+    (`seen` at `now`), as `limits` shows it."""
+    was = seen(ledger, key, now=now)
+    if ledger.recall(f"{key}{ROOM_SUFFIX}") not in (None, "{}"):
+        ledger.remember(f"{key}{ROOM_SUFFIX}", "{}")
+    return was is not None
