@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from batchrun.cli.budget import Budget, in_force, opened
 from batchrun.core.clock import wall_time
-from batchrun.core.limits import LimitKey, Rule
+from batchrun.core.limits import LimitKey, Pace, Rule
 from batchrun.pacing import room
 from batchrun.pacing.learning.retest import cadence
 from batchrun.store.paths import StatePaths
@@ -33,6 +33,14 @@ class KeyLimit:
     # Whether the server counts the requests it refuses (`room`), and when that
     # was seen (wall clock); None: not seen (a run takes it that they count).
     refusals: tuple[bool, float] | None = None
+
+    @property
+    def refusals_free(self) -> bool:
+        """Whether a run leaves the key's 429s out of its windows: the server
+        was seen not to count them, and the rule in force is paced exactly."""
+        pace = Pace.SPREAD if self.spread else Pace.EXACT
+        seen_free = self.refusals is not None and not self.refusals[0]
+        return seen_free and room.lifts(self.rule, pace)
 
 
 def limits(

@@ -229,12 +229,15 @@ def _limit_lines(item: KeyLimit) -> list[str]:
             lines.append(f"  {_cadence(item.confirmed, item.retest)}")
     if item.refusals is not None:
         counted, at = item.refusals
-        how = "each take a slot: the server was seen to count them"
-        if not counted:
-            how = "take no slot: the server was seen not to count them"
-        if not counted and (item.rule.burst is not None or item.spread):
-            how = "each take a slot, paced as a bucket or evenly (the server "
-            how += "was seen not to count them)"
+        seen = "seen to count them" if counted else "seen not to count them"
+        if item.refusals_free:
+            how = f"take no slot: the server was {seen}"
+        elif counted:
+            how = f"each take a slot: the server was {seen}"
+        else:
+            how = (
+                f"each take a slot, paced as a bucket or evenly (the server was {seen})"
+            )
         lines.append(f"  429s {how} ({_minute(at)})")
     return lines
 

@@ -41,8 +41,8 @@ from batchrun.pacing.learning.storage import (
     stored,
 )
 from batchrun.pacing.ledger import Ledger
-from batchrun.pacing.room import ROOM_SUFFIX, Room, known
-from batchrun.pacing.room import kept as room_kept
+from batchrun.pacing.room import Room, known
+from batchrun.pacing.room import remember as remember_room
 from batchrun.pacing.slots import Grant, Wait, earliest_slot, reach
 
 
@@ -127,8 +127,7 @@ class Pacer:
         room, before = self._rooms[key], self._rooms[key].counted
         explained = room.answered(ticket, refused if sent else None, ends)
         if room.counted is not before:
-            text = room_kept(room.counted, wall_time())
-            self._ledger.remember(f"{key.value}{ROOM_SUFFIX}", text)
+            remember_room(self._ledger, key.value, room.counted, at=wall_time())
         cooling = self._cooling[key]
         if cooling.probe == ticket:
             cooling.probe = None

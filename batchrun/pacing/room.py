@@ -34,6 +34,7 @@ it back. Buckets and even spacing are left as they are (refusals count).
 
 from __future__ import annotations
 
+import bisect
 import json
 from dataclasses import dataclass, field
 
@@ -76,9 +77,7 @@ class Room:
         """`rule` with the key's refusals left out (each window's count raised by
         those still counting in it), or None when none are to be: they count,
         none is recent, or the key is paced by a bucket or evenly."""
-        if self.counted or not self.refusals:
-            return None
-        if rule.burst is not None or pace is not Pace.EXACT:
+        if self.counted or not self.refusals or not lifts(rule, pace):
             return None
         horizon = now - max(w.seconds for w in rule.windows) + _EDGE
         self.refusals = [end for end in self.refusals if end > horizon]
@@ -151,12 +150,17 @@ class Room:
         if refused:
             self.steady = False
         if refused and not self.counted:
-            self.refusals.append(ends)
-            self.refusals.sort()
+            bisect.insort(self.refusals, ends)
         if self.counted is not before:
             # Requests sent past the refusals before settle nothing now.
             self.past.clear()
         return tested and before is None and refused is True
+
+
+def lifts(rule: Rule, pace: Pace) -> bool:
+    """Whether refusals the server does not count are ever left out of `rule`
+    paced so: only windows paced exactly; a bucket or even spacing keeps them."""
+    return rule.burst is None and pace is Pace.EXACT
 
 
 def kept(counted: bool | None, at: float) -> str:
@@ -194,6 +198,11 @@ def known(ledger: Ledger, key: str, *, now: float) -> bool | None:
     return None if found is None else found[0]
 
 
+def remember(ledger: Ledger, key: str, counted: bool | None, *, at: float) -> None:
+    """Keep in `ledger` whether `key`'s server counts refusals (`kept`)."""
+    ledger.remember(f"{key}{ROOM_SUFFIX}", kept(counted, at))
+
+
 def seen(ledger: Ledger, key: str, *, now: float) -> tuple[bool, float] | None:
     """As `known`, with when it was seen (wall clock); None: not known."""
     text = ledger.recall(f"{key}{ROOM_SUFFIX}")
@@ -205,5 +214,5 @@ def forget(ledger: Ledger, key: str, *, now: float) -> bool:
     (`seen` at `now`), as `limits` shows it."""
     was = seen(ledger, key, now=now)
     if ledger.recall(f"{key}{ROOM_SUFFIX}") not in (None, "{}"):
-        ledger.remember(f"{key}{ROOM_SUFFIX}", "{}")
+        remember(ledger, key, None, at=now)
     return was is not None
