@@ -31,11 +31,10 @@ from batchrun.core.events import Status, Tally
 from batchrun.core.limits import LimitKey, Pace, Rule, parse_rule
 from batchrun.jobs.endpoints import JobType
 from batchrun.jobs.job import Job
-from batchrun.pacing.learning.storage import RECORD_SUFFIX
+from batchrun.pacing.kept import RECORD_SUFFIX
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import Limiter, LimiterKind, make_limiter
 from batchrun.pacing.pacer import Pacer
-from batchrun.pacing.room import ROOM_SUFFIX
 from batchrun.run.runner import Runner
 from batchrun.run.settings import Settings
 from batchrun.sandbox.faults import NOISE_DIGITS
@@ -235,10 +234,10 @@ def jobs(count: int) -> list[Job]:
 
 def carried(run: MemoryLedger, *, record: bool = True) -> MemoryLedger:
     """A fresh ledger with only what `run` kept of the key for the next run: its
-    lesson, whether the server counts refusals and, with `record`, what it was
-    seen to accept (the sends themselves are on the last run's virtual clock)."""
+    lesson and, with `record`, what it was seen to accept (the sends themselves
+    are on the last run's virtual clock)."""
     ledger = MemoryLedger()
-    names = [KEY.value, KEY.value + ROOM_SUFFIX]
+    names = [KEY.value]
     names += [KEY.value + RECORD_SUFFIX] if record else []
     for name in names:
         text = run.recall(name)

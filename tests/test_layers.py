@@ -35,13 +35,10 @@ WINGS: list[tuple[str, list[list[str]]]] = [
     (
         "pacing",
         [
-            ["slots", "limiters", "arrival", "cooling"],
-            ["ledger", "learning.log", "learning.lessons", "learning.counters"],
-            ["learning.readings"],
-            ["learning.alternatives"],
-            ["learning.storage", "learning.fallback", "learning.evidence"],
-            ["learning.learner", "learning.retest", "room"],
-            ["pacer"],
+            ["slots", "limiters", "arrival", "cooling", "log"],
+            ["ledger", "model"],
+            ["kept", "pacer"],
+            ["learner"],
         ],
     ),
     ("jobs", [["endpoints", "jobfile"], ["job", "extract"]]),
@@ -61,7 +58,7 @@ WINGS: list[tuple[str, list[list[str]]]] = [
         "run",
         [
             ["journal", "queues", "settings", "view", "exit_code", "halt"],
-            ["lessons", "settlement"],
+            ["settlement"],
             ["runner"],
             ["wiring", "supervisor"],
             ["submission"],

@@ -10,10 +10,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from batchrun.core.clock import MachineClock, wall_time
-from batchrun.core.limits import LimitKey, Rule
+from batchrun.core.limits import LimitKey, Pace, Rule
 from batchrun.ledgers.shared_ledger import open_shared_ledger
-from batchrun.pacing.learning.lessons import Lesson
-from batchrun.pacing.learning.storage import recalled
+from batchrun.pacing.kept import Kept, learned_when, read_lesson
 from batchrun.pacing.ledger import Ledger
 from batchrun.store.paths import StatePaths
 
@@ -50,10 +49,26 @@ def opened(
         ledger.close()
 
 
-def in_force(key: LimitKey, rule: Rule, text: str | None, budget: Budget) -> Lesson:
+@dataclass(frozen=True, slots=True)
+class InForce:
+    """The rule a run of a key would pace by, evenly or not, and, if it was
+    learned of the server, why and its lifetime (`kept`)."""
+
+    rule: Rule
+    spread: bool = False
+    evidence: str = ""
+    kept: Kept | None = None
+
+
+def in_force(key: LimitKey, rule: Rule, text: str | None, budget: Budget) -> InForce:
     """The rule a run of `key` would pace by: what was learned of it (`text`, as
-    kept), if anything under this very rule, else `rule` (no evidence)."""
-    lesson = recalled(rule, text, time_scale=1.0, now=wall_time())
-    if lesson is not None:
-        return lesson
-    return Lesson(budget.fallback.get(key, rule), "")
+    kept) while it lives, if learned under this very rule; else `rule` (or the
+    safer one --profile auto starts from)."""
+    now = wall_time()
+    kept = read_lesson(text, given=rule, time_scale=1.0, now=now)
+    if kept is None or kept.expired(now):
+        return InForce(budget.fallback.get(key, rule))
+    candidate = kept.candidate
+    spread = candidate.pace is Pace.SPREAD
+    why = f"learned {learned_when(kept)}: {kept.why}"
+    return InForce(candidate.rule, spread, why, kept)

@@ -14,13 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchrun.cli.budget import Budget, in_force, opened
+from batchrun.cli.budget import Budget, InForce, in_force, opened
 from batchrun.core.clock import MachineClock
 from batchrun.core.errors import UsageError
 from batchrun.core.limits import LimitKey, Pace, Rule, read_table
 from batchrun.core.responses import Responses
 from batchrun.jobs.job import read_jobs
-from batchrun.pacing.learning.lessons import Lesson
 from batchrun.pacing.ledger import Ledger
 from batchrun.pacing.slots import eta
 from batchrun.store.paths import StatePaths
@@ -220,7 +219,7 @@ def _plans(
 
 
 def _plan(
-    key: LimitKey, jobs: int, force: Lesson, pace: Pace, ledger: Ledger, now: float
+    key: LimitKey, jobs: int, force: InForce, pace: Pace, ledger: Ledger, now: float
 ) -> KeyPlan:
     rule = force.rule
     pace = Pace.SPREAD if force.spread else pace

@@ -209,7 +209,7 @@ def limits_lines(
         lines.append(f"Nothing was learned of {names}: nothing to forget.")
     for item in found:
         lines += _limit_lines(item)
-    if any(item.learned or item.refusals for item in found):
+    if any(item.learned for item in found):
         lines.append("`batchrun limits --forget KEY` starts KEY from its given rule.")
     return lines
 
@@ -225,28 +225,9 @@ def _limit_lines(item: KeyLimit) -> list[str]:
         spread = ", evenly spaced" if item.spread else ""
         lines = [f"{item.key.value}: {item.rule}{spread} (given {item.given})"]
         lines.append(f"  {item.learned}")
-        if item.confirmed is not None and item.retest is not None:
-            lines.append(f"  {_cadence(item.confirmed, item.retest)}")
-    if item.refusals is not None:
-        counted, at = item.refusals
-        seen = "seen to count them" if counted else "seen not to count them"
-        if item.refusals_free:
-            how = f"take no slot: the server was {seen}"
-        elif counted:
-            how = f"each take a slot: the server was {seen}"
-        else:
-            how = (
-                f"each take a slot, paced as a bucket or evenly (the server was {seen})"
-            )
-        lines.append(f"  429s {how} ({_minute(at)})")
+        if item.until is not None:
+            lines.append(f"  kept until {_minute(item.until)}, then tested again")
     return lines
-
-
-def _cadence(confirmed: float, retest: float) -> str:
-    """When a lesson was last confirmed and is next re-tested (wall clock)."""
-
-    again = "by the next run" if retest <= confirmed else f"from {_minute(retest)} on"
-    return f"last confirmed {_minute(confirmed)}; re-tested {again}"
 
 
 def _minute(moment: float) -> str:
@@ -262,10 +243,7 @@ def limits_json(found: list[KeyLimit]) -> dict[str, object]:
             "given": str(item.given),
             "spread": item.spread,
             "learned": item.learned,
-            "confirmed": item.confirmed,
-            "retest": item.retest,
-            "refusals_counted": None if item.refusals is None else item.refusals[0],
-            "refusals_seen_at": None if item.refusals is None else item.refusals[1],
+            "until": item.until,
         }
         for item in found
     }

@@ -76,6 +76,12 @@ class Limiter(Protocol):
         """Each stated window's state `now`; changes nothing."""
         ...
 
+    def replay(self, client: str, key: str, now: float, *, accepted: bool) -> bool:
+        """Whether the model would accept an arrival `now`; then count it as the
+        real server did: `accepted`, or refused (counted only where the model
+        counts refusals). A learner replays a log of answers this way."""
+        ...
+
 
 @dataclass(slots=True, kw_only=True)
 class SlidingLog:
@@ -105,6 +111,15 @@ class SlidingLog:
         if wait is None or self.count_refused:
             log.append(now)
         return wait
+
+    def replay(self, client: str, key: str, now: float, *, accepted: bool) -> bool:
+        log = self._logs[(client, key)]
+        while log and log[0] + self.rule.longest <= now:
+            log.popleft()
+        fits = _sliding_wait(log, self.rule, now) is None
+        if accepted or self.count_refused:
+            log.append(now)
+        return fits
 
     def quotas(self, client: str, key: str, now: float) -> tuple[Quota, ...]:
         log = self._logs.get((client, key), deque())
@@ -158,6 +173,20 @@ class FixedWindow:
         return f"fixed windows {self.rule} (from {self.origin:g}{refused})"
 
     def admit(self, client: str, key: str, now: float) -> float | None:
+        wait, slots = self._judge(client, key, now)
+        if wait is None or self.count_refused:
+            self._count(slots)
+        return wait
+
+    def replay(self, client: str, key: str, now: float, *, accepted: bool) -> bool:
+        wait, slots = self._judge(client, key, now)
+        if accepted or self.count_refused:
+            self._count(slots)
+        return wait is None
+
+    def _judge(
+        self, client: str, key: str, now: float
+    ) -> tuple[float | None, list[tuple[tuple[str, str, int], int, int]]]:
         wait = None
         slots = []
         for position, window in enumerate(self.rule.windows):
@@ -169,10 +198,11 @@ class FixedWindow:
             if count >= window.count:
                 ends = self.origin + (index + 1) * window.seconds
                 wait = max(wait or 0.0, ends - now)
-        if wait is None or self.count_refused:
-            for slot, index, count in slots:
-                self._counts[slot] = (index, count + 1)
-        return wait
+        return wait, slots
+
+    def _count(self, slots: list[tuple[tuple[str, str, int], int, int]]) -> None:
+        for slot, index, count in slots:
+            self._counts[slot] = (index, count + 1)
 
     def quotas(self, client: str, key: str, now: float) -> tuple[Quota, ...]:
         quotas = []
@@ -206,6 +236,18 @@ class WeightedCounter:
         return f"weighted counter {self.rule} (from {self.origin:g})"
 
     def admit(self, client: str, key: str, now: float) -> float | None:
+        wait = self._judge(client, key, now)
+        if wait is None:
+            self._count(client, key, now)
+        return wait
+
+    def replay(self, client: str, key: str, now: float, *, accepted: bool) -> bool:
+        wait = self._judge(client, key, now)
+        if accepted:
+            self._count(client, key, now)
+        return wait is None
+
+    def _judge(self, client: str, key: str, now: float) -> float | None:
         wait = None
         for position, window in enumerate(self.rule.windows):
             counts = self._counts[(client, key, position)]
@@ -216,14 +258,15 @@ class WeightedCounter:
             if previous * (1 - elapsed) + current >= window.count:
                 below = _weighted_below(window, start, previous, current)
                 wait = max(wait or 0.0, below - now)
-        if wait is None:
-            for position, window in enumerate(self.rule.windows):
-                counts = self._counts[(client, key, position)]
-                index = _index(window, self.origin, now)
-                counts[index] = counts.get(index, 0) + 1
-                for old in [i for i in counts if i < index - 1]:
-                    del counts[old]
         return wait
+
+    def _count(self, client: str, key: str, now: float) -> None:
+        for position, window in enumerate(self.rule.windows):
+            counts = self._counts[(client, key, position)]
+            index = _index(window, self.origin, now)
+            counts[index] = counts.get(index, 0) + 1
+            for old in [i for i in counts if i < index - 1]:
+                del counts[old]
 
     def quotas(self, client: str, key: str, now: float) -> tuple[Quota, ...]:
         quotas = []
@@ -292,6 +335,17 @@ class LeakyBucket:
     def policy(self) -> str:
         rate = self._rate / _MILLI
         return f"leaky bucket {rate:g}/s burst {self.burst} (nginx, ms clock)"
+
+    def replay(self, client: str, key: str, now: float, *, accepted: bool) -> bool:
+        ms = math.floor(now * _MILLI)
+        state = self._state.get((client, key))
+        level = 0
+        if state is not None:
+            excess, last = state
+            level = max(0, excess - self._rate * (ms - last) // _MILLI + _MILLI)
+        if accepted:  # nginx counts only what it lets through
+            self._state[(client, key)] = (level, ms)
+        return level <= self.burst * _MILLI
 
     def admit(self, client: str, key: str, now: float) -> float | None:
         ms = math.floor(now * _MILLI)

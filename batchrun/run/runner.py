@@ -21,6 +21,7 @@ from typing import Protocol
 import anyio
 
 from batchrun.api.breaker import Breaker
+from batchrun.api.hints import Hints
 from batchrun.api.outcome import Kind, Outcome
 from batchrun.core.clock import Clock
 from batchrun.core.errors import StateError
@@ -35,8 +36,8 @@ from batchrun.core.events import (
 from batchrun.core.limits import LimitKey
 from batchrun.jobs.job import Job
 from batchrun.pacing.arrival import Trip
+from batchrun.pacing.learner import Learner
 from batchrun.pacing.pacer import Pacer
-from batchrun.run.lessons import Lessons
 from batchrun.run.queues import Attempt, KeyQueue
 from batchrun.run.settings import Settings
 from batchrun.run.settlement import Recorder, Settlement
@@ -75,10 +76,14 @@ class Runner:
         self._sink = sink
         self._recorder = recorder
         self._settings = settings
-        self._learner = pacer.learner
-        self._lessons = Lessons(
-            pacer=pacer, clock=clock, sink=sink, fallback=settings.fallback
+        self._learner = Learner(
+            pacer=pacer,
+            clock=clock,
+            sink=sink,
+            time_scale=settings.time_scale,
+            fallback=settings.fallback,
         )
+        self._recalled = self._learner.recall(list(pacer.rules))
         self._settlement = Settlement(
             pacer=pacer,
             clock=clock,
@@ -111,7 +116,8 @@ class Runner:
         used = {key: self._pacer.used(key) for key in totals if key in rules}
         at = self._clock.now()
         self._emit(RunStarted(at, totals, rules, self._settings.pace, used))
-        self._lessons.recalled()
+        for learned in self._recalled:
+            self._emit(learned)
         async with anyio.create_task_group() as workers:
             for _ in range(self._settings.concurrency):
                 workers.start_soon(self._work)
@@ -212,44 +218,34 @@ class Runner:
             self._in_flight -= 1
             self._halt(exc)
             return
-        probe = self._pacer.probe(key)
-        sent = self._learner.sent(key, attempt.sent_at, probe=probe)
+        sent = self._learner.sent(key, attempt.sent_at)
         self._emit(JobSent(self._clock.now(), key, attempt.job.id, attempt.attempts))
-        outcome, by, explained = await self._send(key, ticket, attempt.job)
+        outcome, by = await self._send(key, ticket, attempt.job)
         now = self._clock.now()
         job_id, latency = attempt.job.id, now - attempt.sent_at
         self._emit(JobAnswered(now, key, job_id, outcome.status, latency))
-        # A refusal the pacer explains (`room`) is no news of the rule's count.
-        refused = None if explained else _refused(outcome)
+        refused = _refused(outcome)
         wait = outcome.retry_after
         self._learner.answered(key, sent, now, refused=refused, wait=wait, by=by)
-        if refused is False:
-            self._pacer.keep_record(key)
         try:
-            self._settlement.settle(key, queue, attempt, outcome, explained=explained)
+            self._settlement.settle(key, queue, attempt, outcome)
         except StateError as exc:
             # The answer could not be recorded: the store still says in flight,
             # so the next run resends the job if safe, else leaves it unknown.
             self._halt(exc)
         if self.breaker.answered(outcome) is not None:
             self.stop()
-        self._lessons.heed(key, outcome.hints, sent if refused is False else None)
-        self._lessons.review(key)
-        if refused is False:
-            self._lessons.rule_out(key)
-            self._lessons.retest(key)
+        self._heed(key, outcome.hints)
         if self._idle:
             self._notify()  # an answer may free a slot, or end the run
 
     async def _send(
         self, key: LimitKey, ticket: int, job: Job
-    ) -> tuple[Outcome, float | None, bool]:
+    ) -> tuple[Outcome, float | None]:
         """Send `job`, and release its slot whatever happens to the request; with
         its outcome, where the learner places its arrival at the latest: by the
-        network's bound (`ArrivalBound.latest`), None: by its answer; and whether
-        the pacer explains a refusal (`Pacer.release`)."""
+        network's bound (`ArrivalBound.latest`), None: by its answer."""
         outcome: Outcome | None = None
-        explained = False
         began = self._clock.now()
         try:
             outcome = await self._sender.send(job)
@@ -257,12 +253,20 @@ class Runner:
             # A request that never reached the server spends no budget.
             reached = outcome is None or outcome.reached
             trip = _trip(began, outcome)
-            explained = self._pacer.release(
-                key, ticket, sent=reached, trip=trip, refused=_refused(outcome)
-            )
+            self._pacer.release(key, ticket, sent=reached, trip=trip)
             self._in_flight -= 1
         by = None if trip is None else self._pacer.arrival.latest(trip.written)
-        return outcome, by, explained
+        return outcome, by
+
+    def _heed(self, key: LimitKey, hints: Hints | None) -> None:
+        """Follow what an answer's headers say: a stated policy is the learner's
+        (`Learner.stated`); a spent budget waits for its reset, unless the
+        client's own record already waits (a reset is often rounded up)."""
+        if hints is None:
+            return
+        self._learner.stated(key, hints.policy)
+        if hints.remaining == 0 and hints.reset and not self._pacer.full(key):
+            self._pacer.hold(key, self._clock.now() + hints.reset)
 
     def _emit(self, event: Event) -> None:
         self._sink.emit(event)

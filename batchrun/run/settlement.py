@@ -64,7 +64,6 @@ class Settlement:
         self._recorder = recorder
         self._settings = settings
         self._rng = rng
-        self._learner = pacer.learner
         self._order = itertools.count()
         self.tally = Tally()
 
@@ -74,15 +73,9 @@ class Settlement:
         queue: KeyQueue,
         attempt: Attempt,
         outcome: Outcome,
-        *,
-        explained: bool = False,
     ) -> None:
-        """Finish `attempt` or send it again later; `explained`: a 429 the pacer
-        explains (`Pacer.release`), sent again when the rule allows, no cool-down."""
-        if outcome.kind is Kind.RATE_LIMITED and explained:
-            self.tally.rate_limited += 1
-            self._requeue(key, queue, attempt, 0.0, outcome, rate_limited=True)
-        elif outcome.kind is Kind.RATE_LIMITED:
+        """Finish `attempt` or send it again later."""
+        if outcome.kind is Kind.RATE_LIMITED:
             self._rate_limited(key, queue, attempt, outcome)
         elif outcome.kind is Kind.TRANSIENT:
             self._transient(key, queue, attempt, outcome)
@@ -111,7 +104,6 @@ class Settlement:
             delay = self._backoff(streak, cap=cap) if asked is None else asked
             # The whole key waits: its other jobs would only collect 429s too.
             self._pacer.cool_down(key, now + delay, asked=asked is not None)
-            self._learner.episode(key, self._pacer.cooling(key)[0])
         self._requeue(key, queue, attempt, delay, outcome, rate_limited=True)
 
     def _transient(

@@ -82,7 +82,6 @@ async def open_run(
         clock=clock,
         pace=settings.pace,
         sink=sink,
-        time_scale=settings.time_scale,
     )
     async with client:
         yield Runner(

@@ -186,16 +186,16 @@ def with_answers(log: Sequence[Sent]) -> list[Sent]:
 def arrival_leeway(entry: Sent) -> float:
     """How far a request's arrival may be from `arrived`'s estimate: anywhere
     between its send and the latest moment it can have arrived (`Sent.by`)."""
-    return (_latest(entry) - entry.start) / 2
+    return (latest(entry) - entry.start) / 2
 
 
 def arrived(entry: Sent) -> float:
     """Where a request's arrival is estimated: midway between its send and the
     latest moment it can have arrived (`Sent.by`)."""
-    return (entry.start + _latest(entry)) / 2
+    return (entry.start + latest(entry)) / 2
 
 
-def _latest(entry: Sent) -> float:
+def latest(entry: Sent) -> float:
     """The latest moment `entry` can have arrived: `by`, else its answer, else
     (unanswered) its send."""
     if entry.by is not None:

@@ -1,0 +1,222 @@
+"""The one owner of what a run learns of each key's server: per key, its model
+(`model.KeyModel`: the evidence, the lesson in force, its lifetime) and its log
+(`log.KeyLog`: what the server was seen to accept, the probe gate). It tells the
+pacer how to pace each key, and keeps each key's lesson and record in the ledger
+(`kept`), so later runs and other processes start from them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from batchrun.core.clock import Clock, wall_time
+from batchrun.core.events import EventSink, RuleLearned
+from batchrun.core.limits import LimitKey, Pace, Rule, Window
+from batchrun.pacing.kept import (
+    RECORD_SUFFIX,
+    Kept,
+    lesson_text,
+    read_lesson,
+    read_record,
+    record_text,
+)
+from batchrun.pacing.limiters import LimiterKind
+from batchrun.pacing.log import KeyLog, Sent, latest
+from batchrun.pacing.model import Answer, Candidate, KeyModel, Lesson, lengths
+from batchrun.pacing.pacer import Pacer
+
+
+@dataclass(slots=True)
+class _Key:
+    model: KeyModel
+    log: KeyLog
+    kept_record: dict[float, int]
+
+
+class Learner:
+    """Learns each key's server from its answers and paces the key by it (see
+    the module docstring); the pacer's probe gate (`Pacer.gate`)."""
+
+    def __init__(
+        self,
+        *,
+        pacer: Pacer,
+        clock: Clock,
+        sink: EventSink,
+        time_scale: float = 1.0,
+        fallback: Mapping[LimitKey, Rule] | None = None,
+    ) -> None:
+        self._pacer = pacer
+        self._clock = clock
+        self._sink = sink
+        self._scale = time_scale
+        self._given = dict(pacer.rules)
+        self._keys = {
+            key: _Key(
+                KeyModel(rule, lengths(rule, time_scale=time_scale)), KeyLog(), {}
+            )
+            for key, rule in self._given.items()
+        }
+        self._fallback = dict(fallback or {})
+        self._ways = {key: pacer.pace(key) for key in self._given}
+        # What earlier runs taught, reported once the run has started.
+        self._reports: list[RuleLearned] = []
+        pacer.gate = self
+
+    def recall(self, keys: Iterable[LimitKey]) -> list[RuleLearned]:
+        """Pace `keys` by what the ledger kept of them (a lesson still alive), or
+        by their safer rule (--profile auto) for a first lifetime; what to
+        report once the run has started."""
+        now, wall = self._clock.now(), wall_time()
+        for key in keys:
+            state, given = self._keys[key], self._given[key]
+            ledger = self._pacer.ledger
+            text = ledger.recall(f"{key.value}{RECORD_SUFFIX}")
+            record = read_record(text, given=given, time_scale=self._scale, now=wall)
+            state.log.record, state.kept_record = dict(record), record
+            kept = read_lesson(
+                ledger.recall(key.value), given=given, time_scale=self._scale, now=wall
+            )
+            lesson = self._recalled(state.model, kept, now, wall)
+            if lesson is None and key in self._fallback:
+                safer = Candidate(LimiterKind.SLIDING, self._fallback[key])
+                lesson = state.model.adopt(
+                    safer, f"the safer statement {safer.rule}", now
+                )
+            if lesson is not None:
+                self._pace(key, lesson, kept=kept is not None)
+        found, self._reports = self._reports, []
+        return found
+
+    def _recalled(
+        self, model: KeyModel, kept: Kept | None, now: float, wall: float
+    ) -> Lesson | None:
+        """The kept lesson in force from `now`, if still alive; a lesson that
+        expired leaves the next one learned soon after to live twice as long."""
+        if kept is None:
+            return None
+        if kept.expired(wall):
+            model.again = (now + kept.expires + kept.life - wall, 2 * kept.life)
+            return None
+        lesson = model.adopt(kept.candidate, kept.why, now, life=kept.life)
+        lesson.expires = now + kept.expires - wall
+        lesson.began = now - (wall - kept.began)
+        return lesson
+
+    def sent(self, key: LimitKey, at: float) -> Sent:
+        """Log a request of `key` leaving at `at`."""
+        log = self._keys[key].log
+        return log.started(at, probe=log.beyond(self._windows(key), at))
+
+    def answered(
+        self,
+        key: LimitKey,
+        entry: Sent,
+        at: float,
+        *,
+        refused: bool | None,
+        wait: float | None = None,
+        by: float | None = None,
+    ) -> None:
+        """Take the answer of a request of `key` (`refused`: None if no answer
+        came; `wait`: a refusal's Retry-After; `by`: the latest moment it can
+        have arrived, if the network bounds it before its answer)."""
+        state = self._keys[key]
+        state.log.answered(entry, at, refused, by)
+        if refused is None:
+            return
+        held = state.model.current(at)
+        answer = Answer(entry.start, latest(entry), not refused, wait)
+        lesson = state.model.answered(answer, at)
+        if lesson is not None:
+            self._pace(key, lesson)
+        elif state.model.current(at) != held:
+            self._pace_plain(key)  # the lesson expired: faster candidates again
+        if refused is False:
+            self._keep_record(key)
+
+    def stated(self, key: LimitKey, policy: tuple[Window, ...]) -> None:
+        """A policy the server states is a candidate outright: paced by from
+        now (joined with the given rule) for a lifetime, renewed each time the
+        server states it again."""
+        if not policy:
+            return
+        state, now = self._keys[key], self._clock.now()
+        given = self._given[key]
+        windows = [*given.windows]
+        for window in policy:
+            if not any(_holds(w, window) for w in windows):
+                windows = [w for w in windows if not _holds(window, w)] + [window]
+        rule = Rule(tuple(sorted(windows, key=lambda w: w.seconds)))
+        if rule == given:
+            return
+        candidate = Candidate(LimiterKind.SLIDING, rule)
+        held = state.model.lesson
+        if held is not None and held.candidate == candidate:
+            held.expires = now + held.life  # stated again: it lives on
+            return
+        if candidate.speed <= state.model.current(now).speed:
+            return
+        stated = "+".join(str(w) for w in policy)
+        lesson = state.model.adopt(candidate, f"the server states {stated}", now)
+        self._pace(key, lesson)
+
+    def opens(self, key: LimitKey, now: float, reach: float | None) -> float | None:
+        """The probe gate (`log.KeyLog.gated`) over the windows of the rule in
+        force and of the given rule."""
+        return self._keys[key].log.gated(self._windows(key), now, reach)
+
+    def _windows(self, key: LimitKey) -> tuple[Window, ...]:
+        rules = (self._pacer.rules[key], self._given[key])
+        return tuple({w for rule in rules for w in rule.windows})
+
+    def _pace(self, key: LimitKey, lesson: Lesson, *, kept: bool = False) -> None:
+        """Pace `key` by `lesson`, keep it in the ledger, and say so. What the
+        server was seen to accept is capped at the lesson's counts: past them,
+        requests are probes again once it expires."""
+        candidate = lesson.candidate
+        self._pacer.pace_by(key, candidate.rule, candidate.pace)
+        self._keys[key].log.rearm(candidate.rule)
+        spread = candidate.pace is Pace.SPREAD
+        at = self._clock.now()
+        said = RuleLearned(at, key, candidate.rule, spread, lesson.why, kept)
+        if kept:
+            self._reports.append(said)
+            return
+        self._sink.emit(said)
+        wall = wall_time() - at
+        saved = Kept(
+            candidate,
+            lesson.why,
+            lesson.began + wall,
+            lesson.expires + wall,
+            lesson.life,
+        )
+        given, scale = self._given[key], self._scale
+        self._pacer.ledger.remember(
+            key.value, lesson_text(saved, given=given, time_scale=scale)
+        )
+        self._keep_record(key)
+
+    def _pace_plain(self, key: LimitKey) -> None:
+        """Pace `key` by its given rule again (its lesson expired)."""
+        self._pacer.pace_by(key, self._given[key], self._ways[key])
+
+    def _keep_record(self, key: LimitKey) -> None:
+        """Keep in the ledger what the server was seen to accept of `key`, when it
+        has changed: a rerun, or another process, starts from it."""
+        state = self._keys[key]
+        record = {w.seconds: state.log.proven(w.seconds) for w in self._windows(key)}
+        if record == state.kept_record:
+            return
+        state.kept_record = record
+        text = record_text(
+            record, given=self._given[key], time_scale=self._scale, at=wall_time()
+        )
+        self._pacer.ledger.remember(f"{key.value}{RECORD_SUFFIX}", text)
+
+
+def _holds(strict: Window, loose: Window) -> bool:
+    """Holding to `strict` also holds to `loose`: fewer in a longer time."""
+    return strict.seconds >= loose.seconds and strict.count <= loose.count

@@ -1,0 +1,403 @@
+"""One model of what the server enforces on a key: candidate rules replayed
+against the key's log, the fastest that the answers allow paces the key.
+
+    Candidates. A candidate is a rule the server may enforce that is no looser
+    than the given rule G: G's windows plus one window of some length with some
+    count, enforced in some shape (a sliding log; a fixed window or a weighted
+    counter at a phase; a leaky bucket with a burst), counting the requests it
+    refuses or not. Lengths: G's, the API's usual ones at the run's scale, and
+    any the server named.
+
+    Replay. Each candidate replays the log (send, latest arrival, answer) through
+    the server model of `limiters` that the sandbox and the simulation use, once
+    with every request arriving at its send and once at its latest arrival,
+    counting what the server counted. An acceptance it refuses at both ends
+    rules it out. A refusal it accepts at both ends, it leaves unexplained.
+
+    Evidence. Only answers within the horizon count (`HORIZON` of G's longest
+    window, at most `KEPT` answers), and refusals only from the moment the
+    lesson in force began or last expired. A refusal that no candidate left
+    standing explains (a stray 429, an outage) is set aside.
+
+    Count. Per shape and length the count is searched, not enumerated: the
+    smallest no acceptance rules out, then the largest that leaves at most
+    `TAU` refusals unexplained.
+
+    Choice. The key is paced by the fastest candidate that leaves at most TAU
+    refusals unexplained (G itself when it does), in the candidate's way: a
+    log or a window exactly, a weighted counter evenly, a bucket as a bucket.
+    A policy the server states is such a candidate outright.
+
+    Lifetime. A lesson (a choice slower than G) lives `FIRST_LIFE` of its
+    longest windows, doubled each time a faster candidate is refused again.
+    When it expires, the refusals behind it leave the evidence, so faster
+    candidates qualify again, and the probe gate (`learning.log.KeyLog.gated`)
+    sends past what the server accepted one request at a time.
+
+Pure and synchronous: the pacer asks `KeyModel.choice` after each answer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from batchrun.core.limits import Pace, Rule, Window
+from batchrun.pacing.limiters import Limiter, LimiterKind, make_limiter
+
+# Refusals a choice may leave unexplained: one, so a lone 429 never changes the
+# pace, and a second that agrees with it does.
+TAU = 1
+# Evidence counts within this many of G's longest windows: a sliding window needs
+# one, a weighted counter two (the previous window weighs on the current), and
+# one more lets a refusal be read against the window before it.
+HORIZON = 4
+# At most this many answers are replayed: enough for four windows of a rule of
+# 500, and a bound on the CPU a choice costs.
+KEPT = 2000
+# A lesson first lives two of its longest windows: one to act on it, one to see
+# a window of answers under it before the faster candidates are tried again.
+FIRST_LIFE = 2
+# A lesson never lives longer than a day: a server that loosened is found again
+# within one, at the cost of two 429s.
+LONGEST_LIFE = 86400.0
+# Phases tried for a fixed window or a weighted counter, as shares of its
+# length: four place a window's end within a quarter of where it is; a
+# Retry-After adds the phase it names.
+PHASES = (0.0, 0.25, 0.5, 0.75)
+# The window lengths, in seconds, that the API description uses or that common
+# servers count in.
+USUAL = (1.0, 10.0, 60.0, 300.0, 3600.0, 86400.0)
+# Lengths tried reach from a tenth of G's shortest window (a burst limit under
+# it; shorter ones are lost in the arrival's spread) to half the horizon (two
+# of them fit in the evidence).
+SHORTEST_SHARE = 0.1
+# A leaky bucket's burst, as a share of its count: none (nginx's default) and
+# half (a common `burst=`).
+BURSTS = (0.0, 0.5)
+
+
+def lengths(
+    given: Rule, *, time_scale: float = 1.0, named: Iterable[float] = ()
+) -> tuple[float, ...]:
+    """The window lengths candidates are tried in: G's, the usual ones at the
+    run's scale, any the server `named`, within the bounds `SHORTEST_SHARE`
+    and `HORIZON` set."""
+    low = given.shortest.seconds * SHORTEST_SHARE
+    high = HORIZON * given.longest / 2
+    usual = [seconds / time_scale for seconds in USUAL]
+    found = {w.seconds for w in given.windows}
+    found |= {s for s in (*usual, *named) if low <= s <= high}
+    return tuple(sorted(found))
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One answered request as evidence: it reached the server between `sent`
+    and `latest`, and was `accepted` or refused (with `wait`, a Retry-After)."""
+
+    sent: float
+    latest: float
+    accepted: bool
+    wait: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A rule the server may enforce, in the shape it counts in."""
+
+    kind: LimiterKind
+    rule: Rule
+    origin: float = 0.0
+    counts_refused: bool = False
+
+    def limiter(self) -> Limiter:
+        """The server model of this candidate (`limiters`)."""
+        options: dict[str, object] = {}
+        if self.kind in (LimiterKind.FIXED, LimiterKind.WEIGHTED):
+            options["origin"] = self.origin
+        if self.kind in (LimiterKind.SLIDING, LimiterKind.FIXED):
+            options["count_refused"] = self.counts_refused
+        if self.kind is LimiterKind.LEAKY:
+            options["burst"] = self.rule.burst or 0
+        return make_limiter(self.kind, Rule(self.rule.windows), **options)
+
+    @property
+    def pace(self) -> Pace:
+        """How the pacer keeps it: evenly for a weighted counter (which refuses
+        bursts a log allows), exactly otherwise (a bucket by its burst)."""
+        return Pace.SPREAD if self.kind is LimiterKind.WEIGHTED else Pace.EXACT
+
+    @property
+    def speed(self) -> tuple[float, float]:
+        """Sorts faster first: the long-run interval (evenly spaced a little
+        longer), then the most sent at once."""
+        rule = self.rule
+        burst = rule.shortest.count if rule.burst is None else rule.burst + 1
+        if self.pace is Pace.SPREAD:
+            return (rule.interval * 1.01, -1)
+        return (rule.interval, -burst)
+
+    def __str__(self) -> str:
+        refused = ", refusals counted" if self.counts_refused else ""
+        return f"{self.kind.value} {self.rule}{refused}"
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """Candidates that differ only in the count of their window."""
+
+    kind: LimiterKind
+    given: Rule
+    seconds: float
+    origin: float = 0.0
+    counts_refused: bool = False
+    # A leaky bucket's burst, as a share of its count.
+    burst_share: float = 0.0
+
+    def at(self, count: int, *, alone: bool = False) -> Candidate:
+        """The family's candidate of `count` in its window, with G's windows
+        (`alone`: without them, to replay the window by itself)."""
+        window = Window(count, self.seconds)
+        windows = [] if alone else list(self.given.windows)
+        windows = [w for w in windows if not _implies(window, w)]
+        if not any(_implies(w, window) for w in windows):
+            windows.append(window)
+        ordered = tuple(sorted(windows, key=lambda w: w.seconds))
+        burst = None
+        if self.kind is LimiterKind.LEAKY:  # drains at its shortest window
+            burst = max(0, int(ordered[0].count * self.burst_share) - 1)
+        rule = Rule(ordered, burst)
+        return Candidate(self.kind, rule, self.origin, self.counts_refused)
+
+    @property
+    def most(self) -> int:
+        """The largest count to search: what G lets through in the window."""
+        return min(
+            w.count * max(1, math.ceil(self.seconds / w.seconds - 1e-9))
+            for w in self.given.windows
+        )
+
+
+def _implies(strict: Window, loose: Window) -> bool:
+    """Holding to `strict` also holds to `loose`: fewer in a longer time."""
+    return strict.seconds >= loose.seconds and strict.count <= loose.count
+
+
+def families(
+    given: Rule, lengths: Iterable[float], phases: Iterable[float] = ()
+) -> list[Family]:
+    """Every family of candidates for `given` (the module docstring's
+    Candidates); `phases`: window ends a Retry-After named."""
+    named = tuple(phases)
+    found = []
+    for seconds in sorted(set(lengths)):
+        origins = {share * seconds for share in PHASES} | {p % seconds for p in named}
+        for refused in (False, True):
+            found.append(Family(LimiterKind.SLIDING, given, seconds, 0.0, refused))
+            found += [
+                Family(LimiterKind.FIXED, given, seconds, origin, refused)
+                for origin in sorted(origins)
+            ]
+        found += [
+            Family(LimiterKind.WEIGHTED, given, seconds, origin)
+            for origin in sorted(origins)
+        ]
+        if seconds == given.shortest.seconds:
+            found += [
+                Family(LimiterKind.LEAKY, given, seconds, burst_share=share)
+                for share in BURSTS
+            ]
+    return found
+
+
+class Judge:
+    """A family's verdicts on the evidence, for any count: whether an
+    acceptance rules the count out, and which refusals it explains (a
+    candidate refuses them at both ends of their arrival)."""
+
+    def __init__(self, family: Family, answers: Sequence[Answer]) -> None:
+        self.family = family
+        self._answers = answers
+        # Per answer, the least count that accepts it at one end at least: a
+        # replay's state does not depend on the count it is asked about, as it
+        # counts what the server counted, except a bucket's, whose rate is the
+        # count (then each count is replayed).
+        self._least: list[int] | None = None
+        if family.kind is not LimiterKind.LEAKY:
+            early = _held(family, answers, lambda a: a.sent)
+            late = _held(family, answers, lambda a: a.latest)
+            self._least = [min(e, lt) + 1 for e, lt in zip(early, late, strict=True)]
+
+    def refused(self, count: int) -> list[bool]:
+        """Whether the candidate of `count` refuses each answer at both ends."""
+        if self._least is not None:
+            return [count < least for least in self._least]
+        candidate = self.family.at(count, alone=True)
+        early = _accepted(candidate, self._answers, lambda a: a.sent)
+        late = _accepted(candidate, self._answers, lambda a: a.latest)
+        return [not (e or lt) for e, lt in zip(early, late, strict=True)]
+
+    def ruled_out(self, count: int) -> bool:
+        """Whether some acceptance rules the candidate of `count` out."""
+        refused = self.refused(count)
+        return any(
+            r and a.accepted for r, a in zip(refused, self._answers, strict=True)
+        )
+
+    def explained(self, count: int) -> frozenset[int]:
+        """The refusals (indexes into the evidence) the candidate explains."""
+        refused = self.refused(count)
+        return frozenset(
+            i
+            for i, (r, a) in enumerate(zip(refused, self._answers, strict=True))
+            if r and not a.accepted
+        )
+
+
+def _held(
+    family: Family, answers: Sequence[Answer], at: Callable[[Answer], float]
+) -> list[int]:
+    """How full the family's window was as each answer arrived at `at(answer)`,
+    replayed through its model with a count no answer reaches."""
+    room = len(answers) + family.most + 1
+    limiter = family.at(room, alone=True).limiter()
+    held = [0] * len(answers)
+    for index in sorted(range(len(answers)), key=lambda i: at(answers[i])):
+        moment, answer = at(answers[index]), answers[index]
+        (quota,) = limiter.quotas("", "", moment)
+        held[index] = room - quota.remaining
+        limiter.replay("", "", moment, accepted=answer.accepted)
+    return held
+
+
+def _accepted(
+    candidate: Candidate, answers: Sequence[Answer], at: Callable[[Answer], float]
+) -> list[bool]:
+    """Whether `candidate` accepts each answer arriving at `at(answer)`."""
+    limiter = candidate.limiter()
+    accepts = [True] * len(answers)
+    for index in sorted(range(len(answers)), key=lambda i: at(answers[i])):
+        answer = answers[index]
+        accepts[index] = limiter.replay("", "", at(answer), accepted=answer.accepted)
+    return accepts
+
+
+def least(judge: Judge) -> int | None:
+    """The family's least count no acceptance rules out (None: not even its
+    largest), by search: ruling out is monotone in the count."""
+    low, high = 1, judge.family.most
+    if judge.ruled_out(high):
+        return None
+    while low < high:
+        middle = (low + high) // 2
+        if judge.ruled_out(middle):
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+def fastest(judge: Judge, low: int, refusals: frozenset[int]) -> Candidate | None:
+    """The family's largest count from `low` that explains every one of
+    `refusals`; None if even `low` does not."""
+    high = judge.family.most
+    if not refusals <= judge.explained(low):
+        return None
+    while low < high:
+        middle = (low + high + 1) // 2
+        if refusals <= judge.explained(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return judge.family.at(low)
+
+
+def choose(
+    given: Rule,
+    answers: Sequence[Answer],
+    lengths: Iterable[float],
+    phases: Iterable[float] = (),
+) -> Candidate:
+    """The candidate that paces the key (the module docstring's Choice)."""
+    plain = Candidate(LimiterKind.SLIDING, given)
+    if sum(not a.accepted for a in answers) <= TAU:
+        return plain
+    judges = [Judge(f, answers) for f in families(given, lengths, phases)]
+    standing = [(j, low) for j in judges if (low := least(j)) is not None]
+    explicable = frozenset().union(*(j.explained(low) for j, low in standing))
+    if len(explicable) <= TAU:
+        return plain
+    found = [c for j, low in standing if (c := fastest(j, low, explicable))]
+    return min(found, key=lambda c: c.speed, default=plain)
+
+
+@dataclass(slots=True)
+class Lesson:
+    """A choice slower than G in force: why, since when, until when (on the
+    pacer's clock), and its lifetime."""
+
+    candidate: Candidate
+    why: str
+    began: float
+    expires: float
+    life: float
+
+
+@dataclass(slots=True)
+class KeyModel:
+    """A key's learner state, all of it: the evidence, the lesson in force and
+    its lifetime (the module docstring is its one screen)."""
+
+    given: Rule
+    lengths: tuple[float, ...]
+    answers: list[Answer] = field(default_factory=list)
+    # Refusals before this moment are no longer evidence (a lesson expired).
+    since: float = -math.inf
+    lesson: Lesson | None = None
+    # After a lesson expired: until when a lesson learned again lives twice as
+    # long, and that life (a re-test the server refused).
+    again: tuple[float, float] = (-math.inf, 0.0)
+
+    @property
+    def plain(self) -> Candidate:
+        """G itself, kept as a sliding log."""
+        return Candidate(LimiterKind.SLIDING, self.given)
+
+    def current(self, now: float) -> Candidate:
+        """The candidate in force at `now`: the lesson while it lives, else G."""
+        lesson = self.lesson
+        if lesson is not None and now >= lesson.expires:
+            self.since, self.lesson = lesson.expires, None
+            self.again = (lesson.expires + lesson.life, 2 * lesson.life)
+        return self.plain if self.lesson is None else self.lesson.candidate
+
+    def adopt(
+        self, candidate: Candidate, why: str, now: float, *, life: float | None = None
+    ) -> Lesson:
+        """Pace by `candidate` from `now` for `life` (default: `FIRST_LIFE` of
+        its longest window, or twice the last lesson's just after it expired)."""
+        until, doubled = self.again
+        if life is None:
+            life = doubled if now < until else FIRST_LIFE * candidate.rule.longest
+        life = min(life, LONGEST_LIFE)
+        self.lesson = Lesson(candidate, why, now, now + life, life)
+        return self.lesson
+
+    def answered(self, answer: Answer, now: float) -> Lesson | None:
+        """Take one answer as evidence; the new lesson, if it changes the pace."""
+        self.answers.append(answer)
+        horizon = now - HORIZON * max(*self.lengths, self.given.longest)
+        if len(self.answers) > KEPT or self.answers[0].latest < horizon:
+            self.answers = [a for a in self.answers if a.latest >= horizon][-KEPT:]
+        held = self.current(now)
+        if answer.accepted:
+            return None
+        evidence = [a for a in self.answers if a.accepted or a.latest >= self.since]
+        phases = [a.latest + a.wait for a in evidence if a.wait]
+        candidate = choose(self.given, evidence, self.lengths, phases)
+        if candidate.speed <= held.speed:
+            return None  # no slower than what paces the key: it holds to it
+        refusals = sum(not a.accepted for a in evidence)
+        return self.adopt(candidate, f"{refusals} requests refused", now)
