@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -97,6 +98,10 @@ class Simulated:
     tally: Tally
     ended: Mapping[str, tuple[Status, ...]]
     bound: float
+    # The wall-clock moment the run ended: a next run that follows at once
+    # starts there (`simulate(wall=...)`), so what the ledger keeps ages as
+    # the virtual time passed.
+    wall_end: float = 0.0
 
     @property
     def rate_limited(self) -> Counter[str]:
@@ -259,8 +264,11 @@ def simulate(
     ledger: MemoryLedger | None = None,
     fallback: Rule | None = None,
     network: Network = Network(),
+    wall: float | None = None,
 ) -> Simulated:
-    """One run of `count` jobs at `client`'s rule against `server`, in virtual time."""
+    """One run of `count` jobs at `client`'s rule against `server`, in virtual time;
+    `wall`: the wall-clock moment it starts (default: now), which the learner's
+    kept lessons are dated by as virtual time passes."""
     rule = parse_rule(client) if isinstance(client, str) else client
     # Under Hypothesis, trio shuffles ready tasks with this generator; seed it so a
     # seed gives one run either way.
@@ -278,6 +286,7 @@ def simulate(
         kept,
         fallback,
         network,
+        time.time() if wall is None else wall,
     )
     clock = trio.testing.MockClock(autojump_threshold=0)
     result: Simulated = anyio.run(
@@ -300,6 +309,7 @@ class _Run:
     # --profile auto: the rule the key falls back to (statement B).
     fallback: Rule | None
     network: Network
+    wall: float
 
     async def main(self) -> Simulated:
         rng = random.Random(self.seed)
@@ -324,6 +334,7 @@ class _Run:
             tally=tally,
             ended=ended,
             bound=self.bound,
+            wall_end=self.wall + anyio.current_time() - start,
         )
 
     def _runner(
@@ -337,6 +348,7 @@ class _Run:
         settings = Settings(
             concurrency=self.concurrency, pace=self.pace, fallback=fallback
         )
+        start = anyio.current_time()
         return Runner(
             sender=sender,
             pacer=pacer,
@@ -345,6 +357,7 @@ class _Run:
             recorder=recorder,
             settings=settings,
             rng=rng,
+            wall=lambda: self.wall + anyio.current_time() - start,
         )
 
 

@@ -7,7 +7,7 @@ pacer how to pace each key, and keeps each key's lesson and record in the ledger
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from batchrun.core.clock import Clock, wall_time
@@ -32,6 +32,11 @@ class _Key:
     model: KeyModel
     log: KeyLog
     kept_record: dict[float, int]
+    # What the pacer was last told to pace the key by.
+    paced: Candidate
+    # The latest send of a refused request not yet read: it is read once every
+    # request sent before it has its answer.
+    unread: float | None = None
 
 
 class Learner:
@@ -46,15 +51,20 @@ class Learner:
         sink: EventSink,
         time_scale: float = 1.0,
         fallback: Mapping[LimitKey, Rule] | None = None,
+        wall: Callable[[], float] = wall_time,
     ) -> None:
         self._pacer = pacer
+        self._wall = wall
         self._clock = clock
         self._sink = sink
         self._scale = time_scale
         self._given = dict(pacer.rules)
         self._keys = {
             key: _Key(
-                KeyModel(rule, lengths(rule, time_scale=time_scale)), KeyLog(), {}
+                KeyModel(rule, lengths(rule, time_scale=time_scale)),
+                KeyLog(),
+                {},
+                Candidate(LimiterKind.SLIDING, rule),
             )
             for key, rule in self._given.items()
         }
@@ -68,7 +78,7 @@ class Learner:
         """Pace `keys` by what the ledger kept of them (a lesson still alive), or
         by their safer rule (--profile auto) for a first lifetime; what to
         report once the run has started."""
-        now, wall = self._clock.now(), wall_time()
+        now, wall = self._clock.now(), self._wall()
         for key in keys:
             state, given = self._keys[key], self._given[key]
             ledger = self._pacer.ledger
@@ -97,7 +107,10 @@ class Learner:
         if kept is None:
             return None
         if kept.expired(wall):
-            model.again = (now + kept.expires + kept.life - wall, 2 * kept.life)
+            ago = wall - kept.expires
+            model.expired = Lesson(
+                kept.candidate, kept.why, now - ago - kept.life, now - ago, kept.life
+            )
             return None
         lesson = model.adopt(kept.candidate, kept.why, now, life=kept.life)
         lesson.expires = now + kept.expires - wall
@@ -107,7 +120,7 @@ class Learner:
     def sent(self, key: LimitKey, at: float) -> Sent:
         """Log a request of `key` leaving at `at`."""
         log = self._keys[key].log
-        return log.started(at, probe=log.beyond(self._windows(key), at))
+        return log.started(at, probe=log.beyond(self._lengths(key), at))
 
     def answered(
         self,
@@ -126,12 +139,16 @@ class Learner:
         state.log.answered(entry, at, refused, by)
         if refused is None:
             return
-        held = state.model.current(at)
-        answer = Answer(entry.start, latest(entry), not refused, wait)
-        lesson = state.model.answered(answer, at)
+        state.model.add(Answer(entry.start, latest(entry), not refused, wait), at)
+        if refused:
+            state.unread = max(entry.start, state.unread or entry.start)
+        lesson = None
+        if state.unread is not None and state.log.settled(state.unread):
+            state.unread = None
+            lesson = state.model.decide(at)
         if lesson is not None:
             self._pace(key, lesson)
-        elif state.model.current(at) != held:
+        elif state.model.current(at) != state.paced:
             self._pace_plain(key)  # the lesson expired: faster candidates again
         if refused is False:
             self._keep_record(key)
@@ -164,20 +181,24 @@ class Learner:
 
     def opens(self, key: LimitKey, now: float, reach: float | None) -> float | None:
         """The probe gate (`log.KeyLog.gated`) over the windows of the rule in
-        force and of the given rule."""
-        return self._keys[key].log.gated(self._windows(key), now, reach)
+        force, of the given rule, and the lengths candidates are tried in
+        (the shortest of them keeps a rerun from bursting where the server
+        let requests through only spread out)."""
+        return self._keys[key].log.gated(self._lengths(key), now, reach)
 
-    def _windows(self, key: LimitKey) -> tuple[Window, ...]:
+    def _lengths(self, key: LimitKey) -> tuple[float, ...]:
         rules = (self._pacer.rules[key], self._given[key])
-        return tuple({w for rule in rules for w in rule.windows})
+        found = {w.seconds for rule in rules for w in rule.windows}
+        return tuple(sorted(found | set(self._keys[key].model.lengths)))
 
     def _pace(self, key: LimitKey, lesson: Lesson, *, kept: bool = False) -> None:
         """Pace `key` by `lesson`, keep it in the ledger, and say so. What the
         server was seen to accept is capped at the lesson's counts: past them,
         requests are probes again once it expires."""
         candidate = lesson.candidate
+        self._keys[key].paced = candidate
         self._pacer.pace_by(key, candidate.rule, candidate.pace)
-        self._keys[key].log.rearm(candidate.rule)
+        self._keys[key].log.rearm(candidate.rule, self._lengths(key))
         spread = candidate.pace is Pace.SPREAD
         at = self._clock.now()
         said = RuleLearned(at, key, candidate.rule, spread, lesson.why, kept)
@@ -185,7 +206,7 @@ class Learner:
             self._reports.append(said)
             return
         self._sink.emit(said)
-        wall = wall_time() - at
+        wall = self._wall() - at
         saved = Kept(
             candidate,
             lesson.why,
@@ -201,18 +222,19 @@ class Learner:
 
     def _pace_plain(self, key: LimitKey) -> None:
         """Pace `key` by its given rule again (its lesson expired)."""
+        self._keys[key].paced = self._keys[key].model.plain
         self._pacer.pace_by(key, self._given[key], self._ways[key])
 
     def _keep_record(self, key: LimitKey) -> None:
         """Keep in the ledger what the server was seen to accept of `key`, when it
         has changed: a rerun, or another process, starts from it."""
         state = self._keys[key]
-        record = {w.seconds: state.log.proven(w.seconds) for w in self._windows(key)}
+        record = {seconds: state.log.proven(seconds) for seconds in self._lengths(key)}
         if record == state.kept_record:
             return
         state.kept_record = record
         text = record_text(
-            record, given=self._given[key], time_scale=self._scale, at=wall_time()
+            record, given=self._given[key], time_scale=self._scale, at=self._wall()
         )
         self._pacer.ledger.remember(f"{key.value}{RECORD_SUFFIX}", text)
 

@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from batchrun.core.limits import Rule, Window
+from batchrun.core.limits import Rule
 
 # Requests older than the longest candidate window cannot bear on a lesson; past
 # this many the oldest are dropped, which keeps `infer` cheap (quadratic in it).
@@ -85,9 +85,6 @@ class KeyLog:
     unanswered: int = 0
     # Probes in flight, in the order they left.
     flying: list[Sent] = field(default_factory=list)
-    # When the newest request accepted before the key was told to space its
-    # requests evenly arrived (a key spaced from the start: never).
-    unspaced: float = -math.inf
 
     def started(self, at: float, *, probe: bool = False) -> Sent:
         """Log a request that leaves at `at`; `answered` fills in its answer."""
@@ -117,18 +114,18 @@ class KeyLog:
         """The most accepted requests the server was seen to let through in W."""
         return max(self.record.get(seconds, 0), self.accepted.most(seconds))
 
-    def beyond(self, windows: Iterable[Window], now: float) -> bool:
-        """Whether some window already holds as many requests as the server has
-        been seen to accept in it: the next one is a probe."""
-        for window in windows:
+    def beyond(self, lengths: Iterable[float], now: float) -> bool:
+        """Whether a window of one of `lengths` already holds as many requests
+        as the server has been seen to accept in it: the next one is a probe."""
+        for seconds in lengths:
             used = self.unanswered + len(self.ends)
-            used -= bisect.bisect_right(self.ends, now - window.seconds)
-            if used >= self.proven(window.seconds):
+            used -= bisect.bisect_right(self.ends, now - seconds)
+            if used >= self.proven(seconds):
                 return True
         return False
 
     def gated(
-        self, windows: Iterable[Window], now: float, reach: float | None
+        self, lengths: Iterable[float], now: float, reach: float | None
     ) -> float | None:
         """When the next request may leave, if it would be a probe while another
         may not have arrived yet: `reach` after that one left (the network's
@@ -138,27 +135,28 @@ class KeyLog:
             return None
         last = self.flying[-1].start
         opens = math.inf if reach is None else last + reach
-        if opens <= now or not self.beyond(windows, now):
+        if opens <= now or not self.beyond(lengths, now):
             return None
         return opens
 
-    def spacing(self) -> None:
-        """The key is told to space its requests evenly from now (`unspaced`)."""
-        self.unspaced = max(arrived(s) for s in self.sent if s.refused is False)
-
-    def rearm(self, rule: Rule | None = None) -> None:
-        """After a lesson the server's state is in doubt: what it was seen to accept
-        is kept only up to what `rule` (the lesson's) allows in each of its windows."""
-        counts = {} if rule is None else {w.seconds: w.count for w in rule.windows}
+    def rearm(self, rule: Rule, lengths: Iterable[float]) -> None:
+        """After a lesson the server's state is in doubt: what it was seen to
+        accept in each of `lengths` is kept only up to what `rule` (the
+        lesson's) lets through in that length."""
         self.record = {
-            seconds: min(count, self.proven(seconds))
-            for seconds, count in counts.items()
+            seconds: min(_allowed(rule, seconds), self.proven(seconds))
+            for seconds in lengths
         }
         self.accepted.clear()
 
     def settled(self, since: float) -> bool:
         """Whether every request that left at or before `since` has its answer."""
         return all(s.end is not None for s in self.sent if s.start <= since)
+
+
+def _allowed(rule: Rule, seconds: float) -> int:
+    """The most requests `rule` lets through within `seconds`."""
+    return min(w.count * max(1, math.ceil(seconds / w.seconds)) for w in rule.windows)
 
 
 def _most(arrivals: list[float], seconds: float) -> int:

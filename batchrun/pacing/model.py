@@ -66,6 +66,15 @@ LONGEST_LIFE = 86400.0
 # length: four place a window's end within a quarter of where it is; a
 # Retry-After adds the phase it names.
 PHASES = (0.0, 0.25, 0.5, 0.75)
+# Shapes in the order they are tried: a later one only where no earlier one
+# explains the refusals. A log paced exactly holds under a fixed window too; a
+# phase or a burst is one more thing to fit, which two refusals fit too easily.
+SHAPES = (
+    LimiterKind.SLIDING,
+    LimiterKind.FIXED,
+    LimiterKind.WEIGHTED,
+    LimiterKind.LEAKY,
+)
 # The window lengths, in seconds, that the API description uses or that common
 # servers count in.
 USUAL = (1.0, 10.0, 60.0, 300.0, 3600.0, 86400.0)
@@ -73,21 +82,18 @@ USUAL = (1.0, 10.0, 60.0, 300.0, 3600.0, 86400.0)
 # it; shorter ones are lost in the arrival's spread) to half the horizon (two
 # of them fit in the evidence).
 SHORTEST_SHARE = 0.1
-# A leaky bucket's burst, as a share of its count: none (nginx's default) and
-# half (a common `burst=`).
-BURSTS = (0.0, 0.5)
 
 
 def lengths(
     given: Rule, *, time_scale: float = 1.0, named: Iterable[float] = ()
 ) -> tuple[float, ...]:
-    """The window lengths candidates are tried in: G's, the usual ones at the
-    run's scale, any the server `named`, within the bounds `SHORTEST_SHARE`
-    and `HORIZON` set."""
+    """The window lengths candidates are tried in: G's, a tenth of its
+    shortest (`SHORTEST_SHARE`: a burst limit), and the usual ones at the run's
+    scale and any the server `named`, between those and half the horizon."""
     low = given.shortest.seconds * SHORTEST_SHARE
     high = HORIZON * given.longest / 2
     usual = [seconds / time_scale for seconds in USUAL]
-    found = {w.seconds for w in given.windows}
+    found = {low, *(w.seconds for w in given.windows)}
     found |= {s for s in (*usual, *named) if low <= s <= high}
     return tuple(sorted(found))
 
@@ -153,22 +159,19 @@ class Family:
     seconds: float
     origin: float = 0.0
     counts_refused: bool = False
-    # A leaky bucket's burst, as a share of its count.
-    burst_share: float = 0.0
 
     def at(self, count: int, *, alone: bool = False) -> Candidate:
         """The family's candidate of `count` in its window, with G's windows
-        (`alone`: without them, to replay the window by itself)."""
+        (`alone`: without them, to replay the window by itself). A bucket's
+        count is how many it lets through at once: it drains at G's rate."""
+        if self.kind is LimiterKind.LEAKY:
+            return Candidate(self.kind, Rule(self.given.windows, burst=count - 1))
         window = Window(count, self.seconds)
         windows = [] if alone else list(self.given.windows)
         windows = [w for w in windows if not _implies(window, w)]
         if not any(_implies(w, window) for w in windows):
             windows.append(window)
-        ordered = tuple(sorted(windows, key=lambda w: w.seconds))
-        burst = None
-        if self.kind is LimiterKind.LEAKY:  # drains at its shortest window
-            burst = max(0, int(ordered[0].count * self.burst_share) - 1)
-        rule = Rule(ordered, burst)
+        rule = Rule(tuple(sorted(windows, key=lambda w: w.seconds)))
         return Candidate(self.kind, rule, self.origin, self.counts_refused)
 
     @property
@@ -205,54 +208,54 @@ def families(
             for origin in sorted(origins)
         ]
         if seconds == given.shortest.seconds:
-            found += [
-                Family(LimiterKind.LEAKY, given, seconds, burst_share=share)
-                for share in BURSTS
-            ]
+            found.append(Family(LimiterKind.LEAKY, given, seconds))
     return found
 
 
 class Judge:
     """A family's verdicts on the evidence, for any count: whether an
-    acceptance rules the count out, and which refusals it explains (a
-    candidate refuses them at both ends of their arrival)."""
+    acceptance rules the count out (the candidate refuses it at both ends of
+    its arrival), and which refusals it explains (it refuses them at one end
+    at least)."""
 
     def __init__(self, family: Family, answers: Sequence[Answer]) -> None:
         self.family = family
         self._answers = answers
-        # Per answer, the least count that accepts it at one end at least: a
-        # replay's state does not depend on the count it is asked about, as it
-        # counts what the server counted, except a bucket's, whose rate is the
-        # count (then each count is replayed).
-        self._least: list[int] | None = None
+        # Per answer and end, the least count that accepts it: a replay's state
+        # does not depend on the count asked about, as it counts what the
+        # server counted; but a bucket's does (its rate is the count), so a
+        # bucket is replayed for each count asked.
+        self._ends: tuple[list[int], list[int]] | None = None
         if family.kind is not LimiterKind.LEAKY:
             early = _held(family, answers, lambda a: a.sent)
             late = _held(family, answers, lambda a: a.latest)
-            self._least = [min(e, lt) + 1 for e, lt in zip(early, late, strict=True)]
+            self._ends = ([e + 1 for e in early], [lt + 1 for lt in late])
 
-    def refused(self, count: int) -> list[bool]:
-        """Whether the candidate of `count` refuses each answer at both ends."""
-        if self._least is not None:
-            return [count < least for least in self._least]
+    def _refusals(self, count: int) -> list[tuple[bool, bool]]:
+        """Whether the candidate of `count` refuses each answer, at each end."""
+        if self._ends is not None:
+            early, late = self._ends
+            return [(count < e, count < lt) for e, lt in zip(early, late, strict=True)]
         candidate = self.family.at(count, alone=True)
-        early = _accepted(candidate, self._answers, lambda a: a.sent)
-        late = _accepted(candidate, self._answers, lambda a: a.latest)
-        return [not (e or lt) for e, lt in zip(early, late, strict=True)]
+        early_ok = _accepted(candidate, self._answers, lambda a: a.sent)
+        late_ok = _accepted(candidate, self._answers, lambda a: a.latest)
+        return [(not e, not lt) for e, lt in zip(early_ok, late_ok, strict=True)]
 
     def ruled_out(self, count: int) -> bool:
         """Whether some acceptance rules the candidate of `count` out."""
-        refused = self.refused(count)
+        ends = self._refusals(count)
         return any(
-            r and a.accepted for r, a in zip(refused, self._answers, strict=True)
+            e and lt and a.accepted
+            for (e, lt), a in zip(ends, self._answers, strict=True)
         )
 
     def explained(self, count: int) -> frozenset[int]:
         """The refusals (indexes into the evidence) the candidate explains."""
-        refused = self.refused(count)
+        ends = self._refusals(count)
         return frozenset(
             i
-            for i, (r, a) in enumerate(zip(refused, self._answers, strict=True))
-            if r and not a.accepted
+            for i, ((e, lt), a) in enumerate(zip(ends, self._answers, strict=True))
+            if (e or lt) and not a.accepted
         )
 
 
@@ -330,7 +333,11 @@ def choose(
     if len(explicable) <= TAU:
         return plain
     found = [c for j, low in standing if (c := fastest(j, low, explicable))]
-    return min(found, key=lambda c: c.speed, default=plain)
+    for shape in SHAPES:
+        fits = [c for c in found if c.kind is shape]
+        if fits:
+            return min(fits, key=lambda c: c.speed)
+    return plain
 
 
 @dataclass(slots=True)
@@ -356,9 +363,9 @@ class KeyModel:
     # Refusals before this moment are no longer evidence (a lesson expired).
     since: float = -math.inf
     lesson: Lesson | None = None
-    # After a lesson expired: until when a lesson learned again lives twice as
-    # long, and that life (a re-test the server refused).
-    again: tuple[float, float] = (-math.inf, 0.0)
+    # The lesson that expired last, while a refusal may still confirm it again
+    # (for one more of its lifetimes).
+    expired: Lesson | None = None
 
     @property
     def plain(self) -> Candidate:
@@ -369,35 +376,56 @@ class KeyModel:
         """The candidate in force at `now`: the lesson while it lives, else G."""
         lesson = self.lesson
         if lesson is not None and now >= lesson.expires:
-            self.since, self.lesson = lesson.expires, None
-            self.again = (lesson.expires + lesson.life, 2 * lesson.life)
+            self.since, self.lesson, self.expired = lesson.expires, None, lesson
+        if self.expired is not None and now >= self.expired.expires + self.expired.life:
+            self.expired = None
         return self.plain if self.lesson is None else self.lesson.candidate
 
     def adopt(
         self, candidate: Candidate, why: str, now: float, *, life: float | None = None
     ) -> Lesson:
         """Pace by `candidate` from `now` for `life` (default: `FIRST_LIFE` of
-        its longest window, or twice the last lesson's just after it expired)."""
-        until, doubled = self.again
-        if life is None:
-            life = doubled if now < until else FIRST_LIFE * candidate.rule.longest
+        its longest window)."""
+        life = FIRST_LIFE * candidate.rule.longest if life is None else life
         life = min(life, LONGEST_LIFE)
         self.lesson = Lesson(candidate, why, now, now + life, life)
+        self.expired = None
         return self.lesson
 
-    def answered(self, answer: Answer, now: float) -> Lesson | None:
-        """Take one answer as evidence; the new lesson, if it changes the pace."""
+    def add(self, answer: Answer, now: float) -> None:
+        """Take one answer as evidence (within the horizon)."""
         self.answers.append(answer)
         horizon = now - HORIZON * max(*self.lengths, self.given.longest)
         if len(self.answers) > KEPT or self.answers[0].latest < horizon:
             self.answers = [a for a in self.answers if a.latest >= horizon][-KEPT:]
+
+    def decide(self, now: float) -> Lesson | None:
+        """Choose again after a refusal, once every request sent before it has
+        its answer (the evidence a refusal is read against); the new lesson,
+        if it paces the key slower than what paces it now. A lesson that
+        expired and explains the refusals since is confirmed again, with twice
+        its life."""
         held = self.current(now)
-        if answer.accepted:
-            return None
         evidence = [a for a in self.answers if a.accepted or a.latest >= self.since]
+        again = self.expired
+        if again is not None and explains(again.candidate, evidence):
+            return self.adopt(again.candidate, again.why, now, life=2 * again.life)
         phases = [a.latest + a.wait for a in evidence if a.wait]
         candidate = choose(self.given, evidence, self.lengths, phases)
         if candidate.speed <= held.speed:
             return None  # no slower than what paces the key: it holds to it
         refusals = sum(not a.accepted for a in evidence)
         return self.adopt(candidate, f"{refusals} requests refused", now)
+
+
+def explains(candidate: Candidate, answers: Sequence[Answer]) -> bool:
+    """Whether `candidate` explains every refusal of `answers` and no
+    acceptance rules it out."""
+    early = _accepted(candidate, answers, lambda a: a.sent)
+    late = _accepted(candidate, answers, lambda a: a.latest)
+    for answer, e, lt in zip(answers, early, late, strict=True):
+        if answer.accepted and not (e or lt):
+            return False
+        if not answer.accepted and e and lt:
+            return False
+    return True

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Protocol
 
 import anyio
@@ -23,7 +23,7 @@ import anyio
 from batchrun.api.breaker import Breaker
 from batchrun.api.hints import Hints
 from batchrun.api.outcome import Kind, Outcome
-from batchrun.core.clock import Clock
+from batchrun.core.clock import Clock, wall_time
 from batchrun.core.errors import StateError
 from batchrun.core.events import (
     Event,
@@ -69,6 +69,7 @@ class Runner:
         recorder: Recorder,
         settings: Settings,
         rng: random.Random | None = None,
+        wall: Callable[[], float] = wall_time,
     ) -> None:
         self._sender = sender
         self._pacer = pacer
@@ -82,6 +83,7 @@ class Runner:
             sink=sink,
             time_scale=settings.time_scale,
             fallback=settings.fallback,
+            wall=wall,
         )
         self._recalled = self._learner.recall(list(pacer.rules))
         self._settlement = Settlement(

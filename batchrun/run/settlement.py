@@ -96,15 +96,24 @@ class Settlement:
             delay = max(0.0, until - now)
         else:
             queue.rate_limited_streak += 1
-            # Without Retry-After, never longer than the key's longest window: by
-            # then every window the server could be counting in has room again.
-            cap = self._pacer.rules[key].longest
+            delay = self._cool_down(key, queue.rate_limited_streak, outcome)
             asked = outcome.retry_after
-            streak = queue.rate_limited_streak
-            delay = self._backoff(streak, cap=cap) if asked is None else asked
             # The whole key waits: its other jobs would only collect 429s too.
             self._pacer.cool_down(key, now + delay, asked=asked is not None)
         self._requeue(key, queue, attempt, delay, outcome, rate_limited=True)
+
+    def _cool_down(self, key: LimitKey, streak: int, outcome: Outcome) -> float:
+        """How long the key waits after the `streak`-th 429 in a row: as long as
+        the server asked (Retry-After); else nothing after a lone one (the
+        learner reads it; a lone 429 never changes the pace), then from the
+        rule's interval, doubling, never longer than its longest window (by
+        then every window the server could count in has room again)."""
+        if outcome.retry_after is not None:
+            return outcome.retry_after
+        if streak == 1:
+            return 0.0
+        rule = self._pacer.rules[key]
+        return self._backoff(streak - 1, cap=rule.longest, base=rule.interval)
 
     def _transient(
         self, key: LimitKey, queue: KeyQueue, attempt: Attempt, outcome: Outcome
@@ -119,7 +128,8 @@ class Settlement:
             self._finish(key, attempt, outcome)
             return
         self.tally.retried += 1
-        delay = self._backoff(attempt.failures, cap=self._settings.backoff_cap)
+        cap, base = self._settings.backoff_cap, self._settings.backoff
+        delay = self._backoff(attempt.failures, cap=cap, base=base)
         self._requeue(key, queue, attempt, delay, outcome, rate_limited=False)
 
     def _requeue(
@@ -174,14 +184,15 @@ class Settlement:
             )
         )
 
-    def _backoff(self, failures: int, *, cap: float) -> float:
-        """Exponential backoff with "equal jitter": between half and all of the step.
+    def _backoff(self, failures: int, *, cap: float, base: float) -> float:
+        """Exponential backoff from `base` with "equal jitter": between half and
+        all of the step.
 
         The exponent stops growing once the step passes any cap, so a server that
         answers 429 for ever cannot overflow it.
         """
         exponent = min(failures - 1, _LARGEST_EXPONENT)
-        step = min(cap, self._settings.backoff * 2**exponent)
+        step = min(cap, base * 2**exponent)
         return self._rng.uniform(step / 2, step)
 
     def finished(self) -> RunFinished:
