@@ -26,7 +26,7 @@ from collections.abc import Callable
 import anyio
 
 from batchrun.core.limits import LimitKey, Rule, parse_rule
-from batchrun.pacing.learning.learner import Learner
+from batchrun.pacing.learner import Learner
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.slots import eta
 from batchrun.run import runner
@@ -45,10 +45,10 @@ CONCURRENCY = 32
 def _serial_start(on: bool) -> Callable[[], None]:
     """Turn the learner's probe gate beyond what the server was seen to accept
     off, where it would hide what is measured; returns the undo."""
-    kept = Learner.gated
+    kept = Learner.opens
     if not on:
-        Learner.gated = lambda self, key, windows, now, reach: None  # type: ignore[method-assign]
-    return lambda: setattr(Learner, "gated", kept)
+        Learner.opens = lambda self, key, now, reach: None  # type: ignore[method-assign]
+    return lambda: setattr(Learner, "opens", kept)
 
 
 def _bound(on: bool) -> Callable[[], None]:

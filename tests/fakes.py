@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import anyio
 import httpx
 
 from batchrun.core.clock import LoopClock
@@ -81,3 +82,17 @@ def make_runner(
         scope="f",
         rng=random.Random(1),
     )
+
+
+class Latency(httpx.AsyncBaseTransport):
+    """Half a round trip before the server sees a request, half after it answers,
+    so that requests overlap in flight as they do over a network."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, rtt: float) -> None:
+        self._inner, self._half = inner, rtt / 2
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        await anyio.sleep(self._half)
+        response = await self._inner.handle_async_request(request)
+        await anyio.sleep(self._half)
+        return response

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchrun.core.limits import LimitKey, Pace, Rule, parse_rule
-from batchrun.pacing.learning.learner import Learner
+from batchrun.pacing.learner import Learner
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.slots import Grant
@@ -121,7 +121,7 @@ def test_slow_answers_cost_no_round_trip_per_window_once_traced(monkeypatch, lat
     arrival: traced, each window opens from the bounded arrivals, not from the
     answers, so the run ends sooner, with no 429 (serial start off, as the
     learner's proof of the count is not what this measures)."""
-    monkeypatch.setattr(Learner, "gated", lambda self, key, windows, now, reach: None)
+    monkeypatch.setattr(Learner, "opens", lambda self, key, now, reach: None)
     server = Server(LimiterKind.SLIDING, parse_rule("30/2s"))
 
     def run(traced: bool) -> Simulated:
@@ -194,9 +194,10 @@ def test_probes_do_not_wait_for_slow_answers_once_traced(latency):
 def test_probes_reach_a_stricter_slow_server_one_at_a_time(seed):
     """Told 30/2s, the server allows 10/2s and answers 100 ms after each
     arrival: probes leave before the answers, yet reach the server in order,
-    so the first refusal is read against every arrival before it: a 429 or
-    two (not the window's worth a burst of probes would get), every job
-    accepted once, near the ideal under 10/2s."""
+    so the first refusal is read against every arrival before it: a few
+    429s (issue 36: at most 4 where the server is stricter, not the window's
+    worth a burst of probes would get), every job accepted once, near the
+    ideal under 10/2s."""
     server = Server(LimiterKind.SLIDING, parse_rule("10/2s"), work=0.1)
     network = Network(traced=True)
     run = simulate(
@@ -209,5 +210,5 @@ def test_probes_reach_a_stricter_slow_server_one_at_a_time(seed):
     )
     assert run.finished
     assert set(run.accepted.values()) == {1}
-    assert run.tally.rate_limited <= 2
+    assert run.tally.rate_limited <= 4
     assert run.ratio < 1.1

@@ -27,9 +27,8 @@ from batchrun.pacing.ledger import Ledger, MemoryLedger
 from batchrun.run.settings import Settings
 from batchrun.run.wiring import Target, open_run
 from batchrun.sandbox.app import Sandbox, create_app
-from tests.fakes import ListRecorder, ListSink
+from tests.fakes import Latency, ListRecorder, ListSink
 from tests.oracles import max_in_window
-from tests.test_learning import Latency
 
 RULE = "10/1s"
 EPOCH = 1.7e9

@@ -99,12 +99,11 @@ BENCH = [
         "chart",
         "fastserver",
         "case_server",
-        "learner",
         "progress",
     ],
     ["script_pyrate", "script_limits", "script_aiolimiter", "script_sleep"],
     ["slowapi_server"],
-    ["drivers", "spread", "ledgers", "overhead", "script_cases", "chains"],
+    ["drivers", "spread", "ledgers", "overhead", "script_cases"],
     ["pacing", "throughput", "stricter", "against_scripts", "arrival"],
     ["bigfile"],
     ["startup"],
@@ -239,13 +238,13 @@ def test_the_check_sees_an_upward_import(tmp_path):
     path.write_text(
         "def f():\n    from batchrun.cli import commands\n    import batchrun.x.y\n"
         "from batchrun.pacing.slots import earliest_slot\n"
-        "from batchrun.pacing.learning import counters\n"
-        "from batchrun.pacing.learning.log import KeyLog\n"
+        "from batchrun.run import runner\n"
+        "from batchrun.pacing.log import KeyLog\n"
     )
     assert imported(path) == {
         "cli.commands",
         "x.y",
         "pacing.slots",
-        "pacing.learning.counters",
-        "pacing.learning.log",
+        "run.runner",
+        "pacing.log",
     }

@@ -9,14 +9,11 @@ import pytest
 from typer.testing import CliRunner
 
 from batchrun.cli.commands import app
-from batchrun.cli.learned import KeyLimit
-from batchrun.cli.reports import limits_lines
-from batchrun.core.clock import MachineClock, wall_time
+from batchrun.core.clock import MachineClock
 from batchrun.core.events import Status
-from batchrun.core.limits import LimitKey, Pace, Rule, parse_rule
+from batchrun.core.limits import Pace, parse_rule
 from batchrun.jobs.job import scan
 from batchrun.ledgers.sqlite_ledger import SqliteLedger
-from batchrun.pacing.room import ROOM_SUFFIX, kept, known
 from batchrun.pacing.slots import Grant
 from batchrun.store.paths import StatePaths, client_fingerprint
 from batchrun.store.results import JobResult
@@ -181,11 +178,16 @@ def test_status_text_lists_states_and_failures(tmp_path):
 # What was learned of a client's limits: plan, status and `limits`.
 
 LEARNED = {
+    "kind": "sliding",
     "windows": [[5, 60.0], [500, 3600.0]],
-    "spread": False,
+    "burst": None,
+    "origin": 0.0,
+    "counts_refused": False,
     "why": "2 request(s) refused after 5 accepted within 1m",
     "given": [[15, 60.0], [500, 3600.0]],
-    "at": time.time(),
+    "began": time.time(),
+    "expires": time.time() + 3600.0,
+    "life": 3600.0,
 }
 
 
@@ -259,78 +261,23 @@ def test_limits_shows_what_was_learned_and_forgets_it(tmp_path):
         "given": "15/1m+500/1h",
         "spread": False,
         "learned": None,
-        "confirmed": None,
-        "retest": None,
-        "refusals_counted": None,
-        "refusals_seen_at": None,
+        "until": None,
     }
 
 
-def test_forget_also_forgets_whether_the_server_counts_refusals(tmp_path):
-    """What was seen of refusals (`room`) is learned too: `limits` shows it,
-    and forgets it with the lesson; the next run tests it again."""
+def test_limits_says_until_when_a_lesson_is_kept(tmp_path):
+    """A lesson lives for a time: `limits` says until when, then runs try the
+    given rule again; an expired one is not shown as in force."""
     paths = StatePaths.resolve(tmp_path / "state")
     learned_ledger(paths)
-    client = client_fingerprint(URL, "tok")
-    ledger = SqliteLedger(paths.ledger, client=client, hold=30, now=MachineClock().now)
-    seen = wall_time()
-    ledger.remember(f"run-query{ROOM_SUFFIX}", kept(False, seen))
-    ledger.remember(f"invite{ROOM_SUFFIX}", kept(True, seen))
-    assert known(ledger, "run-query", now=wall_time()) is False
-    ledger.close()
-    shown = cli(tmp_path, "limits").stdout.splitlines()
-    refusals = [line for line in shown if line.startswith("  429s ")]
-    assert refusals[0].startswith("  429s take no slot: the server was seen not to")
-    assert refusals[1].startswith("  429s each take a slot: the server was seen to")
-    as_json = json.loads(cli(tmp_path, "limits", "--json").stdout)
-    assert as_json["run-query"]["refusals_counted"] is False
-    assert as_json["invite"]["refusals_counted"] is True
-    assert as_json["invite"]["refusals_seen_at"] == pytest.approx(seen)
-    assert cli(tmp_path, "limits", "--forget", "run-query").exit_code == 0
-    ledger = SqliteLedger(paths.ledger, client=client, hold=30, now=MachineClock().now)
-    assert known(ledger, "run-query", now=wall_time()) is None
-    ledger.close()
-    # A key with nothing learned but what its server does with refusals.
-    forgot = cli(tmp_path, "limits", "--forget", "invite")
-    assert "Forgot what was learned of invite's limit." in forgot.stdout
-    after = json.loads(cli(tmp_path, "limits", "--json").stdout)
-    assert after["invite"]["refusals_counted"] is None
-    assert "--forget KEY" not in cli(tmp_path, "limits").stdout
-
-
-def test_a_stale_refusal_answer_is_neither_shown_nor_said_to_be_forgotten(tmp_path):
-    """Seen 40 days ago (kept for 30): `limits` shows nothing of it, and
-    --forget says there was nothing to forget, and clears it."""
-    paths = StatePaths.resolve(tmp_path / "state")
-    client = client_fingerprint(URL, "tok")
-    ledger = SqliteLedger(paths.ledger, client=client, hold=30, now=MachineClock().now)
-    ledger.remember(f"avatar{ROOM_SUFFIX}", kept(False, wall_time() - 40 * 86400))
-    ledger.close()
-    assert "429s" not in cli(tmp_path, "limits").stdout
-    forgot = cli(tmp_path, "limits", "--forget", "avatar")
-    assert "Nothing was learned of avatar: nothing to forget." in forgot.stdout
-    ledger = SqliteLedger(paths.ledger, client=client, hold=30, now=MachineClock().now)
-    assert ledger.recall(f"avatar{ROOM_SUFFIX}") == "{}"
-    ledger.close()
-
-
-@pytest.mark.parametrize("paced", ["bucket", "evenly"])
-def test_429s_take_a_slot_where_a_bucket_or_even_spacing_paces(paced):
-    """Refusals are left out only of windows paced exactly (`room.lifted`):
-    under a bucket reading or even spacing, `limits` does not say they take
-    no slot, though the server was seen not to count them."""
-    given = parse_rule("30/1m")
-    rule = Rule(given.windows, burst=10) if paced == "bucket" else given
-    item = KeyLimit(
-        LimitKey.RUN_QUERY,
-        given,
-        rule,
-        paced == "evenly",
-        "learned it",
-        refusals=(False, wall_time()),
-    )
-    (shown,) = [line for line in limits_lines([item], [], []) if "429s" in line]
-    assert shown.startswith("  429s each take a slot, paced as a bucket or evenly")
+    shown = cli(tmp_path, "limits").stdout
+    assert "  kept until " in shown
+    until = json.loads(cli(tmp_path, "limits", "--json").stdout)["run-query"]["until"]
+    assert until == pytest.approx(LEARNED["expires"])
+    expired = {**LEARNED, "expires": time.time() - 1.0}
+    learned_ledger(paths, text=json.dumps(expired))
+    after = json.loads(cli(tmp_path, "limits", "--json").stdout)["run-query"]
+    assert (after["rule"], after["learned"]) == ("15/1m+500/1h", None)
 
 
 def test_limits_needs_a_client_and_a_known_key(tmp_path):

@@ -290,54 +290,29 @@ async def test_waits_are_reported_as_events():
     assert waits[1] - t0 == pytest.approx(1.5)
 
 
-def kept(ledger: MemoryLedger) -> dict[str, object]:
-    import json
-
-    text = ledger.recall(LimitKey.RUN_QUERY.value)
-    assert text is not None
-    value: dict[str, object] = json.loads(text)
-    return value
-
-
-async def test_spaced_evenly_stays_kept_after_a_later_lesson():
-    """A key that was switched to spread stays spread in the ledger when a
-    later lesson (a header, a settled reading) says nothing of pace."""
-    from batchrun.pacing.learning.lessons import Lesson
-
-    ledger = MemoryLedger()
-    pacer = Pacer(rules={KEY: parse_rule("30/2s")}, ledger=ledger, clock=LoopClock())
-    pacer.learn(KEY, Lesson(parse_rule("30/2s"), "spread", spread=True))
-    pacer.learn(KEY, Lesson(parse_rule("10/2s"), "tighter"))
-    assert pacer.pace(KEY) is Pace.SPREAD
-    assert kept(ledger)["spread"] is True
-
-
-async def test_a_lesson_does_not_shorten_a_wait_the_server_asked_for():
-    """A backoff guess ends when a rule is learned; a hold until the server's
-    stated reset (or a Retry-After) does not."""
-    from batchrun.pacing.learning.lessons import Lesson
-
+async def test_pace_by_does_not_shorten_a_wait_the_server_asked_for():
+    """A backoff guess ends when the key is paced by a new rule; a hold until
+    the server's stated reset (or a Retry-After) does not."""
     pacer = Pacer(
         rules={KEY: parse_rule("30/2s")}, ledger=MemoryLedger(), clock=LoopClock()
     )
     now = anyio.current_time()
     pacer.hold(KEY, now + 5.0)
-    pacer.learn(KEY, Lesson(parse_rule("10/2s"), "tighter"), keep=False)
+    pacer.pace_by(KEY, parse_rule("10/2s"), Pace.EXACT)
     assert pacer.cooling(KEY)[1] == now + 5.0
 
 
-async def test_a_lesson_ends_a_backoff_guess():
-    from batchrun.pacing.learning.lessons import Lesson
-
+async def test_pace_by_ends_a_backoff_guess():
     pacer = Pacer(
         rules={KEY: parse_rule("30/2s")}, ledger=MemoryLedger(), clock=LoopClock()
     )
     now = anyio.current_time()
     pacer.cool_down(KEY, now + 9.0)
-    pacer.learn(KEY, Lesson(parse_rule("5/2s"), "tighter"), keep=False)
+    pacer.pace_by(KEY, parse_rule("5/2s"), Pace.SPREAD)
     assert pacer.cooling(KEY)[1] == now
+    assert (pacer.rules[KEY], pacer.pace(KEY)) == (parse_rule("5/2s"), Pace.SPREAD)
     pacer.cool_down(KEY, now + 3.0, asked=True)  # a Retry-After
-    pacer.learn(KEY, Lesson(parse_rule("4/2s"), "tighter"), keep=False)
+    pacer.pace_by(KEY, parse_rule("4/2s"), Pace.EXACT)
     assert pacer.cooling(KEY)[1] == now + 3.0
 
 

@@ -131,17 +131,25 @@ class Learner:
         refused: bool | None,
         wait: float | None = None,
         by: float | None = None,
+        spent: bool = False,
     ) -> None:
         """Take the answer of a request of `key` (`refused`: None if no answer
         came; `wait`: a refusal's Retry-After; `by`: the latest moment it can
-        have arrived, if the network bounds it before its answer)."""
+        have arrived, if the network bounds it before its answer; `spent`: it
+        said none remain, which reads as a refusal of a request right after)."""
         state = self._keys[key]
         state.log.answered(entry, at, refused, by)
         if refused is None:
             return
-        state.model.add(Answer(entry.start, latest(entry), not refused, wait), at)
+        arrived = latest(entry)
+        state.model.add(Answer(entry.start, arrived, not refused, wait), at)
+        if spent and not refused:
+            # Said as it arrived: a request right after it would be refused.
+            state.model.add(Answer(entry.start, arrived, False, said=True), at)
+            state.unread = max(entry.start, state.unread or entry.start)
         if refused:
             state.unread = max(entry.start, state.unread or entry.start)
+            state.log.doubt(self._lengths(key), at)
         lesson = None
         if state.unread is not None and state.log.settled(state.unread):
             state.unread = None
@@ -181,15 +189,12 @@ class Learner:
 
     def opens(self, key: LimitKey, now: float, reach: float | None) -> float | None:
         """The probe gate (`log.KeyLog.gated`) over the windows of the rule in
-        force, of the given rule, and the lengths candidates are tried in
-        (the shortest of them keeps a rerun from bursting where the server
-        let requests through only spread out)."""
+        force and of the given rule."""
         return self._keys[key].log.gated(self._lengths(key), now, reach)
 
     def _lengths(self, key: LimitKey) -> tuple[float, ...]:
         rules = (self._pacer.rules[key], self._given[key])
-        found = {w.seconds for rule in rules for w in rule.windows}
-        return tuple(sorted(found | set(self._keys[key].model.lengths)))
+        return tuple(sorted({w.seconds for rule in rules for w in rule.windows}))
 
     def _pace(self, key: LimitKey, lesson: Lesson, *, kept: bool = False) -> None:
         """Pace `key` by `lesson`, keep it in the ledger, and say so. What the

@@ -149,6 +149,16 @@ class KeyLog:
         }
         self.accepted.clear()
 
+    def doubt(self, lengths: Iterable[float], now: float) -> None:
+        """A refusal answered `now`: what the server was seen to accept in each
+        of `lengths` is proven only below what the window held then (it let
+        that many through, not one more), until acceptances show more."""
+        for seconds in lengths:
+            held = self.unanswered + len(self.ends)
+            held -= bisect.bisect_right(self.ends, now - seconds)
+            self.record[seconds] = min(self.proven(seconds), max(0, held - 1))
+        self.accepted.clear()
+
     def settled(self, since: float) -> bool:
         """Whether every request that left at or before `since` has its answer."""
         return all(s.end is not None for s in self.sent if s.start <= since)

@@ -59,6 +59,10 @@ KEPT = 2000
 # A lesson first lives two of its longest windows: one to act on it, one to see
 # a window of answers under it before the faster candidates are tried again.
 FIRST_LIFE = 2
+# Each time the server refuses a faster candidate again, the lesson lives this
+# many times longer: four, so that after a few re-tests a run and the next one
+# right after it spend no 429 on re-testing (twice: a re-test in most runs).
+GROWTH = 4
 # A lesson never lives longer than a day: a server that loosened is found again
 # within one, at the cost of two 429s.
 LONGEST_LIFE = 86400.0
@@ -66,6 +70,8 @@ LONGEST_LIFE = 86400.0
 # length: four place a window's end within a quarter of where it is; a
 # Retry-After adds the phase it names.
 PHASES = (0.0, 0.25, 0.5, 0.75)
+# A Retry-After in whole seconds may be rounded up by up to one.
+ROUNDING = 1.0
 # Shapes in the order they are tried: a later one only where no earlier one
 # explains the refusals. A log paced exactly holds under a fixed window too; a
 # phase or a burst is one more thing to fit, which two refusals fit too easily.
@@ -101,12 +107,29 @@ def lengths(
 @dataclass(frozen=True, slots=True)
 class Answer:
     """One answered request as evidence: it reached the server between `sent`
-    and `latest`, and was `accepted` or refused (with `wait`, a Retry-After)."""
+    and `latest`, and was `accepted` or refused (with `wait`, a Retry-After).
+    `said`: no request but the server's word that one would be refused then
+    (an answer's "none remaining", or a Retry-After less its rounding: an
+    `echo` of a refusal, not one more), explained as a refusal is, counted by
+    no model."""
 
     sent: float
     latest: float
     accepted: bool
     wait: float | None = None
+    said: bool = False
+    echo: bool = False
+
+
+def said(answers: Sequence[Answer]) -> list[Answer]:
+    """What each refusal's Retry-After says: a request would still be refused
+    a second (the rounding of whole seconds) before the wait ends."""
+    return [
+        Answer(moment, moment, accepted=False, said=True, echo=True)
+        for a in answers
+        if not a.accepted and a.wait is not None and a.wait > ROUNDING
+        for moment in (a.latest + a.wait - ROUNDING,)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,7 +294,8 @@ def _held(
         moment, answer = at(answers[index]), answers[index]
         (quota,) = limiter.quotas("", "", moment)
         held[index] = room - quota.remaining
-        limiter.replay("", "", moment, accepted=answer.accepted)
+        if not answer.said:
+            limiter.replay("", "", moment, accepted=answer.accepted)
     return held
 
 
@@ -282,8 +306,12 @@ def _accepted(
     limiter = candidate.limiter()
     accepts = [True] * len(answers)
     for index in sorted(range(len(answers)), key=lambda i: at(answers[i])):
-        answer = answers[index]
-        accepts[index] = limiter.replay("", "", at(answer), accepted=answer.accepted)
+        answer, moment = answers[index], at(answers[index])
+        if answer.said:
+            quotas = limiter.quotas("", "", moment)
+            accepts[index] = all(q.remaining > 0 for q in quotas)
+        else:
+            accepts[index] = limiter.replay("", "", moment, accepted=answer.accepted)
     return accepts
 
 
@@ -325,7 +353,7 @@ def choose(
 ) -> Candidate:
     """The candidate that paces the key (the module docstring's Choice)."""
     plain = Candidate(LimiterKind.SLIDING, given)
-    if sum(not a.accepted for a in answers) <= TAU:
+    if sum(not a.accepted and not a.echo for a in answers) <= TAU:
         return plain
     judges = [Judge(f, answers) for f in families(given, lengths, phases)]
     standing = [(j, low) for j in judges if (low := least(j)) is not None]
@@ -409,11 +437,15 @@ class KeyModel:
         evidence = [a for a in self.answers if a.accepted or a.latest >= self.since]
         again = self.expired
         if again is not None and explains(again.candidate, evidence):
-            return self.adopt(again.candidate, again.why, now, life=2 * again.life)
+            life = GROWTH * again.life
+            return self.adopt(again.candidate, again.why, now, life=life)
         phases = [a.latest + a.wait for a in evidence if a.wait]
-        candidate = choose(self.given, evidence, self.lengths, phases)
-        if candidate.speed <= held.speed:
-            return None  # no slower than what paces the key: it holds to it
+        told = [*evidence, *said(evidence)]
+        candidate = choose(self.given, told, self.lengths, phases)
+        if candidate == held or (
+            candidate.speed <= held.speed and explains(held, told)
+        ):
+            return None  # what paces the key explains the answers: it stays
         refusals = sum(not a.accepted for a in evidence)
         return self.adopt(candidate, f"{refusals} requests refused", now)
 

@@ -92,7 +92,7 @@ class Settlement:
         self.tally.rate_limited += 1
         now = self._clock.now()
         began, until = self._pacer.cooling(key)
-        if attempt.sent_at <= began:
+        if attempt.sent_at < began:
             delay = max(0.0, until - now)
         else:
             queue.rate_limited_streak += 1

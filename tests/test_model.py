@@ -1,0 +1,205 @@
+"""The one model of a key's server (batchrun/pacing/model.py): a test for each
+promise its screen makes, on random evidence (hypothesis) and on logs that a
+server model of `limiters` answered."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchrun.core.limits import Pace, Rule, Window, parse_rule
+from batchrun.pacing.limiters import LimiterKind, make_limiter
+from batchrun.pacing.model import (
+    FIRST_LIFE,
+    TAU,
+    Answer,
+    Candidate,
+    Family,
+    Judge,
+    KeyModel,
+    choose,
+    explains,
+    lengths,
+    said,
+)
+from batchrun.pacing.slots import Usage, earliest_slot
+
+GIVEN = parse_rule("30/2s")
+LENGTHS = lengths(GIVEN)
+
+
+def answered(server: str, kind: LimiterKind, sends: list[float], **options):
+    """A log of requests sent at `sends` (arriving within 5 ms) as a server
+    model of `kind` enforcing `server` answered them."""
+    limiter = make_limiter(kind, parse_rule(server), **options)
+    log = []
+    for moment in sends:
+        arrived = moment + 0.002
+        ok = limiter.admit("c", "k", arrived) is None
+        log.append(Answer(moment, moment + 0.005, ok))
+    return log
+
+
+def holds(rule: Rule, given: Rule) -> bool:
+    """Whether `rule` lets through no more than `given` in any of its windows."""
+    return all(
+        any(w.seconds >= g.seconds and w.count <= g.count for w in rule.windows)
+        for g in given.windows
+    )
+
+
+evidence = st.lists(
+    st.tuples(st.floats(0, 20, allow_nan=False), st.floats(0, 0.2), st.booleans()).map(
+        lambda t: Answer(t[0], t[0] + t[1], t[2])
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(evidence)
+def test_a_lesson_never_allows_more_than_the_given_rule(answers):
+    """Whatever the answers, the candidate chosen holds to every window of G."""
+    chosen = choose(GIVEN, answers, LENGTHS)
+    assert holds(chosen.rule, GIVEN)
+
+
+@settings(max_examples=60, deadline=None)
+@given(evidence, st.floats(0, 20, allow_nan=False))
+def test_a_lone_429_never_changes_the_pace(accepted, moment):
+    """Acceptances and one refusal (TAU): the key is paced by G as given."""
+    answers = [a for a in accepted if a.accepted][:40]
+    answers.append(Answer(moment, moment + 0.01, accepted=False))
+    assert TAU == 1
+    assert choose(GIVEN, answers, LENGTHS) == Candidate(LimiterKind.SLIDING, GIVEN)
+
+
+def test_two_refusals_a_stricter_log_explains_choose_it():
+    """Ten accepted at once, then two refused: the fastest candidate that
+    explains both is a log of 10 per some window, never looser than G."""
+    log = answered("10/2s", LimiterKind.SLIDING, [0.01 * n for n in range(12)])
+    chosen = choose(GIVEN, log, LENGTHS)
+    assert chosen.kind is LimiterKind.SLIDING
+    assert min(w.count for w in chosen.rule.windows) <= 10
+    assert explains(chosen, log)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_stricter_sliding_server_is_explained_by_what_is_chosen(seed):
+    """Requests at random moments against a server stricter than G: the
+    candidate chosen explains every refusal, and no acceptance rules it out."""
+    rng = random.Random(seed)
+    sends = sorted(rng.uniform(0, 8) for _ in range(120))
+    log = answered("10/2s", LimiterKind.SLIDING, sends)
+    chosen = choose(GIVEN, log, LENGTHS)
+    assert explains(chosen, log)
+    assert chosen.rule.interval >= 0.2 - 1e-9  # no faster than the server
+
+
+def test_refusals_that_no_candidate_explains_are_set_aside():
+    """Refusals of requests sent while the window was all but empty (a stray
+    429, an outage), after acceptances at G's full count: G stays."""
+    full = [Answer(0.01 * n, 0.01 * n + 0.005, True) for n in range(30)]
+    strays = [Answer(3.0 + n, 3.005 + n, False) for n in range(3)]
+    assert choose(GIVEN, full + strays, LENGTHS).rule == GIVEN
+
+
+def test_a_weighted_counter_is_kept_evenly():
+    """A candidate of the weighted counter's shape is paced evenly; the others
+    exactly."""
+    weighted = Family(LimiterKind.WEIGHTED, GIVEN, 2.0).at(20)
+    assert weighted.pace is Pace.SPREAD
+    assert Family(LimiterKind.FIXED, GIVEN, 2.0).at(20).pace is Pace.EXACT
+
+
+def test_counts_are_searched_and_monotone():
+    """A larger count accepts whatever a smaller one does: the least count no
+    acceptance rules out is what was accepted in the busiest window."""
+    log = answered("30/2s", LimiterKind.SLIDING, [0.05 * n for n in range(25)])
+    judge = Judge(Family(LimiterKind.SLIDING, GIVEN, 2.0), log)
+    assert not judge.ruled_out(25)
+    assert judge.ruled_out(24)
+
+
+def test_a_retry_after_says_when_a_request_would_still_be_refused():
+    """A refusal with a Retry-After of 3 s is read as a refusal 2 s later too
+    (a second of rounding), so a short window that would have room by then
+    does not explain it."""
+    refusal = Answer(1.0, 1.1, False, wait=3.0)
+    [word] = said([refusal, Answer(0.5, 0.6, True)])
+    assert word.sent == pytest.approx(3.1)
+    assert (word.accepted, word.said, word.echo) == (False, True, True)
+    assert said([Answer(1.0, 1.1, False, wait=0.5)]) == []
+
+
+def test_every_lesson_is_re_tested_within_its_lifetime():
+    """Adopted at t, a lesson paces the key until t + its life, then G does."""
+    model = KeyModel(GIVEN, LENGTHS)
+    lesson = model.adopt(Candidate(LimiterKind.SLIDING, parse_rule("10/2s")), "x", 5.0)
+    assert lesson.life == FIRST_LIFE * 2.0
+    assert model.current(5.0 + lesson.life - 1e-6).rule == parse_rule("10/2s")
+    assert model.current(5.0 + lesson.life).rule == GIVEN
+
+
+def test_a_lesson_the_server_confirms_again_lives_twice_as_long():
+    """Expired, a lesson that explains the next refusals is adopted again with
+    twice its life; one that does not is not."""
+    model = KeyModel(GIVEN, LENGTHS)
+    ten = Candidate(LimiterKind.SLIDING, parse_rule("10/2s"))
+    model.adopt(ten, "x", 0.0)
+    model.current(4.0)  # expired
+    for answer in answered(
+        "10/2s", LimiterKind.SLIDING, [4.0 + 0.01 * n for n in range(12)]
+    ):
+        model.add(answer, answer.latest)
+    again = model.decide(4.2)
+    assert again is not None
+    assert (again.candidate, again.life) == (ten, 2 * FIRST_LIFE * 2.0)
+
+
+def test_the_evidence_keeps_to_its_horizon():
+    """Answers older than the horizon leave the evidence."""
+    model = KeyModel(GIVEN, LENGTHS)
+    model.add(Answer(0.0, 0.01, True), 0.01)
+    model.add(Answer(100.0, 100.01, True), 100.01)
+    assert [a.sent for a in model.answers] == [100.0]
+
+
+def test_lengths_span_a_tenth_of_the_shortest_to_half_the_horizon():
+    found = lengths(parse_rule("15/1m+500/1h"))
+    assert found[0] == pytest.approx(6.0)
+    assert {60.0, 3600.0} <= set(found)
+    assert max(found) <= 2 * 3600.0
+    assert 1.0 / 30 in lengths(parse_rule("30/2s"), time_scale=30) or min(
+        lengths(parse_rule("30/2s"), time_scale=30)
+    ) == pytest.approx(0.2)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(2, 20), st.sampled_from([0.5, 1.0, 2.0]), st.integers(0, 2**32 - 1))
+def test_paced_by_its_choices_a_stricter_log_stops_refusing(count, seconds, seed):
+    """Closed loop against a sliding log stricter than G, sending as the
+    model's choice allows: each wrong choice is a candidate the next refusal
+    rules out, so after a few refusals (a lone one, then at most one per
+    length tried) the key sends a further window with none."""
+    server = make_limiter(LimiterKind.SLIDING, Rule((Window(count, seconds),)))
+    model = KeyModel(GIVEN, LENGTHS)
+    rng = random.Random(seed)
+    sends: list[float] = []
+    refused_at: list[float] = []
+    now = 0.0
+    while now < 40.0 and (not refused_at or now < refused_at[-1] + 4.0):
+        chosen = model.current(now)
+        slot = earliest_slot(Usage(0, sends, sends[-1] if sends else None), chosen.rule)
+        now = max(now, slot or now) + rng.uniform(0, 0.001)
+        ok = server.admit("c", "k", now + 0.001) is None
+        sends.append(now + 0.002)
+        model.add(Answer(now, now + 0.002, ok), now + 0.002)
+        if not ok:
+            refused_at.append(now)
+            model.decide(now + 0.002)
+    assert now < 40.0, "still refused after 40 s"
+    assert len(refused_at) <= TAU + 1 + len(LENGTHS) * 2
