@@ -7,7 +7,7 @@ model): batchrun runs twice with one ledger (`carried`), and the reference scrip
 flight, Retry-After or 0.5/1/2/4 s) runs the same two servers with no memory.
 Windows are scaled as in the other benches: 30/2s stands for 30/1m.
 
-The distribution (each line one independent draw, weights in parentheses):
+The distribution (each item drawn independently, weights in parentheses):
 
 - told rule: 30/2s (6), 120/2s (1), 15/10s (2), 10/10s (1): profile a's
   run-query, the global rule, invite and avatar at 30 x; W is its window, c its
@@ -29,15 +29,16 @@ The distribution (each line one independent draw, weights in parentheses):
 - work on the server per accepted request: none (2), 0.05 W (1), uniform in
   0.1-0.4 W (1) (answers taking 0.2-0.8 s of a 2 s window; the server counts on
   arrival);
-- jobs: uniform in 40-150, or 241-351 for 120/2s (at least two told
-  windows, so no ideal is 0); `--jobs` fixes it;
+- jobs: uniform in L to L + 110, L = max(40, 2c + 1): 40-150 for 15/10s and
+  10/10s, 61-171 for 30/2s, 241-351 for 120/2s (more than two told windows, so
+  no ideal is 0); `--jobs` fixes it;
 - disturbances, each independently, placed by the undisturbed ideal I:
   stray 429s (0.15): 2, 5 or 10 % of the requests the limiter accepts (and
   counts), for the whole run (2) or from U(0, 0.5) I for U(0.25, 0.5) I (3);
   an outage (0.1): every request 429 for 1 or 2 W from U(0.2, 0.6) I, with a
   Retry-After of the outage left (1) or none (1), uncounted; another consumer
   (0.15): a quarter or half the server's rate, from U(0, 0.3) I for
-  U(0.3, 0.6) I; a rule change (0.15): tightening to x 1/3 or 1/2 (1), or
+  U(0.3, 0.6) I (at least W); a rule change (0.15): tightening to x 1/3 or 1/2 (1), or
   loosening from x 1/3 or 1/2 back to the drawn rule (1), at U(1, 3) W, kept
   counts (a leaky bucket starts empty);
 - run 2: on the rule in force at the end of run 1, quiet (6), with the same
@@ -54,8 +55,8 @@ ideal is kept as `server_ideal` in the JSON). Disturbances (strays, outage,
 another consumer) are not in it.
 
 The server is "stricter than told" when its rule is not equal to the told
-one, or it tightens, or it is a weighted counter, or a leaky bucket whose burst
-is smaller than the told count.
+one, or it changes its rule (a loosening starts stricter), or it is a weighted
+counter, or a leaky bucket whose burst is smaller than the told count.
 
 The checks (issue 36's figures): (a) in each run batchrun's ratio is within 0.02
 of the script's, or <= 1.05; (b) where the server is stricter than told, run
@@ -71,14 +72,17 @@ and writes bench/results/draws.json; `--only SEED [--trace]` reruns one draw
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import random
+import signal
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -95,6 +99,8 @@ CASES = HERE / "results" / "draws_cases.json"
 # httpx's trace says when each request left, as over a real network (bench.learner).
 TRACED = Network(traced=True)
 SPAN = 10_000  # draw seeds of --seed S: SPAN x S + i
+# A run is stopped past this many CPU seconds (most take well under one).
+CPU_CAP = 10.0
 T = TypeVar("T")
 
 
@@ -143,6 +149,52 @@ class Figures:
     ideal: float = 0.0
     server_ideal: float = 0.0
     finished: bool = True
+    # Stopped after `--cpu-cap` CPU seconds: no figures, and every check fails.
+    capped: bool = False
+
+
+CAPPED = Figures(ratio=math.inf, refused=0, finished=False, capped=True)
+
+
+class OverCap(Exception):
+    """A run spent more CPU than `--cpu-cap` allows."""
+
+
+@contextlib.contextmanager
+def cpu_cap(seconds: float) -> Iterator[None]:
+    """Raise `OverCap` inside the block once it has spent `seconds` of CPU."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise OverCap
+
+    kept = signal.signal(signal.SIGPROF, stop)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, kept)
+
+
+def _over(exc: BaseException | None) -> bool:
+    """Whether `exc` is, holds or was caused by an `OverCap` (trio may wrap it)."""
+    if exc is None:
+        return False
+    if isinstance(exc, OverCap):
+        return True
+    inner = exc.exceptions if isinstance(exc, BaseExceptionGroup) else ()
+    return any(_over(e) for e in inner) or _over(exc.__cause__ or exc.__context__)
+
+
+def capped(run: Callable[[], Simulated], seconds: float) -> Simulated | None:
+    """`run()`, or None if it spent more than `seconds` of CPU."""
+    try:
+        with cpu_cap(seconds):
+            return run()
+    except BaseException as exc:
+        if _over(exc):
+            return None
+        raise
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,8 +397,10 @@ def draw(seed: int, jobs: int | None = None) -> Draw:
     )
 
 
-def figures(run: Simulated, best: float) -> Figures:
+def figures(run: Simulated | None, best: float) -> Figures:
     """What the draws report of one run, against the ideal `best`."""
+    if run is None:
+        return replace(CAPPED, ideal=round(best, 4))
     return Figures(
         ratio=round(run.makespan / best, 4),
         refused=sum(a.status == 429 for a in run.arrivals),
@@ -357,24 +411,30 @@ def figures(run: Simulated, best: float) -> Figures:
     )
 
 
-def runs(d: Draw) -> tuple[Simulated, Simulated, Simulated, Simulated]:
-    """batchrun's two runs (one ledger), then the script's two."""
+Runs = tuple[Simulated | None, Simulated | None, Simulated | None, Simulated | None]
+
+
+def runs(d: Draw, cap: float = math.inf) -> Runs:
+    """batchrun's two runs (one ledger), then the script's two; a run that spends
+    more than `cap` CPU seconds is None (run 2 gets what run 1 kept so far)."""
     ledger = MemoryLedger()
     common: dict[str, Any] = {"count": d.count, "seed": d.seed, "latency": d.latency}
     fallback = None if d.fallback is None else parse_rule(d.fallback)
     ours: dict[str, Any] = {"client": d.told, "network": TRACED, "fallback": fallback}
-    b1 = simulate(server=d.first, ledger=ledger, **ours, **common)
-    b2 = simulate(server=d.then, ledger=carried(ledger), **ours, **common)
     told = d.script_told or d.told
-    s1 = script(client=told, server=d.first, **common)
-    s2 = script(client=told, server=d.then, **common)
+    first = partial(simulate, server=d.first, ledger=ledger, **ours, **common)
+    b1 = capped(first, cap)
+    then = partial(simulate, server=d.then, ledger=carried(ledger), **ours, **common)
+    b2 = capped(then, cap)
+    s1 = capped(partial(script, client=told, server=d.first, **common), cap)
+    s2 = capped(partial(script, client=told, server=d.then, **common), cap)
     return b1, b2, s1, s2
 
 
-def measure(d: Draw) -> Result:
-    """One draw's result."""
+def measure(d: Draw, cap: float = math.inf) -> Result:
+    """One draw's result; runs over `cap` CPU seconds are `CAPPED`."""
     started = time.process_time()
-    b1, b2, s1, s2 = runs(d)
+    b1, b2, s1, s2 = runs(d, cap)
     cpu = time.process_time() - started
     told = parse_rule(d.told)
     first, then = ideal(d.first, d.count, told), ideal(d.then, d.count, told)
@@ -413,7 +473,9 @@ def summary(results: Sequence[Result]) -> dict[str, dict[str, float]]:
     table = {}
     for name, run in RUNS.items():
         ratios = [run(r).ratio for r in results]
-        refused = [float(run(r).refused) for r in results]
+        # A capped run's 429s are not known: left out, and counted.
+        refused = [float(run(r).refused) for r in results if not run(r).capped]
+        refused = refused or [0.0]
         table[name] = {
             "ratio median": round(statistics.median(ratios), 3),
             "ratio p90": round(p90(ratios), 3),
@@ -422,6 +484,7 @@ def summary(results: Sequence[Result]) -> dict[str, dict[str, float]]:
             "429 p90": p90(refused),
             "429 worst": max(refused),
             "unfinished": sum(not run(r).finished for r in results),
+            "capped": sum(run(r).capped for r in results),
         }
     return table
 
@@ -434,8 +497,16 @@ def checks(results: Sequence[Result]) -> dict[str, dict[str, Any]]:
     """Issue 36's figures as booleans, each with the seeds that violate it."""
     a1 = [r.seed for r in results if not _near(r.b1, r.s1)]
     a2 = [r.seed for r in results if not _near(r.b2, r.s2)]
-    b = [r.seed for r in results if r.stricter and r.b1.refused > max(4, r.s1.refused)]
-    c = [r.seed for r in results if r.quiet and (r.b2.refused > 0 or r.b2.ratio > 1.05)]
+    b = [
+        r.seed
+        for r in results
+        if r.stricter and (r.b1.capped or r.b1.refused > max(4, r.s1.refused))
+    ]
+    c = [
+        r.seed
+        for r in results
+        if r.quiet and (r.b2.capped or r.b2.refused > 0 or r.b2.ratio > 1.05)
+    ]
     d1 = p90([r.b1.ratio for r in results])
     d2 = p90([r.b2.ratio for r in results])
     over = [r.seed for r in results if r.b1.ratio > 1.10 or r.b2.ratio > 1.10]
@@ -495,6 +566,8 @@ def line(r: Result) -> str:
     """One draw in one line."""
 
     def run(f: Figures) -> str:
+        if f.capped:
+            return "over the CPU cap"
         return f"{f.ratio:.3f}/{f.refused}" + ("" if f.finished else " UNFINISHED")
 
     return (
@@ -634,9 +707,9 @@ def after_stop(run: Simulated) -> dict[str, int]:
     }
 
 
-def run_case(d: Draw) -> dict[str, Any]:
+def run_case(d: Draw, cap: float = math.inf) -> dict[str, Any]:
     """One seed of a case: the four runs' figures and the stated-policy counts."""
-    b1, b2, s1, s2 = runs(d)
+    b1, b2, s1, s2 = runs(d, cap)
     told = parse_rule(d.told)
     first, then = ideal(d.first, d.count, told), ideal(d.then, d.count, told)
     row: dict[str, Any] = {
@@ -645,12 +718,13 @@ def run_case(d: Draw) -> dict[str, Any]:
             RUNS, (b1, b2, s1, s2), (first, then, first, then), strict=True
         )
     }
-    if d.then.outage_for:
+    if d.then.outage_for and b2 is not None:
         less = (b2.makespan - d.then.outage_for) / then
         row["batchrun run 2, less the outage"] = round(less, 4)
     if d.first.headers is not HeaderStyle.NONE:
-        row["batchrun run 1 stated"] = after_stop(b1)
-        row["batchrun run 2 stated"] = after_stop(b2)
+        for name, run in (("run 1", b1), ("run 2", b2)):
+            if run is not None:
+                row[f"batchrun {name} stated"] = after_stop(run)
     return row
 
 
@@ -672,7 +746,9 @@ def run_cases(args: argparse.Namespace) -> None:
     for d in named_cases():
         if args.only_case not in d.words:
             continue
-        rows = [run_case(replace(d, seed=seed)) for seed in range(args.seeds)]
+        rows = [
+            run_case(replace(d, seed=seed), args.cpu_cap) for seed in range(args.seeds)
+        ]
         cells = []
         for name in RUNS:
             ratios = [row[name]["ratio"] for row in rows]
@@ -709,13 +785,36 @@ def batchrun_commit() -> str:
     return done.stdout.strip()
 
 
-def trace(d: Draw) -> None:
+def trace(d: Draw, cap: float = math.inf) -> None:
     """Every arrival of the draw's four runs."""
-    for name, run in zip(RUNS, runs(d), strict=True):
+    for name, run in zip(RUNS, runs(d, cap), strict=True):
+        if run is None:
+            print(f"\n#### {name}: over the CPU cap of {cap:g} s\n")
+            continue
         print(f"\n#### {name}: {run.makespan:.3f} s, ideal {run.ideal:.3f} s\n")
         print("sent at status job")
         for a in run.arrivals:
             print(f"{a.sent:.4f} {a.at:.4f} {a.status} {a.job}")
+
+
+def load(path: Path) -> list[Result]:
+    """The draws of a saved record."""
+    record = json.loads(path.read_text())
+    results = []
+    for d in record["draws"]:
+        b1, b2, s1, s2 = (Figures(**d[name]) for name in ("b1", "b2", "s1", "s2"))
+        kind = (d["seed"], d["words"], d["stricter"], d["quiet"])
+        results.append(Result(*kind, b1, b2, s1, s2))
+    return results
+
+
+def tables(path: Path) -> None:
+    """The summary, the checks and the worst draws of a saved record."""
+    results = load(path)
+    print_summary(summary(results))
+    print()
+    print_checks(checks(results))
+    print_worst(results, worst(results))
 
 
 def run_draws(args: argparse.Namespace) -> None:
@@ -723,7 +822,7 @@ def run_draws(args: argparse.Namespace) -> None:
     print(HEAD)
     results, started = [], time.monotonic()
     for seed in seeds:
-        results.append(measure(draw(seed, args.jobs)))
+        results.append(measure(draw(seed, args.jobs), args.cpu_cap))
         print(line(results[-1]), flush=True)
     seconds = time.monotonic() - started
     table, found, ranked = summary(results), checks(results), worst(results)
@@ -761,7 +860,17 @@ def main(argv: Iterable[str] | None = None) -> None:
     parser.add_argument("--only-case", default="", help="cases whose name holds this")
     parser.add_argument("--seeds", type=int, default=5, help="seeds per case")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--tables", type=Path, help="print a saved record's tables")
+    parser.add_argument(
+        "--cpu-cap",
+        type=float,
+        default=CPU_CAP,
+        help="CPU seconds a run may spend before it is stopped and counted failed",
+    )
     args = parser.parse_args(None if argv is None else list(argv))
+    if args.tables is not None:
+        tables(args.tables)
+        return
     if args.json is None:
         args.json = CASES if args.cases else RESULTS
     if args.cases:
@@ -770,9 +879,9 @@ def main(argv: Iterable[str] | None = None) -> None:
     if args.only is not None:
         d = draw(args.only, args.jobs)
         print(HEAD)
-        print(line(measure(d)))
+        print(line(measure(d, args.cpu_cap)))
         if args.trace:
-            trace(d)
+            trace(d, args.cpu_cap)
         return
     run_draws(args)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from functools import partial
 
 import pytest
 
@@ -161,3 +162,20 @@ def test_answer_times_spread_over_the_work():
     ]
     assert all(0.2 <= t <= 0.8 for t in took)
     assert max(took) - min(took) > 0.3
+
+
+def test_a_run_over_the_cpu_cap_is_stopped_and_fails_every_check():
+    server = Server(SLIDING, parse_rule("10/2s"))
+    run = partial(simulate, client="30/2s", server=server, count=400, seed=1)
+    assert draws.capped(run, 0.05) is None
+    assert draws.capped(partial(run, count=5), 30.0) is not None
+    over = draws.CAPPED
+    found = checks([result(1, b1=over, b2=over), *(result(n) for n in range(2, 12))])
+    assert found["a run 1: within 0.02 x ideal of the script or <= 1.05"]["seeds"] == [
+        1
+    ]
+    assert found["b: stricter server, run 1 429s <= max(4, script's)"]["seeds"] == [1]
+    assert found["c: quiet by run 2, run 2 0 x 429 and <= 1.05"]["seeds"] == [1]
+    assert (
+        draws.summary([result(1, b1=over), result(2)])["batchrun run 1"]["capped"] == 1
+    )
