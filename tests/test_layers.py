@@ -100,6 +100,7 @@ BENCH = [
         "fastserver",
         "case_server",
         "progress",
+        "draws",
     ],
     ["script_pyrate", "script_limits", "script_aiolimiter", "script_sleep"],
     ["slowapi_server"],
