@@ -131,21 +131,23 @@ class Learner:
         refused: bool | None,
         wait: float | None = None,
         by: float | None = None,
-        spent: bool = False,
+        spent: float | None = None,
     ) -> None:
         """Take the answer of a request of `key` (`refused`: None if no answer
         came; `wait`: a refusal's Retry-After; `by`: the latest moment it can
         have arrived, if the network bounds it before its answer; `spent`: it
-        said none remain, which reads as a refusal of a request right after)."""
+        said none remain for that many seconds, read as a refusal of a request
+        right after, and one as the reset is near)."""
         state = self._keys[key]
         state.log.answered(entry, at, refused, by)
         if refused is None:
             return
         arrived = latest(entry)
         state.model.add(Answer(entry.start, arrived, not refused, wait), at)
-        if spent and not refused:
-            # Said as it arrived: a request right after it would be refused.
-            state.model.add(Answer(entry.start, arrived, False, said=True), at)
+        if spent is not None and not refused:
+            # Said as it arrived: a request right after it would be refused,
+            # and one just before the reset (less its rounding) too.
+            state.model.add(Answer(entry.start, arrived, False, spent, said=True), at)
             state.unread = max(entry.start, state.unread or entry.start)
         if refused:
             state.unread = max(entry.start, state.unread or entry.start)
@@ -162,30 +164,27 @@ class Learner:
             self._keep_record(key)
 
     def stated(self, key: LimitKey, policy: tuple[Window, ...]) -> None:
-        """A policy the server states is a candidate outright: paced by from
-        now (joined with the given rule) for a lifetime, renewed each time the
-        server states it again."""
+        """A policy the server states joins the given rule outright: nothing
+        looser is chosen from then on in this run, and it paces the key (kept
+        in the ledger as a lesson) unless what paces it already holds to it."""
         if not policy:
             return
         state, now = self._keys[key], self._clock.now()
-        given = self._given[key]
-        windows = [*given.windows]
+        model = state.model
+        windows = [*model.given.windows]
         for window in policy:
             if not any(_holds(w, window) for w in windows):
                 windows = [w for w in windows if not _holds(window, w)] + [window]
         rule = Rule(tuple(sorted(windows, key=lambda w: w.seconds)))
-        if rule == given:
+        if rule == model.given:
             return
+        held = model.current(now)
+        model.given = rule
         candidate = Candidate(LimiterKind.SLIDING, rule)
-        held = state.model.lesson
-        if held is not None and held.candidate == candidate:
-            held.expires = now + held.life  # stated again: it lives on
-            return
-        if candidate.speed <= state.model.current(now).speed:
+        if candidate.speed <= held.speed:
             return
         stated = "+".join(str(w) for w in policy)
-        lesson = state.model.adopt(candidate, f"the server states {stated}", now)
-        self._pace(key, lesson)
+        self._pace(key, model.adopt(candidate, f"the server states {stated}", now))
 
     def opens(self, key: LimitKey, now: float, reach: float | None) -> float | None:
         """The probe gate (`log.KeyLog.gated`) over the windows of the rule in
@@ -226,9 +225,11 @@ class Learner:
         self._keep_record(key)
 
     def _pace_plain(self, key: LimitKey) -> None:
-        """Pace `key` by its given rule again (its lesson expired)."""
-        self._keys[key].paced = self._keys[key].model.plain
-        self._pacer.pace_by(key, self._given[key], self._ways[key])
+        """Pace `key` by its given rule again (its lesson expired), as joined
+        with what the server stated."""
+        model = self._keys[key].model
+        self._keys[key].paced = model.plain
+        self._pacer.pace_by(key, model.given, self._ways[key])
 
     def _keep_record(self, key: LimitKey) -> None:
         """Keep in the ledger what the server was seen to accept of `key`, when it

@@ -1,40 +1,51 @@
 """One model of what the server enforces on a key: candidate rules replayed
-against the key's log, the fastest that the answers allow paces the key.
+against the key's answers; the fastest that the answers allow paces the key.
+This docstring is the model's one screen (docs/design/learner.md says the same).
 
-    Candidates. A candidate is a rule the server may enforce that is no looser
-    than the given rule G: G's windows plus one window of some length with some
-    count, enforced in some shape (a sliding log; a fixed window or a weighted
-    counter at a phase; a leaky bucket with a burst), counting the requests it
-    refuses or not. Lengths: G's, the API's usual ones at the run's scale, and
-    any the server named.
+    Candidates. A rule the server may enforce, no looser than the given rule G:
+    G's windows and one window of some length and count, in some shape (a
+    sliding log, counting refusals or not; a fixed window at a phase, likewise;
+    a weighted counter at a phase; a leaky bucket at G's rate with some burst).
+    Lengths: G's, a tenth of its shortest, and the usual ones (1 s, 10 s, 1 m,
+    5 m, 1 h, 1 d at the run's --time-scale) up to half the horizon. Phases:
+    four per length, and any a Retry-After names.
 
-    Replay. Each candidate replays the log (send, latest arrival, answer) through
-    the server model of `limiters` that the sandbox and the simulation use, once
-    with every request arriving at its send and once at its latest arrival,
-    counting what the server counted. An acceptance it refuses at both ends
-    rules it out. A refusal it accepts at both ends, it leaves unexplained.
+    Replay. Each candidate replays the answers through the server model of
+    `limiters` that the sandbox and the simulation use, once with every
+    request arriving at its send and once at its latest arrival, counting what
+    the server counted. An acceptance it refuses at both ends rules it out. A
+    refusal it refuses at one end at least, it explains. The server's word is
+    read as refusals no model counts: an answer saying none remain, a refusal
+    of the next request; a Retry-After of W s, a refusal W - 1 s later.
 
-    Evidence. Only answers within the horizon count (`HORIZON` of G's longest
-    window, at most `KEPT` answers), and refusals only from the moment the
-    lesson in force began or last expired. A refusal that no candidate left
-    standing explains (a stray 429, an outage) is set aside.
+    Evidence. Answers within the horizon (`HORIZON` of G's longest window, at
+    most `KEPT`); refusals only since the lesson in force expired. A refusal is
+    read once every request sent before it has its answer.
 
-    Count. Per shape and length the count is searched, not enumerated: the
-    smallest no acceptance rules out, then the largest that leaves at most
-    `TAU` refusals unexplained.
+    Count. Per shape, length and phase, by search (each is monotone in its
+    count): the least count no acceptance rules out; then the largest that
+    explains every refusal that some standing candidate explains (the others,
+    a stray 429 or an outage, are set aside).
 
-    Choice. The key is paced by the fastest candidate that leaves at most TAU
-    refusals unexplained (G itself when it does), in the candidate's way: a
-    log or a window exactly, a weighted counter evenly, a bucket as a bucket.
-    A policy the server states is such a candidate outright.
+    Choice. With at most `TAU` refusals, or no more explicable, G. Else the
+    fastest such candidate of the first shape, in the order log, fixed window,
+    weighted counter, bucket, that has one; kept exactly, a weighted counter
+    evenly, a bucket as a bucket. What paces the key stays while it explains
+    the answers and is no slower. A policy the server states joins G outright.
 
-    Lifetime. A lesson (a choice slower than G) lives `FIRST_LIFE` of its
-    longest windows, doubled each time a faster candidate is refused again.
-    When it expires, the refusals behind it leave the evidence, so faster
-    candidates qualify again, and the probe gate (`learning.log.KeyLog.gated`)
-    sends past what the server accepted one request at a time.
+    Lifetime. A lesson (a choice other than G) lives `FIRST_LIFE` of its
+    longest windows. Then G paces the key again: past what the server was seen
+    to accept (capped by the lesson, and by what any window held when a 429
+    came), requests are probes, one at a time (`log.KeyLog.gated`). If the
+    expired lesson explains the refusals that follow, it comes back for
+    `GROWTH` times its last life. Kept in the ledger, a lesson lives on in
+    later runs and other processes by the same clock (wall time).
 
-Pure and synchronous: the pacer asks `KeyModel.choice` after each answer.
+    Cool-down (`run.settlement`). A 429 with a Retry-After holds the key as
+    asked; a lone 429 without one costs only its slot; a run of them backs
+    off from the rule's interval, doubling, to its longest window.
+
+Pure and synchronous: `learner.Learner` asks after each answer.
 """
 
 from __future__ import annotations
@@ -60,9 +71,10 @@ KEPT = 2000
 # a window of answers under it before the faster candidates are tried again.
 FIRST_LIFE = 2
 # Each time the server refuses a faster candidate again, the lesson lives this
-# many times longer: four, so that after a few re-tests a run and the next one
-# right after it spend no 429 on re-testing (twice: a re-test in most runs).
-GROWTH = 4
+# many times longer: twice, so a wrong lesson is kept at most about as long
+# as it has stood (four kept wrong lessons twice as long: measured 0.1 to 0.3
+# x slower in some next runs of bench.draws, for a 429 fewer).
+GROWTH = 2
 # A lesson never lives longer than a day: a server that loosened is found again
 # within one, at the cost of two 429s.
 LONGEST_LIFE = 86400.0

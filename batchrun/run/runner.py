@@ -228,7 +228,10 @@ class Runner:
         self._emit(JobAnswered(now, key, job_id, outcome.status, latency))
         refused = _refused(outcome)
         wait = outcome.retry_after
-        spent = outcome.hints is not None and outcome.hints.remaining == 0
+        hints = outcome.hints
+        spent = None
+        if hints is not None and hints.remaining == 0:
+            spent = hints.reset or 0.0
         self._learner.answered(
             key, sent, now, refused=refused, wait=wait, by=by, spent=spent
         )

@@ -1,0 +1,149 @@
+"""The one owner of a run's learning (batchrun/pacing/learner.py) and the one text
+format the ledger keeps (batchrun/pacing/kept.py)."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import pytest
+
+from batchrun.core.clock import LoopClock, wall_time
+from batchrun.core.events import RuleLearned
+from batchrun.core.limits import LimitKey, Pace, Rule, Window, parse_rule
+from batchrun.pacing.kept import (
+    KEPT_FOR,
+    RECORD_SUFFIX,
+    Kept,
+    lesson_text,
+    read_lesson,
+)
+from batchrun.pacing.learner import Learner
+from batchrun.pacing.ledger import MemoryLedger
+from batchrun.pacing.limiters import LimiterKind
+from batchrun.pacing.model import Candidate
+from batchrun.pacing.pacer import Pacer
+from tests.fakes import ListSink
+
+KEY = LimitKey.RUN_QUERY
+GIVEN = parse_rule("30/2s")
+TEN = Candidate(LimiterKind.SLIDING, parse_rule("10/2s"))
+
+
+def kept(candidate: Candidate = TEN, *, began: float, life: float = 4.0) -> Kept:
+    return Kept(candidate, "2 requests refused", began, began + life, life)
+
+
+def test_a_lesson_reads_back_as_kept_for_its_own_rule_only():
+    now = wall_time()
+    text = lesson_text(kept(began=now), given=GIVEN, time_scale=1.0)
+    back = read_lesson(text, given=GIVEN, time_scale=1.0, now=now)
+    assert back is not None
+    assert (back.candidate, back.life) == (TEN, 4.0)
+    assert read_lesson(text, given=parse_rule("20/2s"), time_scale=1.0, now=now) is None
+    assert read_lesson("{not json", given=GIVEN, time_scale=1.0, now=now) is None
+    old = lesson_text(kept(began=now - KEPT_FOR - 60), given=GIVEN, time_scale=1.0)
+    assert read_lesson(old, given=GIVEN, time_scale=1.0, now=now) is None
+
+
+def test_a_kept_text_looser_than_the_given_rule_reads_as_nothing():
+    """A hand edit or a damaged row cannot loosen a key past its rule."""
+    now = wall_time()
+    fields = json.loads(lesson_text(kept(began=now), given=GIVEN, time_scale=1.0))
+    fields["windows"] = [[40, 2.0]]
+    assert read_lesson(json.dumps(fields), given=GIVEN, time_scale=1.0, now=now) is None
+
+
+def test_windows_are_kept_unscaled():
+    """Kept at --time-scale 30, a lesson reads the same at scale 1."""
+    now = wall_time()
+    scaled = Candidate(LimiterKind.SLIDING, parse_rule("10/2s"))
+    text = lesson_text(kept(scaled, began=now), given=GIVEN, time_scale=30.0)
+    back = read_lesson(text, given=GIVEN.scaled(1 / 30), time_scale=1.0, now=now)
+    assert back is not None
+    assert back.candidate.rule == parse_rule("10/1m")
+    assert back.life == pytest.approx(120.0)
+
+
+def _learner(ledger: MemoryLedger, **options) -> tuple[Pacer, Learner, ListSink]:
+    pacer = Pacer(rules={KEY: GIVEN}, ledger=ledger, clock=LoopClock())
+    sink = ListSink()
+    learner = Learner(pacer=pacer, clock=LoopClock(), sink=sink, **options)
+    return pacer, learner, sink
+
+
+async def test_a_kept_lesson_paces_the_next_run_until_it_expires():
+    """Alive in the ledger, a lesson paces the run from its start and is
+    reported as kept; by its end G paces again."""
+    ledger = MemoryLedger()
+    ledger.remember(
+        KEY.value,
+        lesson_text(kept(began=wall_time(), life=4.0), given=GIVEN, time_scale=1.0),
+    )
+    pacer, learner, _ = _learner(ledger)
+    [said] = learner.recall([KEY])
+    assert isinstance(said, RuleLearned)
+    assert said.kept
+    assert pacer.rules[KEY] == parse_rule("10/2s")
+    await anyio.sleep(4.1)
+    entry = learner.sent(KEY, anyio.current_time())
+    learner.answered(KEY, entry, anyio.current_time() + 0.01, refused=False)
+    assert pacer.rules[KEY] == GIVEN
+
+
+async def test_profile_auto_starts_from_the_safer_rule_for_a_lifetime():
+    safer = parse_rule("15/2s+500/2m")
+    pacer, learner, _ = _learner(MemoryLedger(), fallback={KEY: safer})
+    learner.recall([KEY])
+    assert pacer.rules[KEY] == safer
+
+
+async def test_a_stated_policy_joins_the_given_rule_and_caps_the_record():
+    """What the server states paces the key at once, and what the server was
+    seen to accept is capped by it: a rerun never sends past the policy."""
+    ledger = MemoryLedger()
+    pacer, learner, sink = _learner(ledger)
+    learner.recall([KEY])
+    now = anyio.current_time()
+    for n in range(20):
+        entry = learner.sent(KEY, now + 0.01 * n)
+        learner.answered(KEY, entry, now + 0.01 * n + 0.005, refused=False)
+    learner.stated(KEY, (Window(10, 2.0),))
+    assert pacer.rules[KEY] == parse_rule("10/2s")
+    assert sink.of(RuleLearned)
+    record = json.loads(ledger.recall(f"{KEY.value}{RECORD_SUFFIX}") or "{}")
+    assert max(count for count, _ in record["seen"]) <= 10
+
+
+async def test_none_remaining_teaches_the_count_without_a_429():
+    """Ten answers, the tenth saying none remain for 1.9 s: read as a refusal of
+    the next request and of one 0.9 s later (a reset in whole seconds may be
+    rounded up by one), the key is paced by at most 10 per second before any
+    429 (10 per 2 s is as plain a reading; the faster one goes first)."""
+    pacer, learner, _ = _learner(MemoryLedger())
+    learner.recall([KEY])
+    now = anyio.current_time()
+    for n in range(10):
+        entry = learner.sent(KEY, now + 0.01 * n)
+        at = now + 0.01 * n + 0.005
+        learner.answered(KEY, entry, at, refused=False, spent=1.9 if n == 9 else None)
+    # A lone word is no lesson (TAU); the second agreeing one is.
+    later = now + 2.5
+    for n in range(10):
+        entry = learner.sent(KEY, later + 0.01 * n)
+        at = later + 0.01 * n + 0.005
+        learner.answered(KEY, entry, at, refused=False, spent=1.9 if n == 9 else None)
+    rule = pacer.rules[KEY]
+    assert rule != GIVEN
+    assert rule.interval >= 0.1 - 1e-9, rule
+    assert pacer.pace(KEY) in (Pace.EXACT, Pace.SPREAD)
+
+
+def test_a_rule_is_kept_with_the_given_rule_it_tightened():
+    """`Rule` of a kept lesson always holds to every window of the given one."""
+    now = wall_time()
+    text = lesson_text(kept(began=now), given=GIVEN, time_scale=1.0)
+    back = read_lesson(text, given=GIVEN, time_scale=1.0, now=now)
+    assert back is not None
+    rule: Rule = back.candidate.rule
+    assert all(any(w.count <= g.count for w in rule.windows) for g in GIVEN.windows)
