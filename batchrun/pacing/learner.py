@@ -184,7 +184,8 @@ class Learner:
         if candidate.speed <= held.speed:
             return
         stated = "+".join(str(w) for w in policy)
-        self._pace(key, model.adopt(candidate, f"the server states {stated}", now))
+        why = f"the server states {stated} in its rate-limit headers"
+        self._pace(key, model.adopt(candidate, why, now))
 
     def opens(self, key: LimitKey, now: float, reach: float | None) -> float | None:
         """The probe gate (`log.KeyLog.gated`) over the windows of the rule in

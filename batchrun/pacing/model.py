@@ -8,7 +8,7 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
     a weighted counter at a phase; a leaky bucket at G's rate with some burst).
     Lengths: G's, a tenth of its shortest, and the usual ones (1 s, 10 s, 1 m,
     5 m, 1 h, 1 d at the run's --time-scale) up to half the horizon. Phases:
-    four per length, and any a Retry-After names.
+    four per length, any a Retry-After names, and the last few refusals'.
 
     Replay. Each candidate replays the answers through the server model of
     `limiters` that the sandbox and the simulation use, once with every
@@ -82,6 +82,8 @@ LONGEST_LIFE = 86400.0
 # length: four place a window's end within a quarter of where it is; a
 # Retry-After adds the phase it names.
 PHASES = (0.0, 0.25, 0.5, 0.75)
+# Window phases are also tried at the last this many refusals.
+RECENT = 3
 # A Retry-After in whole seconds may be rounded up by up to one.
 ROUNDING = 1.0
 # Shapes in the order they are tried: a later one only where no earlier one
@@ -451,7 +453,7 @@ class KeyModel:
         if again is not None and explains(again.candidate, evidence):
             life = GROWTH * again.life
             return self.adopt(again.candidate, again.why, now, life=life)
-        phases = [a.latest + a.wait for a in evidence if a.wait]
+        phases = phases_of(evidence)
         told = [*evidence, *said(evidence)]
         candidate = choose(self.given, told, self.lengths, phases)
         if candidate == held or (
@@ -460,6 +462,15 @@ class KeyModel:
             return None  # what paces the key explains the answers: it stays
         refusals = sum(not a.accepted for a in evidence)
         return self.adopt(candidate, f"{refusals} requests refused", now)
+
+
+def phases_of(answers: Sequence[Answer]) -> list[float]:
+    """Where a window may begin, as the refusals say: where a Retry-After says
+    it ends, and at the last few refusals (a fixed window refuses at its end,
+    a weighted counter at its start)."""
+    refused = [a for a in answers if not a.accepted and not a.said][-RECENT:]
+    named = [a.latest + a.wait for a in answers if a.wait and not a.accepted]
+    return [*named, *(a.sent for a in refused), *(a.latest for a in refused)]
 
 
 def explains(candidate: Candidate, answers: Sequence[Answer]) -> bool:
