@@ -101,6 +101,7 @@ BENCH = [
         "case_server",
         "learner",
         "progress",
+        "draws",
     ],
     ["script_pyrate", "script_limits", "script_aiolimiter", "script_sleep"],
     ["slowapi_server"],
