@@ -362,7 +362,13 @@ def runs(d: Draw) -> tuple[Simulated, Simulated, Simulated, Simulated]:
     ledger = MemoryLedger()
     common: dict[str, Any] = {"count": d.count, "seed": d.seed, "latency": d.latency}
     fallback = None if d.fallback is None else parse_rule(d.fallback)
-    ours: dict[str, Any] = {"client": d.told, "network": TRACED, "fallback": fallback}
+    # batchrun as `submit` runs it with no --concurrency; the script keeps 8.
+    ours: dict[str, Any] = {
+        "client": d.told,
+        "network": TRACED,
+        "fallback": fallback,
+        "concurrency": None,
+    }
     b1 = simulate(server=d.first, ledger=ledger, **ours, **common)
     b2 = simulate(
         server=d.then, ledger=carried(ledger), wall=b1.wall_end, **ours, **common
