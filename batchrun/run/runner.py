@@ -188,13 +188,12 @@ class Runner:
     def _hold(self, key: LimitKey) -> bool:
         """Whether the cap on requests in flight holds back a request of `key`
         that is due; if its limit has room, the cap sets the pace (said once
-        an episode, `InFlightCapped`)."""
+        an episode, `InFlightCapped`; the limit holding a slot ends it, in
+        `_slot`)."""
         cap = self.cap()
         if self._in_flight + self._claiming < cap:
             return False
-        if self._pacer.full(key):
-            self._uncap()
-        elif self._capped_since is None:
+        if self._capped_since is None and not self._pacer.full(key):
             self._capped_since = now = self._clock.now()
             given = self._settings.concurrency is not None
             self._emit(InFlightCapped(now, cap, given=given))
