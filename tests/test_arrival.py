@@ -9,7 +9,7 @@ import pytest
 
 from batchrun.api.client import Client, asgi_transport
 from batchrun.api.outcome import Kind
-from batchrun.core.limits import LimitKey, Pace, Window, limit_table, parse_rule
+from batchrun.core.limits import LimitKey, Pace, limit_table, parse_rule
 from batchrun.jobs.endpoints import JobType
 from batchrun.jobs.job import Job
 from batchrun.ledgers.redis_ledger import RedisLedger
@@ -357,14 +357,14 @@ def _log_with_probe() -> tuple[KeyLog, Sent]:
 
 def test_a_probe_waits_for_the_last_ones_answer_without_a_bound():
     log, _ = _log_with_probe()
-    assert log.gated([Window(30, 2.0)], 1.5, None) == math.inf
+    assert log.gated([2.0], 1.5, None) == math.inf
 
 
 def test_a_probe_waits_until_the_last_one_has_surely_arrived():
     """With a bound on the way to the server, the next probe may leave `reach`
     after the last left, answered or not."""
     log, _ = _log_with_probe()
-    windows = [Window(30, 2.0)]
+    windows = [2.0]
     assert log.gated(windows, 1.001, 0.004) == pytest.approx(1.004)
     assert log.gated(windows, 1.004, 0.004) is None
 
@@ -372,11 +372,11 @@ def test_a_probe_waits_until_the_last_one_has_surely_arrived():
 def test_no_gate_once_answered_or_within_what_the_server_accepted():
     log, entry = _log_with_probe()
     log.answered(entry, 1.1, False)
-    assert log.gated([Window(30, 2.0)], 1.1, None) is None
+    assert log.gated([2.0], 1.1, None) is None
     # Within the accepted record a request is no probe, whatever is in flight.
     log.record = {2.0: 30}
     log.started(1.2, probe=True)
-    assert log.gated([Window(30, 2.0)], 1.2, None) is None
+    assert log.gated([2.0], 1.2, None) is None
 
 
 def test_an_arrival_is_estimated_within_its_bound_not_its_answer():
