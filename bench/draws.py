@@ -420,7 +420,13 @@ def runs(d: Draw, cap: float = math.inf) -> Runs:
     ledger = MemoryLedger()
     common: dict[str, Any] = {"count": d.count, "seed": d.seed, "latency": d.latency}
     fallback = None if d.fallback is None else parse_rule(d.fallback)
-    ours: dict[str, Any] = {"client": d.told, "network": TRACED, "fallback": fallback}
+    # batchrun as `submit` runs it with no --concurrency; the script keeps 8.
+    ours: dict[str, Any] = {
+        "client": d.told,
+        "network": TRACED,
+        "fallback": fallback,
+        "concurrency": None,
+    }
     told = d.script_told or d.told
     first = partial(simulate, server=d.first, ledger=ledger, **ours, **common)
     b1 = capped(first, cap)

@@ -446,7 +446,7 @@ def simulate(
     client: Rule | str,
     server: Server,
     count: int = 60,
-    concurrency: int = 8,
+    concurrency: int | None = 8,
     pace: Pace = Pace.EXACT,
     latency: tuple[float, float] = (0.005, 0.05),
     seed: int = 0,
@@ -490,7 +490,7 @@ class _Run:
     rule: Rule
     server: Server
     count: int
-    concurrency: int
+    concurrency: int | None
     pace: Pace
     latency: tuple[float, float]
     seed: int

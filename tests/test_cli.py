@@ -728,3 +728,20 @@ def test_quiet_submit_prints_the_summary_only(tmp_path):
     assert result.exit_code == 0, result.stderr
     assert "summary:" in result.stdout
     assert "starting:" not in result.stdout
+
+
+def test_the_summary_says_when_concurrency_set_the_pace(tmp_path):
+    """One request in flight at a time, each answered in 20 ms, under a limit
+    of 1000 a second: the cap, not the limit, set the pace, and the run says
+    so as it starts to and in its summary, naming the flag."""
+    rows = [f"q{i},avatar,," for i in range(20)]
+    path = jobs_file(tmp_path, rows=rows)
+    args = ["--sandbox", "--limit", "avatar=1000/1s", "--concurrency", "1"]
+    slow = ["--inject", "slow=1", "--inject", "slow-seconds=0.02"]
+    result = runner.invoke(app, ["submit", str(path), *args, *slow])
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    assert "Concurrency sets the pace, not the limit: 1 in flight at most" in out
+    said = "Concurrency, not the limit, set the pace for "
+    assert said in out
+    assert "1 in flight at most (--concurrency 1)." in out.split(said)[1]

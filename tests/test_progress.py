@@ -15,6 +15,7 @@ from batchrun.cli.plain_log import log_tag, stamped
 from batchrun.cli.progress import open_progress
 from batchrun.core import durations
 from batchrun.core.events import (
+    InFlightCapped,
     JobFinished,
     JobRequeued,
     JobSent,
@@ -705,3 +706,22 @@ def test_quiet_says_only_failures_and_the_summary(stream, clock):
     assert any("bad" in t and "HTTP 404" in t for t in said)
     assert "summary:" in said
     assert "\x1b[" not in stream.getvalue()
+
+
+def test_the_live_view_says_while_concurrency_sets_the_pace(live, stream, clock):
+    """While the cap on requests in flight holds back requests the limit has
+    room for, the view says so under its table; the summary says for how
+    long (here 3.5 s of 4.0 s), naming --concurrency when the user gave it."""
+    live.emit(start({RQ: 10}))
+    live.emit(InFlightCapped(0.5, 8, given=True))
+    send_and_finish(live, 3)
+    clock.time = 4.0
+    live.close()
+    said = "Concurrency sets the pace, not the limit: 8 in flight at most"
+    assert said in " ".join(last_frame(stream).split())
+    summary = ANSI.sub("", stream.getvalue())
+    summary = " ".join(summary[summary.rindex("Summary") :].split())
+    assert (
+        "Concurrency, not the limit, set the pace for 3.5 s of 4.0 s: 8 in flight "
+        "at most (--concurrency 8)." in summary
+    )

@@ -158,7 +158,7 @@ def _server_override(text: str) -> tuple[LimitKey, Rule]:
 
 
 def settings(
-    concurrency: int,
+    concurrency: int | None,
     max_attempts: int,
     time_scale: float,
     pace: Pace,
@@ -188,7 +188,7 @@ def submission(
     profile: Profile,
     limit: list[str],
     pace: Pace,
-    concurrency: int,
+    concurrency: int | None,
     max_attempts: int,
     timeout: float,
     results: Path | None,

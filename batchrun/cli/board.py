@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from batchrun.core import durations
 from batchrun.core.events import (
     Event,
+    InFlightCapped,
     JobAnswered,
     JobFinished,
     JobRequeued,
@@ -29,10 +30,15 @@ from batchrun.core.events import (
 from batchrun.core.limits import LimitKey, Pace, Rule
 from batchrun.core.responses import Responses
 from batchrun.pacing.slots import eta
+from batchrun.run.settings import IN_FLIGHT_CEILING
 
 _FAILURES_RECENT = 3
 NONE = "—"
 _COLUMNS = ("endpoint", "done", "failed", "left", "429s", "retries")
+# The summary says concurrency set the pace when it did for this share of the
+# run or more: a run with no --concurrency meets its cap briefly while the
+# first answers are timed (the cap follows them), which is no news.
+_CAPPED_SHARE = 0.05
 
 
 @dataclass(slots=True, kw_only=True)
@@ -69,6 +75,11 @@ class Board:
         self.failures = 0
         self.recent: deque[str] = deque(maxlen=_FAILURES_RECENT)
         self.responses = Responses()
+        # The cap on requests in flight holding requests back: the episode under
+        # way (None: none), and how long it did so in all.
+        self.capped: InFlightCapped | None = None
+        self.capped_for = 0.0
+        self.cap: InFlightCapped | None = None
 
     def apply(self, event: Event) -> KeyCounts | None:
         """Count `event`; return the state of its key, if the run has jobs of it."""
@@ -77,6 +88,13 @@ class Board:
             return None
         if isinstance(event, RunFinished):
             self.finished = event
+            return None
+        if isinstance(event, InFlightCapped):
+            self.cap = event
+            if event.lasted is None:
+                self.capped = event
+            else:
+                self.capped, self.capped_for = None, self.capped_for + event.lasted
             return None
         if isinstance(event, JobAnswered):
             # Only counted: the JobRequeued or JobFinished that follows moves the key.
@@ -235,7 +253,41 @@ def closing_lines(board: Board, now: float) -> list[str]:
     # (submission.py): not here as well.
     unknown = f"{c.unknown} unknown, " if c.unknown else ""
     counts = f"{c.done} done, {c.failed} failed, {unknown}{c.left} left in {elapsed}."
-    return [*response_lines(board.responses), counts]
+    capped = capped_summary(board, now)
+    return [*response_lines(board.responses), counts, *capped]
+
+
+def capped_text(event: InFlightCapped) -> str:
+    """The live view's line while the cap on requests in flight sets the pace."""
+    return f"Concurrency sets the pace, not the limit: {_cap_why(event)}."
+
+
+def capped_summary(board: Board, now: float) -> list[str]:
+    """The summary's line when the cap on requests in flight set the pace for
+    `_CAPPED_SHARE` of the run or more."""
+    if board.cap is None:
+        return []
+    capped = board.capped_for
+    if board.capped is not None:
+        capped += now - board.capped.at
+    elapsed = board.elapsed(now)
+    if capped <= 0 or capped < _CAPPED_SHARE * elapsed:
+        return []
+    spent = f"{durations.spoken(capped)} of {durations.spoken(elapsed)}"
+    why = _cap_why(board.cap)
+    return [f"Concurrency, not the limit, set the pace for {spent}: {why}."]
+
+
+def _cap_why(event: InFlightCapped) -> str:
+    """How many were in flight, and who set that cap."""
+    if event.given:
+        return f"{event.cap} in flight at most (--concurrency {event.cap})"
+    if event.cap >= IN_FLIGHT_CEILING:
+        return (
+            f"{event.cap} in flight, the most without --concurrency "
+            "(a larger --concurrency sends more at once)"
+        )
+    return f"{event.cap} in flight, as the answer times seen needed"
 
 
 def response_lines(responses: Responses) -> list[str]:

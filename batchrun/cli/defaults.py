@@ -13,8 +13,10 @@ from batchrun.cli import config
 from batchrun.core.limits import LimitKey, Profile, limit_table, parse_override
 from batchrun.store.paths import StatePaths
 
-# --concurrency's default, which `config` shows too.
-CONCURRENCY = 8
+# --concurrency's default, which `config` shows too: none, as the limits need
+# (`run.settings.in_flight_cap`).
+CONCURRENCY: int | None = None
+CONCURRENCY_SHOWN = "as the limits need (8-64)"
 
 
 def _shown_defaults() -> dict[str, str]:
@@ -22,7 +24,7 @@ def _shown_defaults() -> dict[str, str]:
     return {
         "base-url": "(none)",
         "profile": Profile.B.value,
-        "concurrency": str(CONCURRENCY),
+        "concurrency": CONCURRENCY_SHOWN,
         "ledger": "SQLite in the state folder",
         "state-dir": str(StatePaths.resolve(None, create=False).root),
         "budget-key": "(base URL + token)",

@@ -168,9 +168,12 @@ PaceOpt = Annotated[
     ),
 ]
 ConcurrencyOpt = Annotated[
-    int,
+    int | None,
     typer.Option(
-        min=1, help="Most requests in flight at once.", rich_help_panel="Limits"
+        min=1,
+        help="Most requests in flight at once, a hard cap. Default: as the limits "
+        "need (each endpoint's rate times its answer times), 8 to 64.",
+        rich_help_panel="Limits",
     ),
 ]
 AttemptsOpt = Annotated[

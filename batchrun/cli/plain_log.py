@@ -17,6 +17,7 @@ from typing import TextIO
 from batchrun.cli.board import (
     Board,
     KeyCounts,
+    capped_text,
     closing_lines,
     ended_text,
     failure_text,
@@ -30,6 +31,7 @@ from batchrun.core import durations
 from batchrun.core.clock import Clock
 from batchrun.core.events import (
     Event,
+    InFlightCapped,
     JobFinished,
     JobRequeued,
     RuleLearned,
@@ -81,6 +83,7 @@ class PlainLog:
         self._board = Board()
         self._last = -math.inf
         self._requeues = 0
+        self._capped_said = False
         self._closed = False
 
     def emit(self, event: Event) -> None:
@@ -88,6 +91,10 @@ class PlainLog:
         if isinstance(event, RunStarted):
             self._last = event.at
             self._chatter(self._start_text(event.at))
+        elif isinstance(event, InFlightCapped) and event.lasted is None:
+            if not self._capped_said:  # once: the summary says how long
+                self._capped_said = True
+                self._chatter(capped_text(event))
         elif state is not None and not isinstance(event, RunFinished):
             if isinstance(event, JobFinished):
                 self._finished(event, state)

@@ -24,6 +24,7 @@ from rich.text import Text
 from batchrun.cli.board import (
     NONE,
     Board,
+    capped_text,
     closing_lines,
     next_slot,
     overall,
@@ -166,6 +167,8 @@ class _LiveView:
         now = self._clock.now()
         etas = self._board.etas(now)
         parts: list[RenderableType] = [self._bar(now, etas), self._table(now, etas)]
+        if self._board.capped is not None:
+            parts.append(Text(capped_text(self._board.capped), style="yellow"))
         recent = tuple(self._board.recent)
         if recent:
             parts.append(Text("Latest failures:", style="bold red"))

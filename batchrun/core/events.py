@@ -136,6 +136,18 @@ class RuleLearned:
 
 
 @dataclass(frozen=True, slots=True)
+class InFlightCapped:
+    """The cap on requests in flight, not the limit, holds requests back: `cap`
+    in flight (`given`: --concurrency's; else as the limits need, up to its
+    ceiling). `lasted` None: it begins; else it ended after that many s."""
+
+    at: float
+    cap: int
+    given: bool
+    lasted: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RunFinished:
     """A run ended; `stopped` is True when it stopped early with jobs left."""
 
@@ -157,6 +169,7 @@ Event = (
     | JobFinished
     | SlotWait
     | RuleLearned
+    | InFlightCapped
     | RunFinished
 )
 

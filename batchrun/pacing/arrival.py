@@ -7,36 +7,51 @@ until its answer is always safe, but an answer that waits on the server's work
 that surely came after the count is taken off:
 
     a request of key K answered at `a` counts until a - F(K),
+    F(K) = e1 - D - (e4 - e1),
 
-F(K), the key's floor, being its quickest accepted exchange (`w` to answer) less
-D and less four mean deviations of its exchange times. D bounds a round trip of
-the network: TCP's retransmission timeout (RFC 6298: the smoothed round trip plus
-four mean deviations) over round trips that hold no server work, the TCP connect
-of each new connection (the kernel answers the SYN) and each refusal (a 429 is
-refused before any work); a refusal the floor may have caused doubles it (as TCP
+e1 and e4 being the quickest and the fourth quickest of K's accepted exchanges
+(`w` to answer; no floor before four). D bounds a round trip of the network:
+TCP's retransmission timeout (RFC 6298: the smoothed round trip plus four mean
+deviations) over round trips that hold no server work, the TCP connect of each
+new connection (the kernel answers the SYN) and each refusal (a 429 is refused
+before any work); a refusal the floor may have caused doubles it (as TCP
 doubles its timeout) for the rest of the run, lowering every floor.
 
-Why it is safe: the quickest exchange k took its way to the count, any queue
-there, the work, and its way back; D covers the two ways, the deviations cover
-a queue in k that the exchanges show by varying, and what is left is work. If
-every request of K does that much work after its count, each spends at least
-F(K) between its count and its answer. A request that waited in a busy server's
-queue before its count is answered that much later, so it counts that much
-longer: the network alone (`w + D`, the bound this replaced) would have let the
-next window open too soon for it. Where the assumptions fail (the quickest
-exchange queued as long as every other, a queued request doing less work than
-it), a request still counts until `w + D` at least: never less safe than the
-old bound. A floor takes a second exchange: the key's first answered, which may
-have waited alone (a server waking up), counts until its answer.
+Why it is safe: an exchange is its way to the count (the network, and any
+queue before the limiter), then the work and the way back. The least an
+exchange of K can take with no queue, L, is estimated from below by the
+quickest four: e1 - (e4 - e1). e1 exceeds L by the queue it met (and its share
+of the network's jitter); three spacings of the quickest four are that large
+or larger unless the quickest was unluckily slow, which for any spread that is
+even near its lowest value (a uniform queue, an exponential one, a spread of
+work) happens with probability 1/8 and then by a fraction of one spacing,
+which shrinks as exchanges accumulate (the spread over their number). Less D
+for the two ways, what is left is work, and if every request of K does that
+much work after its count, each spends at least F(K) between its count and its
+answer: a request that waited in a busy server's queue before its count is
+answered that much later, so it counts that much longer. Where the
+assumptions fail (the quickest four all queued alike, a queued request doing
+less work than the least), a request still counts until `w + D` at least, the
+floor being at most its exchange less D: never less safe than the network's
+bound alone.
+
+What it saves: the floor before took four mean deviations of all the exchange
+times off the quickest, which covers a queue as well but counts a spread of
+work as one: answers of 0.2-0.8 s left no floor, and every request counted
+until its answer. The gap to the fourth quickest does not grow with the spread
+of the work, only with how sparse the quickest answers are: there the floor
+keeps nearly the least work (0.2 s less a few hundredths).
 
 A refusal or an error (no work to take off), an exchange the transport did not
 trace, and every exchange before a round trip has been seen count until their
 answers. The learner places an arrival by the network alone (`latest`): an
-estimate, not a count.
+estimate, not a count. `answer_time` (the slow end of a key's accepted
+exchanges) sizes the requests a run keeps in flight.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -45,6 +60,13 @@ from dataclasses import dataclass
 _ALPHA = 1 / 8
 _BETA = 1 / 4
 _K = 4
+# The floor reads the quickest exchanges of a key: the quickest, less its gap to
+# the fourth quickest (an estimate of the least exchange from its lower
+# spacings, `ArrivalBound.floor`). Four: the gap of three spacings falls short
+# of the quickest's own excess with probability 1/8 for any density that is
+# even near its lowest value (a uniform queue, an exponential one), and then by
+# a fraction of one spacing; more would keep more of the work's spread.
+_QUICKEST = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,13 +103,18 @@ class _Smoothed:
 
 @dataclass(slots=True)
 class _Exchanges:
-    """A key's accepted exchanges: how many, the quickest, and how much they
-    vary (from no deviation at the first: the second, if as quick, counts
-    until its send plus D, as the network alone would count it)."""
+    """A key's accepted exchanges: how many, the `_QUICKEST` quickest of them
+    (ascending), and their smoothed time and mean deviation."""
 
-    quickest: float
+    quickest: list[float]
     times: _Smoothed
     seen: int = 1
+
+    def add(self, exchange: float) -> None:
+        bisect.insort(self.quickest, exchange)
+        del self.quickest[_QUICKEST:]
+        self.times.sample(exchange)
+        self.seen += 1
 
 
 class ArrivalBound:
@@ -118,13 +145,23 @@ class ArrivalBound:
 
     def floor(self, key: str) -> float | None:
         """F: how long after its count any accepted request of `key` is taken
-        to be answered; None until a round trip and two acceptances have been
-        seen (the first may have waited alone, a server waking up, with nothing
-        quicker to show it)."""
+        to be answered; None until a round trip and `_QUICKEST` acceptances
+        have been seen. The quickest exchange e1, less D, less its gap to the
+        fourth quickest e4: F = e1 - D - (e4 - e1)."""
         bound, seen = self.bound, self._exchanges.get(key)
-        if bound is None or seen is None or seen.seen < 2:
+        if bound is None or seen is None or seen.seen < _QUICKEST:
             return None
-        return max(seen.quickest - bound - _K * seen.times.deviation, 0.0)
+        least, fourth = seen.quickest[0], seen.quickest[-1]
+        return max(least - bound - (fourth - least), 0.0)
+
+    def answer_time(self, key: str) -> float | None:
+        """The slow end of `key`'s accepted exchanges, send to answer: their
+        smoothed time plus four mean deviations (as D is of round trips);
+        None before one is seen."""
+        seen = self._exchanges.get(key)
+        if seen is None:
+            return None
+        return seen.times.mean + _K * seen.times.deviation
 
     def counted_by(self, key: str, trip: Trip, answered: float) -> float:
         """The latest moment the server can have counted a request of `key`
@@ -146,11 +183,9 @@ class ArrivalBound:
         exchange = max(answered - trip.written, 0.0)
         seen = self._exchanges.get(key)
         if seen is None:
-            self._exchanges[key] = _Exchanges(exchange, _Smoothed(exchange, 0.0))
-            return
-        seen.quickest = min(seen.quickest, exchange)
-        seen.times.sample(exchange)
-        seen.seen += 1
+            self._exchanges[key] = _Exchanges([exchange], _Smoothed(exchange))
+        else:
+            seen.add(exchange)
 
     def widen(self, trip: Trip, now: float) -> bool:
         """Double D after a refusal the bound may have caused; once for every

@@ -1,4 +1,6 @@
-"""The orchestration of a run: `concurrency` workers over one queue per limit key.
+"""The orchestration of a run: workers over one queue per limit key, at most
+`concurrency` requests in flight, or with none given as many as the limits need
+(`settings.in_flight_cap`: each key's rate times its answer times).
 
 A worker takes a key with an attempt due (a retry that is due, else a fresh job),
 waits for the key's pacer slot, and sends. Outcomes are settled as they come
@@ -28,6 +30,7 @@ from batchrun.core.errors import StateError
 from batchrun.core.events import (
     Event,
     EventSink,
+    InFlightCapped,
     JobAnswered,
     JobSent,
     RunStarted,
@@ -39,7 +42,7 @@ from batchrun.pacing.arrival import Trip
 from batchrun.pacing.learner import Learner
 from batchrun.pacing.pacer import Pacer
 from batchrun.run.queues import Attempt, KeyQueue
-from batchrun.run.settings import Settings
+from batchrun.run.settings import IN_FLIGHT_CEILING, Settings, in_flight_cap
 from batchrun.run.settlement import Recorder, Settlement
 
 
@@ -102,6 +105,13 @@ class Runner:
         self._changed = anyio.Event()
         self._waits: set[anyio.CancelScope] = set()
         self._stop_requested = False
+        # Workers taking a slot, and the slow end of each key's answer times
+        # (for the cap with no --concurrency).
+        self._claiming = 0
+        self._answers: dict[LimitKey, _AnswerTimes] = {}
+        # Since when a key had a request due and room in its limit, but the cap
+        # on requests in flight held it back (None: not now).
+        self._capped_since: float | None = None
         # Why the run stopped on its own: the ledger lost, a state file unwritable.
         self.halted: StateError | None = None
         self.breaker = Breaker()
@@ -120,9 +130,14 @@ class Runner:
         self._emit(RunStarted(at, totals, rules, self._settings.pace, used))
         for learned in self._recalled:
             self._emit(learned)
+        given = self._settings.concurrency
+        # One worker more than the cap: it sees when the cap, not the limit,
+        # holds a request back (`_hold`).
+        most = IN_FLIGHT_CEILING if given is None else given
         async with anyio.create_task_group() as workers:
-            for _ in range(self._settings.concurrency):
+            for _ in range(most + 1):
                 workers.start_soon(self._work)
+        self._uncap()
         self._emit(self._settlement.finished())
         return self._tally
 
@@ -146,23 +161,63 @@ class Runner:
                 key, queue = self._queues[(self._turn + step) % count]
                 due = None if queue.claimed else queue.due()
                 if due is not None and due <= now:
+                    if self._hold(key):
+                        soonest = math.nan  # held by the cap: until an answer
+                        break
                     self._turn = (self._turn + step + 1) % count
                     return await self._slot(key, queue)
                 if due is not None:
                     soonest = min(soonest, due)
-            if soonest == math.inf and self._in_flight == 0 and not self._claimed():
-                self._notify()  # wake the other idle workers: they are done too
-                return None
-            await self._wait_for_change(soonest - now)
+            if soonest == math.inf and not self._claimed():
+                self._uncap()  # nothing is due: the cap holds nothing back
+                if self._in_flight == 0:
+                    self._notify()  # wake the other idle workers: they are done too
+                    return None
+            held = math.isnan(soonest)
+            await self._wait_for_change(math.inf if held else soonest - now)
         return None
+
+    def cap(self) -> int:
+        """The most requests in flight now: --concurrency, else as the limits
+        need (`in_flight_cap`)."""
+        if self._settings.concurrency is not None:
+            return self._settings.concurrency
+        answers = {key: times.slow for key, times in self._answers.items()}
+        return in_flight_cap(self._pacer.rules, answers)
+
+    def _hold(self, key: LimitKey) -> bool:
+        """Whether the cap on requests in flight holds back a request of `key`
+        that is due; if its limit has room, the cap sets the pace (said once
+        an episode, `InFlightCapped`; the limit holding a slot ends it, in
+        `_slot`)."""
+        cap = self.cap()
+        if self._in_flight + self._claiming < cap:
+            return False
+        if self._capped_since is None and not self._pacer.full(key):
+            self._capped_since = now = self._clock.now()
+            given = self._settings.concurrency is not None
+            self._emit(InFlightCapped(now, cap, given=given))
+        return True
+
+    def _uncap(self) -> None:
+        """The cap no longer sets the pace: say for how long it did."""
+        if self._capped_since is None:
+            return
+        now, since = self._clock.now(), self._capped_since
+        self._capped_since = None
+        given = self._settings.concurrency is not None
+        self._emit(InFlightCapped(now, self.cap(), given=given, lasted=now - since))
 
     async def _slot(
         self, key: LimitKey, queue: KeyQueue
     ) -> tuple[LimitKey, KeyQueue, Attempt, int] | None:
         queue.claimed = True
+        self._claiming += 1
         try:
             with self._stoppable():
                 try:
+                    if self._pacer.full(key):
+                        self._uncap()  # the limit holds it: the limit sets the pace
                     ticket = await self._pacer.acquire(key)
                 except StateError as lost:
                     # No budget to draw on: send nothing more; answers still come.
@@ -174,6 +229,7 @@ class Runner:
             return None  # stopped while waiting
         finally:
             queue.claimed = False
+            self._claiming -= 1
             if self._idle:
                 self._notify()  # the key is free for another worker
 
@@ -227,6 +283,8 @@ class Runner:
         job_id, latency = attempt.job.id, now - attempt.sent_at
         self._emit(JobAnswered(now, key, job_id, outcome.status, latency))
         refused = _refused(outcome)
+        if outcome.kind is Kind.DONE:
+            self._answers.setdefault(key, _AnswerTimes(latency)).sample(latency)
         wait = outcome.retry_after
         hints = outcome.hints
         spent = None
@@ -278,6 +336,25 @@ class Runner:
 
     def _emit(self, event: Event) -> None:
         self._sink.emit(event)
+
+
+class _AnswerTimes:
+    """A key's answer times, send to answer, as RFC 6298 smooths round trips:
+    the mean (gain 1/8) and its mean deviation (gain 1/4, half the first
+    sample at first); `slow`, their mean plus four deviations."""
+
+    __slots__ = ("deviation", "mean")
+
+    def __init__(self, first: float) -> None:
+        self.mean, self.deviation = first, first / 2
+
+    def sample(self, value: float) -> None:
+        self.deviation = 0.75 * self.deviation + 0.25 * abs(self.mean - value)
+        self.mean = 0.875 * self.mean + 0.125 * value
+
+    @property
+    def slow(self) -> float:
+        return self.mean + 4 * self.deviation
 
 
 def _refused(outcome: Outcome | None) -> bool | None:

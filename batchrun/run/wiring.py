@@ -17,7 +17,7 @@ from batchrun.core.limits import LimitKey, Rule
 from batchrun.pacing.ledger import Ledger
 from batchrun.pacing.pacer import Pacer
 from batchrun.run.runner import Runner
-from batchrun.run.settings import Settings
+from batchrun.run.settings import Settings, connections
 from batchrun.run.settlement import Recorder
 from batchrun.store.paths import budget_fingerprint, client_fingerprint
 
@@ -71,7 +71,7 @@ async def open_run(
         token=target.token,
         scope=scope,
         timeout=target.timeout,
-        connections=settings.concurrency,
+        connections=connections(settings),
         waits={key: rule.longest for key, rule in rules.items()},
         transport=target.transport,
         ca_bundle=target.ca_bundle,
