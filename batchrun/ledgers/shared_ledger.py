@@ -29,7 +29,7 @@ def open_shared_ledger(
     """The client's ledger: Redis at `url` if given, else SQLite in `state`.
 
     `read_only` (status, plan) writes nothing: a SQLite ledger not yet made reads
-    as an empty one, instead of being created. `notice` is told, once, of a Redis
+    as an empty one, instead of being created. `notice` is told, once, of a
     history lost mid-run; the Redis epoch this state folder last saw is kept in a
     marker beside the SQLite ledger, so that a later run notices a loss too.
 
@@ -41,7 +41,12 @@ def open_shared_ledger(
         if read_only and not state.ledger.exists():
             return MemoryLedger()
         return SqliteLedger(
-            state.ledger, client=client, hold=hold, now=now, read_only=read_only
+            state.ledger,
+            client=client,
+            hold=hold,
+            now=now,
+            read_only=read_only,
+            notice=notice,
         )
     # Imported here: only runs that share their budget through Redis load redis-py.
     from batchrun.ledgers.redis_ledger import RedisLedger, redacted
