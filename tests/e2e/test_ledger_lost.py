@@ -33,7 +33,9 @@ def test_a_ledger_that_lost_its_history_is_never_an_empty_budget(kind, seed):
     assert seen.over == 0, seen
     assert seen.most <= COUNT
     assert seen.accepted == 2 * JOBS, seen
-    assert set(seen.codes) <= {0, 75}, seen
+    # 74 only for a host resumed while Redis was down (its next restart).
+    assert set(seen.codes) <= {0, 75, 74}, seen
+    assert seen.codes.count(74) == seen.down_at_start, seen
     assert seen.codes.count(0) == 2, seen
     assert seen.tracebacks == 0
     # Each process that noticed a loss said it once: at least one per loss.
