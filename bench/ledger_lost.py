@@ -164,9 +164,18 @@ def _host(jobs: Path, url: str, ledger: Redis, outcome: Outcome) -> None:
             return
 
 
-def _disrupt(ledger: Redis, kind: str, moments: list[float], sandbox: Any) -> float:
-    """Restart or flush at `moments` after the first arrival; return its moment."""
+def _disrupt(
+    ledger: Redis,
+    kind: str,
+    moments: list[float],
+    sandbox: Any,
+    hosts: list[threading.Thread],
+) -> float:
+    """Restart or flush at `moments` after the first arrival; return its moment
+    (none if the hosts ended before sending)."""
     while not sandbox.arrivals:
+        if not any(host.is_alive() for host in hosts):
+            return time.monotonic()
         time.sleep(0.002)
     start = time.monotonic()
     for moment in moments:
@@ -191,7 +200,7 @@ def run_once(kind: str, seed: int, moments: list[float], jobs: int) -> Outcome:
             ]
             for host in hosts:
                 host.start()
-            first = _disrupt(ledger, kind, moments, server.state.sandbox)
+            first = _disrupt(ledger, kind, moments, server.state.sandbox, hosts)
             for host in hosts:
                 host.join()
             outcome.seconds = round(time.monotonic() - start, 2)
