@@ -17,7 +17,8 @@ import pytest
 
 from bench.ledger_lost import COUNT, moments_of, run_once
 
-pytestmark = pytest.mark.e2e
+# A run of two hosts takes 10 to 15 s, more with a host resumed after a restart.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 JOBS = 30
 
 
