@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batchrun.core.errors import LedgerLost
 from batchrun.core.limits import Pace, parse_rule
 from batchrun.ledgers import sqlite_ledger as ledger_module
 from batchrun.ledgers.sqlite_ledger import SqliteLedger
@@ -386,3 +387,46 @@ def test_a_request_never_sent_gives_its_slot_back(tmp_path, kind):
         other = make()
         assert isinstance(other.reserve("a", rule, Pace.EXACT, 0.5), Wait)
         assert len(other.usage("a", rule).finished) == 1
+
+
+def test_a_ledger_emptied_in_place_mid_run_is_read_as_full_by_every_process(
+    tmp_path,
+):
+    """Issue 40: rows deleted under running processes. The first to look again
+    sets the horizon in the file (said once), so a process that opens it after
+    reads every window as full too, instead of an empty budget."""
+    path, rule, said = tmp_path / "l.db", parse_rule("1/10s"), list[str]()
+    one = SqliteLedger(path, client="c", hold=1.0, now=lambda: 0.0, notice=said.append)
+    grant = one.reserve("k", rule, Pace.EXACT, 0.0)
+    assert isinstance(grant, Grant)
+    one.release(grant.ticket, 0.1)
+    assert one.reserve("k", rule, Pace.EXACT, 1.0) == Wait(10.1)
+    with sqlite3.connect(path) as db:
+        db.execute("DELETE FROM send_log")
+    assert one.reserve("k", rule, Pace.EXACT, 6.0) == Wait(16.0)
+    assert one.reserve("k", rule, Pace.EXACT, 7.0) == Wait(16.0)
+    later = SqliteLedger(path, client="c", hold=1.0, now=lambda: 8.0)
+    assert later.reserve("k", rule, Pace.EXACT, 8.0) == Wait(16.0)
+    assert len(said) == 1
+    assert "emptied while in use" in said[0]
+
+
+@pytest.mark.parametrize("loss", [_deleted, _replaced])
+def test_a_ledger_deleted_or_replaced_mid_run_stops_the_run(tmp_path, loss):
+    """Issue 40: the file at the path is no longer the one this process writes:
+    its next reserve raises LedgerLost (the run stops, exit 75); the next run
+    never reads an empty budget."""
+    path, rule = tmp_path / "l.db", parse_rule("1/10s")
+    running = SqliteLedger(path, client="c", hold=1.0, now=lambda: 0.0, boot="b")
+    assert isinstance(running.reserve("k", rule, Pace.EXACT, 0.0), Grant)
+    loss(path)
+    with pytest.raises(LedgerLost, match="deleted or replaced while in use"):
+        running.reserve("k", rule, Pace.EXACT, 2.0)
+    running.close()
+    after = SqliteLedger(path, client="c", hold=1.0, now=lambda: 3.0, boot="b")
+    wait = after.reserve("k", rule, Pace.EXACT, 3.0)
+    # Never an empty budget: the horizon (13 s) or, replaced under a -wal that
+    # was left, the old history itself (the lease, counted until 1 s).
+    assert isinstance(wait, Wait)
+    assert wait.until is not None
+    assert wait.until >= 11.0

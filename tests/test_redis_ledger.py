@@ -247,7 +247,7 @@ def test_every_key_expires_after_the_longest_window_and_the_hold(
     redis_url, redis_server
 ):
     """An idle client leaves nothing behind: each key's TTL is its longest window
-    plus the hold; a learned limit is kept for 30 days."""
+    plus the hold; a learned limit and the epoch are kept for 30 days."""
     ledger = RedisLedger(redis_url, client="c", hold=30.0, now=time.time)
     rule = parse_rule("5/1m+10/2m")
     grants = [ledger.reserve("k", rule, Pace.EXACT, time.time()) for _ in range(2)]
@@ -259,9 +259,11 @@ def test_every_key_expires_after_the_longest_window_and_the_hold(
     db = redis_server.connect()
     ttls = {k.decode(): db.pttl(k) for k in db.keys("*")}
     learned = ttls.pop(PREFIX + "k:learned")
+    epoch = ttls.pop(PREFIX + "epoch")
     assert sorted(ttls) == [PREFIX + f"k:{p}" for p in ("done", "meta", "open")]
     assert all(140_000 < ttl <= 150_001 for ttl in ttls.values())
     assert learned > 29 * 24 * 3600 * 1000
+    assert epoch > 29 * 24 * 3600 * 1000
 
 
 def test_a_script_flushed_from_redis_is_loaded_again(redis_url):
@@ -404,3 +406,103 @@ def test_a_request_never_sent_gives_its_slot_back(redis_url):
     again = other.reserve("a", rule, Pace.EXACT, time.time())
     assert isinstance(again, Grant)
     other.close()
+
+
+def flushed(redis_server: RedisServer) -> None:
+    """Redis loses every key, as after a restart without persistence."""
+    redis_server.connect().flushdb()
+
+
+def test_a_flushed_redis_reads_as_full_until_the_longest_window_passed(
+    redis_url, redis_server
+):
+    """Issue 40: a history lost under a host is read as every window full at the
+    moment the loss was noticed, until the rule's longest window has passed, and
+    never as an empty budget; the loss is said once."""
+    clock, rule, said = [0.0], parse_rule("2/1s+5/10s"), list[str]()
+    host = RedisLedger(
+        redis_url,
+        client="c",
+        hold=1.0,
+        now=lambda: clock[0],
+        server_clock=lambda: clock[0],
+        notice=said.append,
+    )
+    grant = host.reserve("k", rule, Pace.EXACT, 0.0)
+    assert isinstance(grant, Grant)
+    host.release(grant.ticket, 0.25)
+    clock[0] = 1.0
+    flushed(redis_server)
+    clock[0] = 2.0
+    assert host.reserve("k", rule, Pace.EXACT, 2.0) == Wait(12.0)
+    assert host.reserve("other", parse_rule("1/3s"), Pace.EXACT, 2.0) == Wait(5.0)
+    assert host.usage("k", rule).finished == [2.0, 2.0, 2.0, 2.0, 2.0]
+    clock[0] = 12.0
+    assert isinstance(host.reserve("k", rule, Pace.EXACT, 12.0), Grant)
+    assert len(said) == 1
+    assert "lost its history" in said[0]
+    assert REDIS_PASSWORD not in said[0]
+    assert "redis://:***@127.0.0.1" in said[0]
+
+
+def test_a_host_that_never_saw_the_loss_is_told_by_one_that_did(
+    redis_url, redis_server
+):
+    """A host that starts after the loss finds an epoch it cannot doubt; once a
+    host that knew the old one notices, both read every window as full since
+    the new epoch was made (no send of the lost history came after)."""
+    clock, rule = [0.0], parse_rule("3/10s")
+    knew = virtual_host(redis_url, clock)
+    assert isinstance(knew.reserve("k", rule, Pace.EXACT, 0.0), Grant)
+    flushed(redis_server)
+    clock[0] = 1.5
+    new = virtual_host(redis_url, clock)
+    assert isinstance(new.reserve("k", rule, Pace.EXACT, 1.5), Grant)
+    clock[0] = 2.0
+    assert knew.reserve("k", rule, Pace.EXACT, 2.0) == Wait(11.5)
+    assert new.reserve("k", rule, Pace.EXACT, 2.0) == Wait(11.5)
+
+
+def test_the_host_that_notices_writes_its_leases_again(redis_url, redis_server):
+    """Requests in flight when the history was lost count again as in flight, for
+    every host, until their answer or their lease's end."""
+    clock, rule = [0.0], parse_rule("1/1s")
+    one = virtual_host(redis_url, clock, hold=30.0)
+    other = virtual_host(redis_url, clock, skew=5.0)
+    assert isinstance(one.reserve("k", rule, Pace.EXACT, 0.0), Grant)
+    flushed(redis_server)
+    clock[0] = 0.5
+    assert one.reserve("other", rule, Pace.EXACT, 0.5) == Wait(1.5)
+    clock[0] = 2.0
+    # In flight (one's lease, to 30 s), not a window of the lost history (1.5 s).
+    assert other.reserve("k", rule, Pace.EXACT, 7.0) == Wait(35.0)
+
+
+def test_a_later_run_notices_a_loss_by_the_epoch_it_kept(
+    tmp_path, redis_url, redis_server
+):
+    """A host keeps the epoch it saw in its state folder: its next run notices a
+    loss in between, which a host without the marker cannot."""
+    clock, rule, said = [0.0], parse_rule("4/1m"), list[str]()
+
+    def run(marker) -> RedisLedger:
+        return RedisLedger(
+            redis_url,
+            client="c",
+            hold=1.0,
+            now=lambda: clock[0],
+            server_clock=lambda: clock[0],
+            notice=said.append,
+            marker=marker,
+        )
+
+    first = run(tmp_path / "redis.generation")
+    assert isinstance(first.reserve("k", rule, Pace.EXACT, 0.0), Grant)
+    first.close()
+    flushed(redis_server)
+    clock[0] = 10.0
+    assert isinstance(run(None).reserve("j", rule, Pace.EXACT, 10.0), Grant)
+    clock[0] = 20.0
+    again = run(tmp_path / "redis.generation")
+    assert again.reserve("k", rule, Pace.EXACT, 20.0) == Wait(70.0)
+    assert len(said) == 1

@@ -4,14 +4,16 @@ password; a Redis lost mid-run stops the run with exit 75."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from batchrun.cli.commands import app
-from batchrun.core.limits import Pace, limit_table, parse_override, parse_rule
+from batchrun.core.limits import LimitKey, Pace, limit_table, parse_override, parse_rule
 from batchrun.ledgers.redis_ledger import RedisLedger
 from batchrun.ledgers.shared_ledger import open_shared_ledger
 from batchrun.ledgers.sqlite_ledger import SqliteLedger
@@ -20,6 +22,7 @@ from batchrun.sandbox.app import create_app
 from batchrun.sandbox.serving import running
 from batchrun.store.paths import StatePaths, client_fingerprint
 from tests.conftest import REDIS_PASSWORD, RedisServer, redis_process
+from tests.oracles import max_in_window
 
 runner = CliRunner()
 FAST = ["--sandbox", "--time-scale", "1000"]
@@ -144,3 +147,48 @@ def test_redis_lost_mid_run_stops_with_exit_75(tmp_path):
     assert REDIS_PASSWORD not in result.stdout + result.stderr
     done = (tmp_path / "jobs.sandbox.results.jsonl").read_text().splitlines()
     assert 4 <= len(done) < 12
+
+
+def _emptied(ledger: Path) -> None:
+    with sqlite3.connect(ledger) as db:
+        db.execute("DELETE FROM send_log")
+
+
+def _deleted(ledger: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{ledger}{suffix}").unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize(("loss", "code"), [(_emptied, 0), (_deleted, 75)])
+def test_a_sqlite_ledger_lost_mid_run_is_never_an_empty_budget(tmp_path, loss, code):
+    """Issue 40: the SQLite ledger emptied in place mid-run: the run says so once
+    and goes on, every window paced as full (exit 0); deleted: the run stops
+    with 75 and the resumed run waits out the windows. Either way every arrival
+    holds 4/1s at the server, and no traceback."""
+    jobs, rule = query_jobs(tmp_path, 14), "run-query=4/1s"
+    ledger = tmp_path / "state" / "ledger.db"
+    server = create_app(rules=limit_table(overrides=[parse_override(rule)]))
+    with running(server) as url:
+        args = ["submit", str(jobs), "--base-url", url, "--limit", rule]
+        sandbox = server.state.sandbox
+
+        def lose_soon() -> None:
+            while len(sandbox.arrivals) < 6:
+                time.sleep(0.01)
+            loss(ledger)
+
+        thief = threading.Thread(target=lose_soon)
+        thief.start()
+        first = runner.invoke(app, args)
+        thief.join()
+        results = [first]
+        if first.exit_code == 75:
+            results.append(runner.invoke(app, args))
+    assert first.exit_code == code, first.stderr
+    assert results[-1].exit_code == 0, results[-1].stderr
+    said = first.stderr.count("emptied while in use")
+    said += first.stderr.count("deleted or replaced while in use")
+    assert said == 1, first.stderr
+    assert not any("Traceback" in r.stderr for r in results)
+    assert max_in_window(sandbox, LimitKey.RUN_QUERY, 1.0) <= 4
+    assert len({a.idempotency_key for a in sandbox.arrivals if a.status == 200}) == 14

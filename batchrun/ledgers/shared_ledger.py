@@ -8,6 +8,7 @@ points at it). A Redis that cannot be used is an error, never a silent fallback.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 
 from batchrun.ledgers.sqlite_ledger import SqliteLedger
@@ -23,11 +24,14 @@ def open_shared_ledger(
     hold: float,
     now: Callable[[], float],
     read_only: bool = False,
+    notice: Callable[[str], None] | None = None,
 ) -> Ledger:
     """The client's ledger: Redis at `url` if given, else SQLite in `state`.
 
     `read_only` (status, plan) writes nothing: a SQLite ledger not yet made reads
-    as an empty one, instead of being created.
+    as an empty one, instead of being created. `notice` is told, once, of a
+    history lost mid-run; the Redis epoch this state folder last saw is kept in a
+    marker beside the SQLite ledger, so that a later run notices a loss too.
 
     Raises:
         StateError: the ledger cannot be reached or used (exit 74).
@@ -37,9 +41,19 @@ def open_shared_ledger(
         if read_only and not state.ledger.exists():
             return MemoryLedger()
         return SqliteLedger(
-            state.ledger, client=client, hold=hold, now=now, read_only=read_only
+            state.ledger,
+            client=client,
+            hold=hold,
+            now=now,
+            read_only=read_only,
+            notice=notice,
         )
     # Imported here: only runs that share their budget through Redis load redis-py.
-    from batchrun.ledgers.redis_ledger import RedisLedger
+    from batchrun.ledgers.redis_ledger import RedisLedger, redacted
 
-    return RedisLedger(url, client=client, hold=hold, now=now)
+    # Per Redis and client; the URL without its password, which it never holds.
+    where = hashlib.sha256(f"{redacted(url)} {client}".encode()).hexdigest()[:16]
+    marker = None if read_only else state.root / f"redis-{where}.generation"
+    return RedisLedger(
+        url, client=client, hold=hold, now=now, notice=notice, marker=marker
+    )

@@ -13,21 +13,28 @@ never read as later than now. A stamp of an earlier boot is read as the start of
 this boot (that request was answered before the machine restarted). A history that
 was lost (the file emptied, deleted or replaced, which its generation marker beside
 it tells) is read as full: every window of every key counts as full at the moment
-the loss was noticed (the horizon).
+the loss was noticed (the horizon). So is one lost mid-run: every reserve first
+checks that the file at the path is still the one opened and, in its transaction,
+that its log still holds the newest row this process read (and its generation).
+Emptied in place, the horizon is set in the file for every process, and this one
+goes on; deleted or replaced, the run stops (`LedgerLost`): the processes that
+shared it can no longer meet in one file, and the next run reads the horizon.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import math
+import os
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchrun.core.clock import boot_id
-from batchrun.core.errors import StateError
+from batchrun.core.errors import LedgerLost, StateError
 from batchrun.core.limits import Pace, Rule
 from batchrun.pacing.slots import Grant, Usage, Wait, earliest_slot, reach
 from batchrun.store.database import open_database, write_transaction
@@ -148,16 +155,23 @@ class SqliteLedger:
         now: Callable[[], float],
         boot: str | None = None,
         read_only: bool = False,
+        notice: Callable[[str], None] | None = None,
     ) -> None:
         """`now` is the machine clock (`clock.MachineClock().now`) and `boot` the
         id of the boot it counts from (`clock.boot_id()` unless given).
         `read_only` (status, plan) writes nothing, not even to settle a lost
-        history: the next run that writes notices that.
+        history: the next run that writes notices that. `notice` is told of a
+        history lost mid-run, once per loss.
 
         Raises:
             StateError: the file or its generation marker cannot be used.
         """
         self._db = open_database(path, _MIGRATIONS, timeout=60, read_only=read_only)
+        self._path = path
+        self._file = _identity(path)
+        self._notice = notice
+        self._generation: str | None = None
+        self._looked = now()  # when the log was last seen whole
         self._read_only = read_only
         self._client = client
         self._hold = hold
@@ -196,8 +210,52 @@ class SqliteLedger:
             self._db.close()
 
     def reserve(self, key: str, rule: Rule, pace: Pace, now: float) -> Grant | Wait:
+        """Grant and record a slot, or say when (see the class docstring).
+
+        Raises:
+            LedgerLost: the file was deleted or replaced since it was opened.
+        """
+        if _identity(self._path) != self._file:
+            msg = (
+                f"{self._path} was deleted or replaced while in use, so the "
+                "processes that share it could pace apart (together past the "
+                "limits). The next run reads every window as full until its "
+                "longest has passed, and resumes."
+            )
+            raise LedgerLost(msg)
         with write_transaction(self._db):
+            self._check_whole(now)
             return self._reserve(key, rule, pace, now)
+
+    def _check_whole(self, now: float) -> None:
+        """Notice a log emptied in place since the last look (its newest row read
+        is gone, or its generation changed): the horizon is set, for every
+        process, at `now` (or when another process noticed since), and the log
+        is read again from its start."""
+        [(generation, newest)] = self._db.execute(
+            "SELECT (SELECT value FROM ledger_meta WHERE name = 'generation'), "
+            "(SELECT max(seq) FROM send_log)"
+        )
+        looked, self._looked = self._looked, now
+        if generation == self._generation and (newest or 0) >= self._seen:
+            return
+        noticed = self._read_horizon(now)
+        if noticed is not None and noticed >= looked:
+            self._horizon = noticed  # another process noticed the same loss
+        else:
+            self._horizon = now
+            self._db.execute(
+                "INSERT OR REPLACE INTO ledger_meta VALUES ('horizon', ?)",
+                (json.dumps({"boot": self._boot, "at": now}),),
+            )
+        self._generation = self._settle_generation(marker_of(self._path))
+        self._seen = 0
+        if self._notice is not None:
+            self._notice(
+                f"The send ledger {self._path} was emptied while in use: every "
+                "window of every key is paced as if full until the key's longest "
+                "window has passed."
+            )
 
     def _reserve(self, key: str, rule: Rule, pace: Pace, now: float) -> Grant | Wait:
         keep = max(_KEEP, reach(rule))
@@ -292,14 +350,8 @@ class SqliteLedger:
         emptied, deleted or replaced), or rows of an older batchrun are on the
         wall clock, which cannot be read on this one (they are deleted).
         """
-        self._db.execute(
-            "INSERT OR IGNORE INTO ledger_meta VALUES ('generation', ?)",
-            (new_generation(),),
-        )
-        [(generation,)] = self._db.execute(
-            "SELECT value FROM ledger_meta WHERE name = 'generation'"
-        )
         kept = read_marker(marker)
+        generation = self._settle_generation(None)
         legacy = self._db.changes("DELETE FROM send_log WHERE boot IS NULL")
         if legacy or kept not in (None, generation):
             self.lost_history = True
@@ -309,7 +361,21 @@ class SqliteLedger:
             )
         if kept != generation:
             write_marker(marker, generation)
+        self._generation = generation
         return self._read_horizon(now)
+
+    def _settle_generation(self, marker: Path | None) -> str:
+        """The file's generation, a new one if it has none; kept in `marker`."""
+        self._db.execute(
+            "INSERT OR IGNORE INTO ledger_meta VALUES ('generation', ?)",
+            (new_generation(),),
+        )
+        [(generation,)] = self._db.execute(
+            "SELECT value FROM ledger_meta WHERE name = 'generation'"
+        )
+        if marker is not None:
+            write_marker(marker, str(generation))
+        return str(generation)
 
     def _read_horizon(self, now: float) -> float | None:
         """The moment a lost history was noticed, on this boot's clock, if ever."""
@@ -333,3 +399,11 @@ class SqliteLedger:
             "AND seq < (SELECT max(seq) FROM send_log)",
             (_PRUNE_BATCH, self._boot, now),
         )
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """Which file `path` names (device and inode); None if none."""
+    with contextlib.suppress(OSError):
+        found = os.stat(path)
+        return found.st_dev, found.st_ino
+    return None

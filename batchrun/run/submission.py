@@ -94,7 +94,12 @@ def _submit(job: Submission, say: Callable[[str], None]) -> int:
     lock = RunLock(job.state.make_run_folder(job.jobs_file), job.jobs_file)
     # A ledger that cannot be used stops the run before the jobs file is read;
     # closing it writes the last answers for the other processes.
-    with lock, _store(job, say) as store, contextlib.closing(_ledger(job)) as ledger:
+    notes = _Notes(say)
+    with (
+        lock,
+        _store(job, say) as store,
+        contextlib.closing(_ledger(job, notes)) as ledger,
+    ):
         if getattr(ledger, "lost_history", False):
             say(
                 f"The send ledger {job.state.ledger} was emptied, deleted or replaced "
@@ -119,7 +124,7 @@ def _submit(job: Submission, say: Callable[[str], None]) -> int:
         if pending_counts(store):
             with ResultsFile(job.results) as results:
                 journal = Journal(store, results)
-                stop = anyio.run(_run, job, store, ledger, journal, halt, say)
+                stop = anyio.run(_run, job, store, ledger, journal, halt, notes)
                 journal.caught_up()
             say(f"Results: {job.results}")
         else:
@@ -135,10 +140,12 @@ async def _run(
     ledger: Ledger,
     journal: Journal,
     halt: HaltWatch | None,
-    say: Callable[[str], None],
+    notes: _Notes,
 ) -> int | None:
     clock = MachineClock()
+    say = notes.to
     sink = job.view(clock=clock, notes=say)
+    notes.to = sink.note  # the ledger's notes, in the view while it shows the run
     responses = Responses()
     heard = Tee(sink, responses, *([] if halt is None else [halt]))
     try:
@@ -154,6 +161,7 @@ async def _run(
         ) as runner:
             stop = await supervise(runner, store, job.deadline, sink, halt)
     finally:
+        notes.to = say
         sink.close()
     # For `status`: the latest run's answers by code, and their latencies.
     store.set_meta("responses", json.dumps(responses.to_json()))
@@ -188,7 +196,18 @@ def _store(job: Submission, say: Callable[[str], None]) -> Iterator[RunStore]:
         yield store
 
 
-def _ledger(job: Submission) -> Ledger:
+class _Notes:
+    """Where the ledger's notes go (a history it lost mid-run): the log, or the
+    run's view while one shows the run."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.to = say
+
+    def __call__(self, text: str) -> None:
+        self.to(text)
+
+
+def _ledger(job: Submission, notes: _Notes) -> Ledger:
     if job.target.is_sandbox and job.ledger_url is None:
         return MemoryLedger()
     return open_shared_ledger(
@@ -197,6 +216,7 @@ def _ledger(job: Submission) -> Ledger:
         client=job.target.client,
         hold=job.target.timeout,
         now=MachineClock().now,
+        notice=notes,
     )
 
 
