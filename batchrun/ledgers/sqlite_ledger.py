@@ -119,8 +119,8 @@ class _SharedLog:
                 del self.open[ticket]
                 self.lapsed[ticket] = expires
                 bisect.insort(self.finished, expires)
-        # Twice the depth: a rule with a key's refusals left out (`room`, at
-        # most twice as deep) finds them whichever rule trimmed last.
+        # Twice the depth: a key's rule changes as the learner decides, and
+        # a deeper one after a shallower still finds its window's requests.
         del self.finished[: -2 * rule.deepest]
         last = self.last_start if self.last_start > -math.inf else None
         finished: list[float] = self.finished

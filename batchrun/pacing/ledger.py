@@ -64,9 +64,9 @@ class _KeyLog:
 class MemoryLedger:
     """One process's ledger: per key, the newest completions and the in-flight count.
 
-    Only the last `rule.deepest` completions can bind; it keeps twice that, so a
-    rule with a key's refusals left out (`room`, at most twice as deep) finds
-    them whichever rule trimmed last.
+    Only the last `rule.deepest` completions can bind; it keeps twice that, as
+    a key's rule changes as the learner decides (every rule it paces by keeps
+    the given rule's windows, or stricter ones).
     """
 
     def __init__(self) -> None:
