@@ -378,7 +378,10 @@ def choose(
     for shape in SHAPES:
         fits = [c for c in found if c.kind is shape]
         if fits:
-            return min(fits, key=lambda c: c.speed)
+            chosen = min(fits, key=lambda c: c.speed)
+            # G's own rule in another shape, kept the same way, is G.
+            same = (chosen.rule, chosen.pace) == (given, Pace.EXACT)
+            return plain if same else chosen
     return plain
 
 
