@@ -202,7 +202,7 @@ def test_submit_refuses_a_bad_file_before_sending(tmp_path):
         ),
         pytest.param(
             ["--sandbox", "--server-counting", "token-bucket"],
-            "Invalid value for '--server-counting'",
+            "--server-counting must be sliding, fixed,",
             id="bad-server-counting",
         ),
         pytest.param(
@@ -390,9 +390,14 @@ def test_a_sandbox_stating_its_policy_costs_no_429(tmp_path):
     ("args", "message"),
     [
         pytest.param(
-            ["--counting", "token"], "Invalid value for '--counting'", id="counting"
+            ["--counting", "token"], "--counting must be sliding,", id="counting"
         ),
-        pytest.param(["--headers", "x"], "Invalid value for '--headers'", id="headers"),
+        pytest.param(
+            ["--headers", "x"], "--headers must be none, ietf, draft7", id="headers"
+        ),
+        pytest.param(
+            ["--profile", "auto"], "--profile must be a or b, not 'auto'", id="auto"
+        ),
         pytest.param(
             ["--counting", "leaky", "--limit", "invite=1/1h"],
             "cannot count leaky",
