@@ -98,6 +98,24 @@ def test_validate_names_bad_rows_and_exits_2(tmp_path):
     # A bad row still claims its id, so both problems show at once.
     assert "line 3: duplicate id 'a'" in result.stderr
     assert "Traceback" not in result.stderr
+    # validate never sends, so it does not say that nothing was.
+    assert "sent" not in result.stderr
+
+
+def test_validate_of_an_unreadable_file_says_nothing_of_sending(tmp_path):
+    """A file validate cannot read is named, with no word of sending."""
+    result = runner.invoke(app, ["validate", str(tmp_path / "nope.csv")])
+    assert result.exit_code == 2
+    assert "nope.csv" in result.stderr
+    assert "sent" not in result.stderr.lower()
+
+
+def test_submit_of_a_bad_file_says_nothing_was_sent(tmp_path):
+    """submit, which would send, says that nothing was."""
+    path = jobs_file(tmp_path, ["a,fax,t1,"])
+    result = runner.invoke(app, ["submit", str(path), "--sandbox"])
+    assert result.exit_code == 2
+    assert "nothing was sent" in result.stderr.lower()
 
 
 def test_validate_json_of_a_good_file(tmp_path):
@@ -641,6 +659,33 @@ def test_cron_line_keeps_the_token_out_and_says_where_it_goes(tmp_path, monkeypa
     assert TOKEN not in result.stdout + result.stderr
     assert "--env-file" in result.stderr
     assert result.stdout.startswith("0 1 * * * mkdir -p ")
+
+
+@pytest.mark.parametrize(
+    ("mode", "warned"),
+    [
+        pytest.param(0o600, False, id="600"),
+        pytest.param(0o644, True, id="644"),
+        pytest.param(0o640, True, id="640"),
+    ],
+)
+def test_cron_line_warns_of_an_env_file_others_can_read(tmp_path, mode, warned):
+    """--env-file holds the token: readable by group or others is warned of."""
+    env = tmp_path / "batchrun.env"
+    env.write_text(f"BATCHRUN_TOKEN={TOKEN}\n")
+    env.chmod(mode)
+    result = runner.invoke(
+        app, ["cron-line", str(jobs_file(tmp_path)), "--env-file", str(env)]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert (f"chmod 600 {env}" in result.stderr) is warned
+    assert TOKEN not in result.stdout + result.stderr
+
+
+def test_config_json_gives_numbers_as_numbers():
+    """`config --json`: concurrency is a number, not its text."""
+    shown = json.loads(runner.invoke(app, ["config", "--json"]).stdout)
+    assert shown["settings"]["concurrency"] == {"value": 8, "source": "default"}
 
 
 def test_a_state_error_inside_an_exception_group_exits_74(monkeypatch, tmp_path):

@@ -41,7 +41,7 @@ def validate(jobs_file: flags.JobsArg, as_json: flags.JsonFlag = False) -> None:
             summary = check_jobs_file(jobs_file)
         except JobsFileError as exc:
             if not as_json:
-                raise
+                raise exc.checked() from None
             terminal.echo([json.dumps(reports.problems_json(exc), indent=2)])
             flags.done(exc.exit_code)
     if as_json:
@@ -231,6 +231,11 @@ def cron_line(
         terminal.to_stderr(
             "The line holds no token: put BATCHRUN_TOKEN=… in a file only you can "
             "read (chmod 600) and add --env-file FILE."
+        )
+    elif job.env_file is not None and job.env_file.stat().st_mode & 0o044:
+        terminal.to_stderr(
+            f"warning: other users can read {job.env_file}, which is meant to hold "
+            f"the token: chmod 600 {job.env_file}"
         )
     terminal.echo([crontab_line(job)])
 

@@ -327,6 +327,17 @@ def _config_row(row: InForce) -> str:
     return f"{row.key:<12} {row.value:<30} {row.source}"
 
 
+# The settings whose value is a number: --json gives it as one.
+_NUMBERS = frozenset({"concurrency"})
+
+
+def _json_value(row: InForce) -> object:
+    """A number as a number, where the setting is one (a bad variable's text as is)."""
+    if row.key in _NUMBERS and row.value.strip().isdigit():
+        return int(row.value)
+    return row.value
+
+
 def config_json(
     settings: list[InForce],
     limits: list[InForce],
@@ -335,7 +346,9 @@ def config_json(
 ) -> dict[str, object]:
     """`config --json`: the same, for scripts (the token: where it is set, if so)."""
     return {
-        "settings": {r.key: {"value": r.value, "source": r.source} for r in settings},
+        "settings": {
+            r.key: {"value": _json_value(r), "source": r.source} for r in settings
+        },
         "limits": {r.key: {"value": r.value, "source": r.source} for r in limits},
         "token": {"set": token is not None, "source": token},
         "files": [{"path": str(p), "found": p.is_file()} for p in files],
