@@ -219,6 +219,19 @@ def test_the_readme_begins_with_the_demo_and_the_suite():
     ]
 
 
+def test_the_pages_point_at_the_sandboxs_default_port():
+    """The README's and the guide's sandbox URL is the sandbox's default port, and
+    that port is not 8000, which `mkdocs serve` (also in the README) takes."""
+    from batchrun.cli.defaults import SANDBOX_PORT
+
+    assert SANDBOX_PORT != 8000
+    for page in (ROOT / "README.md", ROOT / "docs" / "guide" / "resume-and-cron.md"):
+        ports = re.findall(
+            r"BATCHRUN_BASE_URL=http://127\.0\.0\.1:(\d+)", page.read_text()
+        )
+        assert ports == [str(SANDBOX_PORT)], page
+
+
 def test_the_cli_reference_is_current():
     """docs/reference/cli.md is what `python -m tests.cli_reference` writes."""
     assert PAGE.read_text() == reference(), "run `python -m tests.cli_reference`"

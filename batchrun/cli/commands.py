@@ -96,7 +96,7 @@ app.command("config", cls=flags.Command)(read_commands.config_command)
 @app.command("sandbox", cls=flags.Command)
 def sandbox_command(
     host: flags.HostOpt = "127.0.0.1",
-    port: flags.PortOpt = 8000,
+    port: flags.PortOpt = defaults.SANDBOX_PORT,
     profile: flags.SandboxProfileOpt = Profile.B,
     limit: flags.LimitOpt = None,
     inject: flags.InjectOpt = None,

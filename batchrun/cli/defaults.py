@@ -15,6 +15,9 @@ from batchrun.store.paths import StatePaths
 
 # --concurrency's default, which `config` shows too.
 CONCURRENCY = 8
+# `batchrun sandbox --port`'s default: not 8000, which `mkdocs serve` and many
+# development servers take.
+SANDBOX_PORT = 8765
 
 
 def _shown_defaults() -> dict[str, str]:
