@@ -312,6 +312,55 @@ def test_plain_http_to_a_remote_host_warns(url, warned):
     assert any("plain http://" in line for line in said) is warned
 
 
+@pytest.mark.parametrize(
+    ("url", "token", "said"),
+    [
+        pytest.param(
+            "http://reporting.example.com",
+            None,
+            "no token for reporting.example.com (BATCHRUN_TOKEN or --token): "
+            "requests go over plain http:// without Authorization.",
+            id="http-no-token",
+        ),
+        pytest.param(
+            "http://reporting.example.com",
+            TOKEN,
+            "reporting.example.com is reached over plain http://: the token travels "
+            "unencrypted. Use https://.",
+            id="http-token",
+        ),
+        pytest.param(
+            "https://reporting.example.com",
+            None,
+            "no token for reporting.example.com (BATCHRUN_TOKEN or --token): "
+            "requests go without Authorization.",
+            id="https-no-token",
+        ),
+    ],
+)
+def test_a_remote_url_gets_one_warning_set_apart_from_the_log(
+    tmp_path, url, token, said
+):
+    """One warning line, not two that contradict (a token in clear, then no
+    token); `warning:` first and no time or process, unlike the log's lines."""
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,type,team_id,payload\nx,nope,,\n")
+    args = ["submit", str(bad), "--base-url", url]
+    result = runner.invoke(app, [*args, *(["--token", token] if token else [])])
+    assert result.exit_code == 2
+    warnings = [ln for ln in result.stderr.splitlines() if "warning" in ln.lower()]
+    assert warnings == [f"warning: {said}"]
+
+
+def test_the_results_line_ends_the_summary_on_its_stream(tmp_path):
+    """The summary and the `Results:` line go to one stream, the Results line last."""
+    result = runner.invoke(app, ["submit", str(jobs_file(tmp_path)), *FAST])
+    assert result.exit_code == 0, result.stderr
+    last = result.stdout.splitlines()[-1]
+    assert last.endswith(f"Results: {tmp_path / 'jobs.sandbox.results.jsonl'}")
+    assert "Results:" not in result.stderr
+
+
 def test_results_flag_chooses_the_file(tmp_path):
     """--results writes where it is told."""
     target = tmp_path / "out" / "r.jsonl"

@@ -11,6 +11,7 @@ import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from batchrun.core import durations
 from batchrun.core.events import (
@@ -228,14 +229,16 @@ def summary_rows(board: Board) -> list[tuple[str, ...]]:
     return rows
 
 
-def closing_lines(board: Board, now: float) -> list[str]:
+def closing_lines(board: Board, now: float, results: Path | None = None) -> list[str]:
+    """The summary's last lines: answers by code, the counts, the results file."""
     c = overall(board.keys.values())
     elapsed = durations.spoken(board.elapsed(now))
     # Whether it stopped early, and how to resume, is said once, with the exit code
     # (submission.py): not here as well.
     unknown = f"{c.unknown} unknown, " if c.unknown else ""
     counts = f"{c.done} done, {c.failed} failed, {unknown}{c.left} left in {elapsed}."
-    return [*response_lines(board.responses), counts]
+    where = [] if results is None else [f"Results: {results}"]
+    return [*response_lines(board.responses), counts, *where]
 
 
 def response_lines(responses: Responses) -> list[str]:

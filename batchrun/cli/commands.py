@@ -74,7 +74,7 @@ def submit(
     say = terminal.log_for(jobs_file)
     with terminal.reported(say):
         job = arguments.submission(
-            **given, stdin=terminal.from_stdin, warn=terminal.to_stderr
+            **given, stdin=terminal.from_stdin, warn=terminal.warning
         )
         flags.done(submit(job, say=say))
 

@@ -69,8 +69,10 @@ class PlainLog:
         notes: Callable[[str], None] | None,
         tag: str,
         verbosity: int = 0,
+        results: Path | None = None,
     ) -> None:
         self._stream = stream
+        self._results = results
         self._verbosity = verbosity
         self._notes = notes or self._line
         self._tag = tag
@@ -187,7 +189,7 @@ class PlainLog:
                 for i, (cell, width) in enumerate(zip(row, widths, strict=True))
             )
             self._line("  " + "  ".join(cells))
-        for text in closing_lines(self._board, self._clock.now()):
+        for text in closing_lines(self._board, self._clock.now(), self._results):
             self._line(text)
 
     def _chatter(self, text: str) -> None:

@@ -56,6 +56,7 @@ def open_progress(
     color: bool = True,
     tag: str = "",
     verbosity: int = 0,
+    results: Path | None = None,
 ) -> ProgressSink:
     """A Rich live view if `stream` is a terminal, plain timestamped lines otherwise.
 
@@ -66,7 +67,8 @@ def open_progress(
     `wall()` and `tag` (`log_tag`). `note()` goes to `notes` (default: the stream)
     unless a live view is drawing, which prints it above itself. `verbosity` -1
     (--quiet): plain lines, and only failures and the summary; 1 (--verbose): every
-    requeue, not only the first ones.
+    requeue, not only the first ones. The summary's last line names `results`,
+    the results file, on the same stream.
     """
     if every < 0:
         msg = f"every must be at least 0 s, got {every}"
@@ -75,7 +77,7 @@ def open_progress(
         live = stream.isatty() and os.environ.get("TERM") not in _DUMB_TERMINALS
     if live and verbosity >= 0:
         console = Console(file=stream, force_terminal=True, no_color=_no_color(color))
-        return _LiveView(console, clock=clock, notes=notes)
+        return _LiveView(console, clock=clock, notes=notes, results=results)
     return PlainLog(
         stream,
         clock=clock,
@@ -84,12 +86,15 @@ def open_progress(
         notes=notes,
         tag=tag,
         verbosity=verbosity,
+        results=results,
     )
 
 
-def view(jobs_file: Path, *, color: bool, verbosity: int) -> View:
+def view(
+    jobs_file: Path, *, color: bool, verbosity: int, results: Path | None = None
+) -> View:
     """How `submit` shows its run: `open_progress` on stdout, its plain lines
-    tagged with the process and `jobs_file`."""
+    tagged with the process and `jobs_file`, its summary ending with `results`."""
 
     def opened(*, clock: Clock, notes: Callable[[str], None]) -> ProgressSink:
         return open_progress(
@@ -99,6 +104,7 @@ def view(jobs_file: Path, *, color: bool, verbosity: int) -> View:
             color=color,
             tag=log_tag(jobs_file),
             verbosity=verbosity,
+            results=results,
         )
 
     return opened
@@ -113,9 +119,15 @@ class _LiveView:
     """A Rich live view: an overall bar, a row per endpoint, the latest failures."""
 
     def __init__(
-        self, console: Console, *, clock: Clock, notes: Callable[[str], None] | None
+        self,
+        console: Console,
+        *,
+        clock: Clock,
+        notes: Callable[[str], None] | None,
+        results: Path | None = None,
     ) -> None:
         self._console = console
+        self._results = results
         self._notes = notes
         self._clock = clock
         self._board = Board()
@@ -210,5 +222,5 @@ class _LiveView:
         for row in rows:
             table.add_row(*row)
         self._console.print(table)
-        for line in closing_lines(self._board, self._clock.now()):
+        for line in closing_lines(self._board, self._clock.now(), self._results):
             self._console.print(Text(line))

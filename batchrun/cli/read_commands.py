@@ -233,9 +233,9 @@ def cron_line(
             "read (chmod 600) and add --env-file FILE."
         )
     elif job.env_file is not None and job.env_file.stat().st_mode & 0o044:
-        terminal.to_stderr(
-            f"warning: other users can read {job.env_file}, which is meant to hold "
-            f"the token: chmod 600 {job.env_file}"
+        terminal.warning(
+            f"other users can read {job.env_file}, which is meant to hold the "
+            f"token: chmod 600 {job.env_file}"
         )
     terminal.echo([crontab_line(job)])
 

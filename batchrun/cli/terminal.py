@@ -86,6 +86,12 @@ def to_stderr(text: str) -> None:
     sys.stderr.flush()
 
 
+def warning(text: str) -> None:
+    """A warning on stderr, set apart from the log's lines: no time or process,
+    and `warning:` first."""
+    to_stderr(f"warning: {text}")
+
+
 def log_for(jobs_file: Path) -> Callable[[str], None]:
     """How `submit` writes on stderr: off a terminal (cron, a log file) each line
     carries the time, the process and the jobs file, as the plain progress does."""

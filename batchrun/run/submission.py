@@ -121,7 +121,6 @@ def _submit(job: Submission, say: Callable[[str], None]) -> int:
                 journal = Journal(store, results)
                 stop = anyio.run(_run, job, store, ledger, journal, halt, say)
                 journal.caught_up()
-            say(f"Results: {job.results}")
         else:
             stop = None
         kept = not job.target.is_sandbox
