@@ -172,10 +172,18 @@ def learned_text(event: RuleLearned) -> str:
 
 
 def rule_text(state: KeyCounts) -> str:
-    """A key's rule as a view shows it, marked when learned from the server."""
-    if state.learned is None:
-        return str(state.rule)
-    return f"{state.rule} (learned{', spread' if state.spread else ''})"
+    """A key's rule as the live view's column shows it: `*` when learned from the
+    server (said under the table by `learned_note`), so the column never wraps."""
+    return f"{state.rule}{'*' if state.learned is not None else ''}"
+
+
+def learned_note(keys: Iterable[KeyCounts]) -> str | None:
+    """What the live view's `*` means, if a rule shows one."""
+    learned = [s for s in keys if s.learned is not None]
+    if not learned:
+        return None
+    spread = ", sent evenly spaced" if any(s.spread for s in learned) else ""
+    return f"* learned from the server's answers{spread}"
 
 
 def failure_text(event: JobFinished) -> str:
@@ -206,14 +214,14 @@ def next_slot(state: KeyCounts, now: float) -> str:
 
 def ended_text(state: KeyCounts) -> str:
     """How a key's ended jobs came out: done, failed, and unknown if any."""
-    unknown = f", {state.unknown} unknown" if state.unknown else ""
-    return f"{state.done} done, {state.failed} failed{unknown}"
+    unknown = f", {state.unknown:,} unknown" if state.unknown else ""
+    return f"{state.done:,} done, {state.failed:,} failed{unknown}"
 
 
 def tally(counts: Tally) -> str:
     return (
-        f"{counts.done}/{counts.total} done, {counts.failed} failed, "
-        f"{counts.rate_limited} 429s, {counts.retried} retries"
+        f"{counts.done:,}/{counts.total:,} done, {counts.failed:,} failed, "
+        f"{counts.rate_limited:,} 429s, {counts.retried:,} retries"
     )
 
 
@@ -225,7 +233,8 @@ def summary_rows(board: Board) -> list[tuple[str, ...]]:
     rows = [header]
     for name, c in named:
         counts = (c.done, c.failed, *(c.unknown,) * unknown, c.left)
-        rows.append((str(name), *map(str, (*counts, c.rate_limited, c.retried))))
+        numbers = (*counts, c.rate_limited, c.retried)
+        rows.append((str(name), *(f"{n:,}" for n in numbers)))
     return rows
 
 
@@ -235,8 +244,10 @@ def closing_lines(board: Board, now: float, results: Path | None = None) -> list
     elapsed = durations.spoken(board.elapsed(now))
     # Whether it stopped early, and how to resume, is said once, with the exit code
     # (submission.py): not here as well.
-    unknown = f"{c.unknown} unknown, " if c.unknown else ""
-    counts = f"{c.done} done, {c.failed} failed, {unknown}{c.left} left in {elapsed}."
+    unknown = f"{c.unknown:,} unknown, " if c.unknown else ""
+    counts = (
+        f"{c.done:,} done, {c.failed:,} failed, {unknown}{c.left:,} left in {elapsed}."
+    )
     where = [] if results is None else [f"Results: {results}"]
     return [*response_lines(board.responses), counts, *where]
 

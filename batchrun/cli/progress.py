@@ -25,12 +25,13 @@ from batchrun.cli.board import (
     NONE,
     Board,
     closing_lines,
+    learned_note,
     next_slot,
     overall,
     rule_text,
     summary_rows,
 )
-from batchrun.cli.plain_log import PlainLog, log_tag
+from batchrun.cli.plain_log import PlainLog, fitted, log_tag
 from batchrun.core import durations
 from batchrun.core.clock import Clock
 from batchrun.core.events import (
@@ -164,7 +165,7 @@ class _LiveView:
         # While the view draws, only its console may print, above the view:
         # anything else is erased by the next redraw.
         if self._live.is_started or self._notes is None:
-            self._console.print(Text(text))
+            self._say(text)
         else:
             self._notes(text)
 
@@ -178,6 +179,9 @@ class _LiveView:
         now = self._clock.now()
         etas = self._board.etas(now)
         parts: list[RenderableType] = [self._bar(now, etas), self._table(now, etas)]
+        learned = learned_note(self._board.keys.values())
+        if learned:
+            parts.append(Text(learned, style="dim"))
         recent = tuple(self._board.recent)
         if recent:
             parts.append(Text("Latest failures:", style="bold red"))
@@ -187,28 +191,32 @@ class _LiveView:
     def _bar(self, now: float, etas: dict[LimitKey, float]) -> Table:
         c = overall(list(self._board.keys.values()))
         grid = Table.grid(padding=(0, 1))
+        ended = c.total > 0 and c.ended == c.total
+        eta = durations.spoken(max(etas.values(), default=0.0))
+        # The bar takes what the counts and times leave of the width.
+        width = max(20, min(self._console.width - 48, 100))
         grid.add_row(
-            ProgressBar(total=max(c.total, 1), completed=c.ended, width=30),
-            f"{c.ended}/{c.total}",
+            ProgressBar(total=max(c.total, 1), completed=c.ended, width=width),
+            f"{c.ended:,}/{c.total:,}",
             f"elapsed {durations.spoken(self._board.elapsed(now))}",
-            f"ETA {durations.spoken(max(etas.values(), default=0.0))}",
+            "done" if ended else f"ETA {eta}",
         )
         return grid
 
     def _table(self, now: float, etas: dict[LimitKey, float]) -> Table:
-        # One space between columns, and only the rule may wrap: 80 columns hold
-        # every row, "run-query  15/1m+500/1h  2000/2000 …" included.
+        # One space between columns, none wraps: 80 columns hold every row,
+        # "run-query  15/1m+500/1h*  2,000/2,000 …" included.
         table = Table(box=None, header_style="bold", padding=(0, 1, 0, 0))
         for i, name in enumerate(_VIEW_COLUMNS.split(",")):
-            table.add_column(name, justify="left" if i < 2 else "right", no_wrap=i != 1)
+            table.add_column(name, justify="left" if i < 2 else "right", no_wrap=True)
         for key, s in list(self._board.keys.items()):
             key_eta = durations.spoken(etas.get(key, 0.0)) if s.left > 0 else NONE
             numbers = (s.failed, s.rate_limited, s.retried, s.in_flight)
             table.add_row(
                 Text(key),
                 Text(rule_text(s)),
-                f"{s.done}/{s.total}",
-                *(str(n) for n in numbers),
+                f"{s.done:,}/{s.total:,}",
+                *(f"{n:,}" for n in numbers),
                 next_slot(s, now),
                 key_eta,
             )
@@ -223,4 +231,8 @@ class _LiveView:
             table.add_row(*row)
         self._console.print(table)
         for line in closing_lines(self._board, self._clock.now(), self._results):
-            self._console.print(Text(line))
+            self._say(line)
+
+    def _say(self, text: str) -> None:
+        """A line of text, wrapped at words (a number kept with its unit)."""
+        self._console.print(Text(fitted(text, self._console.width)), soft_wrap=True)

@@ -35,17 +35,17 @@ _UNKNOWN_HINT = (
 
 def summary_lines(jobs_file: Path, summary: Summary) -> list[str]:
     """`validate`: how many valid jobs of each type, and the busiest teams."""
-    per_type = ", ".join(f"{kind.value} {n}" for kind, n in summary.per_type.items())
-    lines = [f"{jobs_file}: {summary.total} valid job(s): {per_type or 'none'}"]
+    per_type = ", ".join(f"{kind.value} {n:,}" for kind, n in summary.per_type.items())
+    lines = [f"{jobs_file}: {summary.total:,} valid job(s): {per_type or 'none'}"]
     if summary.per_team:
         teams = sorted(summary.per_team.items(), key=lambda item: (-item[1], item[0]))
-        shown = ", ".join(f"{team} {n}" for team, n in teams[:_TEAMS_SHOWN])
+        shown = ", ".join(f"{team} {n:,}" for team, n in teams[:_TEAMS_SHOWN])
         more = (
-            f" and {len(teams) - _TEAMS_SHOWN} more"
+            f" and {len(teams) - _TEAMS_SHOWN:,} more"
             if len(teams) > _TEAMS_SHOWN
             else ""
         )
-        lines.append(f"  {len(teams)} team(s): {shown}{more}")
+        lines.append(f"  {len(teams):,} team(s): {shown}{more}")
     return lines
 
 

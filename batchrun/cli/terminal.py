@@ -82,6 +82,11 @@ def from_stdin(results: Path, state: StatePaths) -> Path:
 
 
 def to_stderr(text: str) -> None:
+    """A line on stderr; on a terminal, wrapped at words to its width."""
+    if sys.stderr.isatty():
+        from batchrun.cli.plain_log import fitted
+
+        text = fitted(text, shutil.get_terminal_size().columns)
     sys.stderr.write(f"{text}\n")
     sys.stderr.flush()
 
