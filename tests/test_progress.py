@@ -688,6 +688,37 @@ def test_the_bar_uses_a_wide_terminal(stream, clock, monkeypatch):
     assert widths["120"] >= widths["80"] + 35
 
 
+@pytest.mark.parametrize(
+    ("earlier", "said"),
+    [
+        pytest.param({}, "20 done, 0 failed, 0 left in", id="first-run"),
+        pytest.param(
+            {"done": 70, "failed": 0, "unknown": 0},
+            "90 of 90 done (20 in this run), 0 failed, 0 left in",
+            id="resumed",
+        ),
+        pytest.param(
+            {"done": 1180, "failed": 3, "unknown": 2},
+            "1,200 of 1,205 done (20 in this run), 3 failed, 2 unknown, 0 left in",
+            id="resumed-with-failures",
+        ),
+    ],
+)
+def test_a_resumed_summary_counts_the_whole_file(stream, clock, earlier, said):
+    """The counts line after a resume is the file's, with this run's beside it."""
+    sink = open_progress(
+        stream,
+        live=False,
+        clock=clock,
+        wall=lambda: datetime(2024, 5, 1, 12),
+        earlier=earlier,
+    )
+    sink.emit(start({RQ: 20}))
+    send_and_finish(sink, 20)
+    sink.close()
+    assert said in texts(stream)[-1]
+
+
 def test_numbers_have_thousands_separators(plain, stream, clock):
     """Counts read 1,200 in the start line, progress, summary and counts line."""
     plain.emit(start({RQ: 1200}, {RQ: "15/1m+500/1h"}))

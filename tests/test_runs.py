@@ -54,6 +54,21 @@ def test_a_moved_file_resumes_its_run(tmp_path, api):
     assert store.parent == StatePaths(tmp_path / "state").run_folder(moved)
 
 
+def test_a_resumed_runs_summary_counts_the_file(tmp_path, api):
+    """After a resume the summary counts the whole file, this run's beside it:
+    3 of 3 done, 1 in this run; a first run says its own counts alone."""
+    url, _ = api
+    path = jobs_file(tmp_path, rows=("a,run-query,t1,", "b,invite,t1,"))
+    first = submit(path, url)
+    assert first.exit_code == 0, first.stderr
+    assert "2 done, 0 failed, 0 left in" in first.stdout
+    with path.open("a") as file:
+        file.write("c,avatar,,\n")
+    again = submit(path, url)
+    assert again.exit_code == 0, again.stderr
+    assert "3 of 3 done (1 in this run), 0 failed, 0 left in" in again.stdout
+
+
 def test_a_copy_is_a_run_of_its_own(tmp_path, api):
     """The file copied (the original still there): the copy is another file, and
     its run sends its jobs; the original's run is left as it was."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -238,18 +238,42 @@ def summary_rows(board: Board) -> list[tuple[str, ...]]:
     return rows
 
 
-def closing_lines(board: Board, now: float, results: Path | None = None) -> list[str]:
-    """The summary's last lines: answers by code, the counts, the results file."""
+def closing_lines(
+    board: Board,
+    now: float,
+    results: Path | None = None,
+    earlier: Mapping[str, int] | None = None,
+) -> list[str]:
+    """The summary's last lines: answers by code, the counts (the whole file's
+    after a resume, this run's beside them), the results file."""
     c = overall(board.keys.values())
     elapsed = durations.spoken(board.elapsed(now))
     # Whether it stopped early, and how to resume, is said once, with the exit code
     # (submission.py): not here as well.
-    unknown = f"{c.unknown:,} unknown, " if c.unknown else ""
-    counts = (
-        f"{c.done:,} done, {c.failed:,} failed, {unknown}{c.left:,} left in {elapsed}."
-    )
+    counts = f"{_counts_text(c, earlier or {})}{c.left:,} left in {elapsed}."
     where = [] if results is None else [f"Results: {results}"]
     return [*response_lines(board.responses), counts, *where]
+
+
+def _counts_text(c: Tally, earlier: Mapping[str, int]) -> str:
+    """`90 of 90 done (20 in this run), 0 failed, ` after a resume; this run's
+    counts alone when nothing ended before it."""
+    done, failed, unknown = (
+        earlier.get(state, 0) + here
+        for state, here in (
+            ("done", c.done),
+            ("failed", c.failed),
+            ("unknown", c.unknown),
+        )
+    )
+    unknown_text = f"{unknown:,} unknown, " if unknown else ""
+    if not any(earlier.values()):
+        return f"{done:,} done, {failed:,} failed, {unknown_text}"
+    whole = c.total + sum(earlier.values())
+    return (
+        f"{done:,} of {whole:,} done ({c.done:,} in this run), {failed:,} failed, "
+        f"{unknown_text}"
+    )
 
 
 def response_lines(responses: Responses) -> list[str]:

@@ -12,7 +12,7 @@ import os
 import re
 import shutil
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TextIO
@@ -96,9 +96,11 @@ class PlainLog:
         tag: str,
         verbosity: int = 0,
         results: Path | None = None,
+        earlier: Mapping[str, int] | None = None,
     ) -> None:
         self._stream = stream
         self._results = results
+        self._earlier = earlier
         self._verbosity = verbosity
         self._notes = notes or self._line
         self._tag = tag
@@ -215,7 +217,8 @@ class PlainLog:
                 for i, (cell, width) in enumerate(zip(row, widths, strict=True))
             )
             self._line("  " + "  ".join(cells))
-        for text in closing_lines(self._board, self._clock.now(), self._results):
+        now = self._clock.now()
+        for text in closing_lines(self._board, now, self._results, self._earlier):
             self._line(text)
 
     def _chatter(self, text: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import TextIO
@@ -58,6 +58,7 @@ def open_progress(
     tag: str = "",
     verbosity: int = 0,
     results: Path | None = None,
+    earlier: Mapping[str, int] | None = None,
 ) -> ProgressSink:
     """A Rich live view if `stream` is a terminal, plain timestamped lines otherwise.
 
@@ -69,7 +70,8 @@ def open_progress(
     unless a live view is drawing, which prints it above itself. `verbosity` -1
     (--quiet): plain lines, and only failures and the summary; 1 (--verbose): every
     requeue, not only the first ones. The summary's last line names `results`,
-    the results file, on the same stream.
+    the results file, on the same stream; with `earlier` (a resumed run's jobs
+    that ended before it, by state), its counts are the whole file's.
     """
     if every < 0:
         msg = f"every must be at least 0 s, got {every}"
@@ -78,7 +80,9 @@ def open_progress(
         live = stream.isatty() and os.environ.get("TERM") not in _DUMB_TERMINALS
     if live and verbosity >= 0:
         console = Console(file=stream, force_terminal=True, no_color=_no_color(color))
-        return _LiveView(console, clock=clock, notes=notes, results=results)
+        return _LiveView(
+            console, clock=clock, notes=notes, results=results, earlier=earlier
+        )
     return PlainLog(
         stream,
         clock=clock,
@@ -88,6 +92,7 @@ def open_progress(
         tag=tag,
         verbosity=verbosity,
         results=results,
+        earlier=earlier,
     )
 
 
@@ -97,7 +102,12 @@ def view(
     """How `submit` shows its run: `open_progress` on stdout, its plain lines
     tagged with the process and `jobs_file`, its summary ending with `results`."""
 
-    def opened(*, clock: Clock, notes: Callable[[str], None]) -> ProgressSink:
+    def opened(
+        *,
+        clock: Clock,
+        notes: Callable[[str], None],
+        earlier: Mapping[str, int] | None = None,
+    ) -> ProgressSink:
         return open_progress(
             sys.stdout,
             clock=clock,
@@ -106,6 +116,7 @@ def view(
             tag=log_tag(jobs_file),
             verbosity=verbosity,
             results=results,
+            earlier=earlier,
         )
 
     return opened
@@ -126,9 +137,11 @@ class _LiveView:
         clock: Clock,
         notes: Callable[[str], None] | None,
         results: Path | None = None,
+        earlier: Mapping[str, int] | None = None,
     ) -> None:
         self._console = console
         self._results = results
+        self._earlier = earlier
         self._notes = notes
         self._clock = clock
         self._board = Board()
@@ -230,7 +243,8 @@ class _LiveView:
         for row in rows:
             table.add_row(*row)
         self._console.print(table)
-        for line in closing_lines(self._board, self._clock.now(), self._results):
+        now = self._clock.now()
+        for line in closing_lines(self._board, now, self._results, self._earlier):
             self._say(line)
 
     def _say(self, text: str) -> None:

@@ -137,7 +137,9 @@ async def _run(
     say: Callable[[str], None],
 ) -> int | None:
     clock = MachineClock()
-    sink = job.view(clock=clock, notes=say)
+    total = runs.totals(store)
+    ended = (JobState.DONE, JobState.FAILED, JobState.UNKNOWN)
+    sink = job.view(clock=clock, notes=say, earlier={s.value: total[s] for s in ended})
     responses = Responses()
     heard = Tee(sink, responses, *([] if halt is None else [halt]))
     try:
