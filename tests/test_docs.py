@@ -457,6 +457,20 @@ def test_the_big_file_figures_are_quoted_from_one_place():
             assert not re.search(r"\d+ ?(MB|MiB)\b", other.read_text()), other
 
 
+def test_the_readme_says_how_long_the_suite_takes():
+    """The suite's line says how long it runs, and its default output has no
+    coverage table while the coverage floor still holds."""
+    import tomllib
+
+    readme = (ROOT / "README.md").read_text()
+    assert re.search(r"# 2\. The whole test suite \(about \d+ minutes", readme)
+    pytest_options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]
+    addopts = pytest_options["pytest"]["ini_options"]["addopts"]
+    assert "--cov-report=" in addopts
+    assert any(opt.startswith("--cov-fail-under=") for opt in addopts)
+    assert not any(opt.startswith("--cov-report=term") for opt in addopts)
+
+
 def test_the_cli_reference_is_current():
     """docs/reference/cli.md is what `python -m tests.cli_reference` writes."""
     assert PAGE.read_text() == reference(), "run `python -m tests.cli_reference`"
