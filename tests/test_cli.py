@@ -102,6 +102,15 @@ def test_validate_names_bad_rows_and_exits_2(tmp_path):
     assert "sent" not in result.stderr
 
 
+def test_validate_counts_with_thousands_separators(tmp_path):
+    """validate's summary reads 1,200, as every count batchrun prints."""
+    rows = [f"q{i},run-query,t{i % 2}," for i in range(1200)]
+    result = runner.invoke(app, ["validate", str(jobs_file(tmp_path, rows))])
+    assert result.exit_code == 0, result.stderr
+    assert "1,200 valid job(s): run-query 1,200" in result.stdout
+    assert "2 team(s): t0 600, t1 600" in result.stdout
+
+
 def test_validate_of_an_unreadable_file_says_nothing_of_sending(tmp_path):
     """A file validate cannot read is named, with no word of sending."""
     result = runner.invoke(app, ["validate", str(tmp_path / "nope.csv")])
