@@ -99,13 +99,25 @@ def warning(text: str) -> None:
 
 def log_for(jobs_file: Path) -> Callable[[str], None]:
     """How `submit` writes on stderr: off a terminal (cron, a log file) each line
-    carries the time, the process and the jobs file, as the plain progress does."""
-    if sys.stderr.isatty():
-        return to_stderr
+    carries the time, the process and the jobs file, as the plain progress does;
+    a warning the run says ("Warning: …") is set apart, as `warning` writes it."""
     from batchrun.cli.plain_log import log_tag, stamped
 
     tag = log_tag(jobs_file)
-    return lambda text: to_stderr(stamped(text, tag=tag, wall=datetime.now))
+
+    def say(text: str) -> None:
+        if text.startswith(_WARNING):
+            warning(text.removeprefix(_WARNING))
+        elif sys.stderr.isatty():
+            to_stderr(text)
+        else:
+            to_stderr(stamped(text, tag=tag, wall=datetime.now))
+
+    return say
+
+
+# How the run's own warnings start (store/runs.py says one before a --restart).
+_WARNING = "Warning: "
 
 
 @contextmanager
