@@ -1,4 +1,4 @@
-"""`python -m bench`: run every measurement, print the table, write results.json."""
+"""`python -m bench`: every measurement, its table, bench/results/results.json."""
 
 from bench.run import main
 

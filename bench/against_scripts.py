@@ -39,7 +39,7 @@ from bench.progress import say
 from bench.script_cases import CASES, SCALE, Case
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "against_scripts.json"
+RESULTS = ROOT / "bench" / "results" / "against_scripts.json"
 TOOLS = {
     "batchrun": "batchrun",
     "pyrate-limiter script": "bench.script_pyrate",

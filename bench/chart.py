@@ -163,11 +163,11 @@ def stricter(
 
 
 def _load(name: str) -> Any:
-    return json.loads((HERE / name).read_text())
+    return json.loads((HERE / "results" / name).read_text())
 
 
 def pages() -> None:
-    """Every chart of docs/benchmarks/, from bench/results.json and the
+    """Every chart of docs/benchmarks/, from bench/results/results.json and the
     stricter-server runs kept beside it."""
     results = _load("results.json")
     draw(results["pacing"], PAGES / "pacing.png")
@@ -182,8 +182,10 @@ def pages() -> None:
     bars(PAGES / "big-files.png", "1,000,000 rows: peak RSS", memory, "MiB")
     startup = {what: run["best_ms"] for what, run in results["startup"].items()}
     bars(PAGES / "startup.png", "Start-up, best of 5", startup, "ms")
-    ours = _load("stricter_after_counters.json")
-    stricter(PAGES / "stricter.png", ours, _load("stricter_baseline.json"))
+    rows = _load("stricter.json")
+    ours = [row for row in rows if row["tool"].startswith("batchrun")]
+    theirs = [row for row in rows if not row["tool"].startswith("batchrun")]
+    stricter(PAGES / "stricter.png", ours, theirs)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """The one entry point: `python -m bench` runs every measurement side by side.
 
 It prints each section as a Markdown table, then the goals of issue 5, writes
-bench/results.json and draws bench/timeline.png. `--only` runs some sections and
-merges them into an existing results.json (for development; quote full runs only);
-`--tables` prints the tables of an existing results.json.
+bench/results/results.json and draws bench/results/timeline.png. `--only` runs
+some sections and merges them into an existing results.json (for development;
+quote full runs only); `--tables` prints the tables of an existing results.json.
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ def _arguments() -> argparse.Namespace:
         action="store_true",
         help="print the tables of --out; measure nothing",
     )
-    add("--out", type=Path, default=HERE / "results.json")
-    add("--chart", type=Path, default=HERE / "timeline.png")
+    add("--out", type=Path, default=HERE / "results" / "results.json")
+    add("--chart", type=Path, default=HERE / "results" / "timeline.png")
     return parser.parse_args()
 
 

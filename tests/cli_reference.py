@@ -30,13 +30,18 @@ _NOTE = (
 def reference() -> str:
     """The page's Markdown: every command with its usage, arguments and options."""
     command = typer.main.get_command(app)
+    # Each command's summary whole: Click cuts a help text's first line at 45
+    # characters, but not a short_help.
+    for sub in getattr(command, "commands", {}).values():
+        sub.short_help = sub.short_help or (sub.help or "").split("\n\n")[0]
     # A context with no markup mode in `obj`: help texts are written as they are
     # (Typer would HTML-escape them for its own Rich markup otherwise).
     context = typer.Context(command, info_name="batchrun")
     text = typer.cli.get_docs_for_click(
         obj=command, ctx=context, name="batchrun", title="CLI reference"
     )
-    return _NOTE + text.strip() + "\n"
+    # `\[` keeps Rich from reading `[metrics]` as markup in --help.
+    return _NOTE + text.strip().replace("\\[", "[") + "\n"
 
 
 def main() -> None:

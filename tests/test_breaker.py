@@ -106,6 +106,6 @@ def test_no_token_against_a_real_api_warns(tmp_path):
     args = ["submit", str(bad), "--base-url", "https://api.example.com"]
     warned = runner.invoke(app, args)
     assert warned.exit_code == 2
-    assert "WARNING: no token for api.example.com" in warned.stderr
+    assert "warning: no token for api.example.com" in warned.stderr
     quiet = runner.invoke(app, [*args, "--token", "some-token"])
     assert "no token" not in quiet.stderr

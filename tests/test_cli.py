@@ -98,6 +98,33 @@ def test_validate_names_bad_rows_and_exits_2(tmp_path):
     # A bad row still claims its id, so both problems show at once.
     assert "line 3: duplicate id 'a'" in result.stderr
     assert "Traceback" not in result.stderr
+    # validate never sends, so it does not say that nothing was.
+    assert "sent" not in result.stderr
+
+
+def test_validate_counts_with_thousands_separators(tmp_path):
+    """validate's summary reads 1,200, as every count batchrun prints."""
+    rows = [f"q{i},run-query,t{i % 2}," for i in range(1200)]
+    result = runner.invoke(app, ["validate", str(jobs_file(tmp_path, rows))])
+    assert result.exit_code == 0, result.stderr
+    assert "1,200 valid job(s): run-query 1,200" in result.stdout
+    assert "2 team(s): t0 600, t1 600" in result.stdout
+
+
+def test_validate_of_an_unreadable_file_says_nothing_of_sending(tmp_path):
+    """A file validate cannot read is named, with no word of sending."""
+    result = runner.invoke(app, ["validate", str(tmp_path / "nope.csv")])
+    assert result.exit_code == 2
+    assert "nope.csv" in result.stderr
+    assert "sent" not in result.stderr.lower()
+
+
+def test_submit_of_a_bad_file_says_nothing_was_sent(tmp_path):
+    """submit, which would send, says that nothing was."""
+    path = jobs_file(tmp_path, ["a,fax,t1,"])
+    result = runner.invoke(app, ["submit", str(path), "--sandbox"])
+    assert result.exit_code == 2
+    assert "nothing was sent" in result.stderr.lower()
 
 
 def test_validate_json_of_a_good_file(tmp_path):
@@ -202,7 +229,7 @@ def test_submit_refuses_a_bad_file_before_sending(tmp_path):
         ),
         pytest.param(
             ["--sandbox", "--server-counting", "token-bucket"],
-            "Invalid value for '--server-counting'",
+            "--server-counting must be sliding, fixed,",
             id="bad-server-counting",
         ),
         pytest.param(
@@ -292,6 +319,55 @@ def test_plain_http_to_a_remote_host_warns(url, warned):
     said: list[str] = []
     check_base_url(url, said.append)
     assert any("plain http://" in line for line in said) is warned
+
+
+@pytest.mark.parametrize(
+    ("url", "token", "said"),
+    [
+        pytest.param(
+            "http://reporting.example.com",
+            None,
+            "no token for reporting.example.com (BATCHRUN_TOKEN or --token): "
+            "requests go over plain http:// without Authorization.",
+            id="http-no-token",
+        ),
+        pytest.param(
+            "http://reporting.example.com",
+            TOKEN,
+            "reporting.example.com is reached over plain http://: the token travels "
+            "unencrypted. Use https://.",
+            id="http-token",
+        ),
+        pytest.param(
+            "https://reporting.example.com",
+            None,
+            "no token for reporting.example.com (BATCHRUN_TOKEN or --token): "
+            "requests go without Authorization.",
+            id="https-no-token",
+        ),
+    ],
+)
+def test_a_remote_url_gets_one_warning_set_apart_from_the_log(
+    tmp_path, url, token, said
+):
+    """One warning line, not two that contradict (a token in clear, then no
+    token); `warning:` first and no time or process, unlike the log's lines."""
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,type,team_id,payload\nx,nope,,\n")
+    args = ["submit", str(bad), "--base-url", url]
+    result = runner.invoke(app, [*args, *(["--token", token] if token else [])])
+    assert result.exit_code == 2
+    warnings = [ln for ln in result.stderr.splitlines() if "warning" in ln.lower()]
+    assert warnings == [f"warning: {said}"]
+
+
+def test_the_results_line_ends_the_summary_on_its_stream(tmp_path):
+    """The summary and the `Results:` line go to one stream, the Results line last."""
+    result = runner.invoke(app, ["submit", str(jobs_file(tmp_path)), *FAST])
+    assert result.exit_code == 0, result.stderr
+    last = result.stdout.splitlines()[-1]
+    assert last.endswith(f"Results: {tmp_path / 'jobs.sandbox.results.jsonl'}")
+    assert "Results:" not in result.stderr
 
 
 def test_results_flag_chooses_the_file(tmp_path):
@@ -390,9 +466,14 @@ def test_a_sandbox_stating_its_policy_costs_no_429(tmp_path):
     ("args", "message"),
     [
         pytest.param(
-            ["--counting", "token"], "Invalid value for '--counting'", id="counting"
+            ["--counting", "token"], "--counting must be sliding,", id="counting"
         ),
-        pytest.param(["--headers", "x"], "Invalid value for '--headers'", id="headers"),
+        pytest.param(
+            ["--headers", "x"], "--headers must be none, ietf, draft7", id="headers"
+        ),
+        pytest.param(
+            ["--profile", "auto"], "--profile must be a or b, not 'auto'", id="auto"
+        ),
         pytest.param(
             ["--counting", "leaky", "--limit", "invite=1/1h"],
             "cannot count leaky",
@@ -636,6 +717,33 @@ def test_cron_line_keeps_the_token_out_and_says_where_it_goes(tmp_path, monkeypa
     assert TOKEN not in result.stdout + result.stderr
     assert "--env-file" in result.stderr
     assert result.stdout.startswith("0 1 * * * mkdir -p ")
+
+
+@pytest.mark.parametrize(
+    ("mode", "warned"),
+    [
+        pytest.param(0o600, False, id="600"),
+        pytest.param(0o644, True, id="644"),
+        pytest.param(0o640, True, id="640"),
+    ],
+)
+def test_cron_line_warns_of_an_env_file_others_can_read(tmp_path, mode, warned):
+    """--env-file holds the token: readable by group or others is warned of."""
+    env = tmp_path / "batchrun.env"
+    env.write_text(f"BATCHRUN_TOKEN={TOKEN}\n")
+    env.chmod(mode)
+    result = runner.invoke(
+        app, ["cron-line", str(jobs_file(tmp_path)), "--env-file", str(env)]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert (f"chmod 600 {env}" in result.stderr) is warned
+    assert TOKEN not in result.stdout + result.stderr
+
+
+def test_config_json_gives_numbers_as_numbers():
+    """`config --json`: concurrency is a number, not its text."""
+    shown = json.loads(runner.invoke(app, ["config", "--json"]).stdout)
+    assert shown["settings"]["concurrency"] == {"value": 8, "source": "default"}
 
 
 def test_a_state_error_inside_an_exception_group_exits_74(monkeypatch, tmp_path):

@@ -192,6 +192,13 @@ def test_flag_beats_env_beats_project_beats_user(project, user_file, monkeypatch
     assert state_in_force()["source"] == "BATCHRUN_STATE_DIR"
 
 
+def test_config_json_gives_a_files_number_as_a_number(project, user_file):
+    """A concurrency set in batchrun.toml is a number in `config --json`."""
+    (project / "batchrun.toml").write_text("concurrency = 3\n")
+    shown = json.loads(runner.invoke(app, ["config", "--json"]).stdout)
+    assert shown["settings"]["concurrency"]["value"] == 3
+
+
 def test_a_command_takes_the_files_profile_and_limits(project, user_file):
     """plan paces by the file's profile and [limits]; --profile and --limit win,
     --limit only for its own key."""

@@ -32,6 +32,8 @@ from batchrun.core.limits import (
         pytest.param("1/1.5s", [(1, 1.5)], id="decimal"),
         pytest.param(" 15 / 1m + 500 / 1h ", [(15, 60), (500, 3600)], id="spaces"),
         pytest.param("2/h", [(2, 3600)], id="hour"),
+        pytest.param("10/1d", [(10, 86400)], id="day"),
+        pytest.param("1000/24h+10/1d", [(1000, 86400), (10, 86400)], id="day-and-24h"),
     ],
 )
 def test_contract_rules_parse(text, windows):
@@ -44,7 +46,7 @@ def test_contract_rules_parse(text, windows):
     [
         pytest.param("", "cannot read ''", id="empty"),
         pytest.param("15", "cannot read '15'", id="no-window"),
-        pytest.param("15/1d", "cannot read '15/1d'", id="bad-unit"),
+        pytest.param("15/1w", "cannot read '15/1w'", id="bad-unit"),
         pytest.param("0/1m", "at least 1 request", id="zero-count"),
         pytest.param("5/0s", "longer than 0 s", id="zero-window"),
         pytest.param("-1/1m", "cannot read", id="negative"),
@@ -130,11 +132,12 @@ def test_a_rule_needs_a_window():
 
 def test_window_prints_in_the_grammar():
     """Windows print back in the grammar they were written in."""
-    assert [str(Window(1, s)) for s in (0.25, 1.5, 90, 7200)] == [
+    assert [str(Window(1, s)) for s in (0.25, 1.5, 90, 7200, 86400)] == [
         "1/250ms",
         "1/1.5s",
         "1/90s",
         "1/2h",
+        "1/1d",
     ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import re
 from datetime import datetime
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from batchrun.cli.board import Board, next_slot
-from batchrun.cli.plain_log import log_tag, stamped
+from batchrun.cli.plain_log import fitted, log_tag, stamped
 from batchrun.cli.progress import open_progress
 from batchrun.core import durations
 from batchrun.core.events import (
@@ -251,10 +252,10 @@ def test_progress_lines_come_every_interval(plain, stream):
     plain.emit(start({RQ: 5000}))
     send_and_finish(plain, 36, at=0.0, step=1.0)
     progress = [t for t in texts(stream) if t.startswith("progress:")]
-    assert [p.split(",")[0] for p in progress] == [
-        "progress: 10/5000 done",
-        "progress: 20/5000 done",
-        "progress: 30/5000 done",
+    assert [p.split(" done")[0] for p in progress] == [
+        "progress: 10/5,000",
+        "progress: 20/5,000",
+        "progress: 30/5,000",
     ]
 
 
@@ -498,7 +499,7 @@ def test_live_rows_fit_80_columns(live, stream):
     live.close()
     cells = row(last_frame(stream), RQ).split()
     assert "…" not in last_frame(stream)
-    assert cells[:3] == ["run-query", "15/1m+500/1h", "0/2000"]
+    assert cells[:3] == ["run-query", "15/1m+500/1h", "0/2,000"]
     # The ETA starts from the next slot: 12 m 13 s, then 3 h 33 m of the rule.
     assert " ".join(cells[-8:]) == "12 m 13 s 3 h 45 m"
     assert max(map(len, ANSI.sub("", stream.getvalue()).splitlines())) <= 80
@@ -639,14 +640,131 @@ def test_a_learned_rule_is_a_plain_line_and_marks_the_live_rule(plain, stream):
 
 
 def test_live_row_marks_a_learned_rule(live, stream):
-    """The live table shows a learned rule with '(learned)'."""
+    """The live table marks a learned rule with `*`, said under the table, so the
+    rule column never wraps."""
     live.emit(start())
     live.emit(RuleLearned(1.0, RQ, parse_rule("10/2s"), True, "why"))
     live.close()
-    # At 80 columns the rule cell wraps rather than cutting the mark short.
     frame = last_frame(stream)
-    assert row(frame, RQ).split()[1:3] == ["10/2s", "(learned,"]
-    assert "spread)" in frame
+    assert row(frame, RQ).split()[1:3] == ["10/2s*", "0/10"]
+    assert "* learned from the server's answers, sent evenly spaced" in frame
+
+
+def test_live_rule_column_does_not_wrap_at_80_columns(live, stream):
+    """A learned two-window rule beside 4-digit counts stays on its row."""
+    live.emit(start({RQ: 1200, INVITE: 200}, {RQ: "15/1m+500/1h", INVITE: "15/5m"}))
+    live.emit(RuleLearned(1.0, RQ, parse_rule("15/10s+500/1h"), False, "why"))
+    live.close()
+    frame = last_frame(stream).splitlines()
+    rows = [line for line in frame if line.strip()][1:]
+    assert rows[1].split()[:3] == ["run-query", "15/10s+500/1h*", "0/1,200"]
+    assert rows[2].split()[0] == "invite"
+
+
+def test_the_finished_bar_says_done(live, stream, clock):
+    """Once every job ended the bar says done, not `ETA 0 ms`."""
+    live.emit(start({RQ: 3}))
+    send_and_finish(live, 3)
+    clock.time = 2.0
+    live.emit(RunFinished(2.0, 3, 0, 0, 0, 0, stopped=False))
+    live.close()
+    frame = last_frame(stream)
+    bar = next(line for line in frame.splitlines() if "elapsed" in line)
+    assert bar.rstrip().endswith("done")
+    assert "ETA" not in bar
+
+
+def test_the_bar_uses_a_wide_terminal(stream, clock, monkeypatch):
+    """At 120 columns the bar grows into the width the 80-column view leaves."""
+    widths = {}
+    for columns in ("80", "120"):
+        monkeypatch.setenv("COLUMNS", columns)
+        out = io.StringIO()
+        sink = open_progress(out, live=True, clock=clock)
+        sink.emit(start({RQ: 10}))
+        sink.close()
+        text = ANSI.sub("", out.getvalue()).replace("\r", "\n")
+        bar = next(ln for ln in text.splitlines() if "elapsed" in ln)
+        widths[columns] = len(bar.split(" 0/10")[0].strip())
+    assert widths["120"] >= widths["80"] + 35
+
+
+@pytest.mark.parametrize(
+    ("earlier", "said"),
+    [
+        pytest.param({}, "20 done, 0 failed, 0 left in", id="first-run"),
+        pytest.param(
+            {"done": 70, "failed": 0, "unknown": 0},
+            "90 of 90 done (20 in this run), 0 failed, 0 left in",
+            id="resumed",
+        ),
+        pytest.param(
+            {"done": 1180, "failed": 3, "unknown": 2},
+            "1,200 of 1,205 done (20 in this run), 3 failed, 2 unknown, 0 left in",
+            id="resumed-with-failures",
+        ),
+    ],
+)
+def test_a_resumed_summary_counts_the_whole_file(stream, clock, earlier, said):
+    """The counts line after a resume is the file's, with this run's beside it."""
+    sink = open_progress(
+        stream,
+        live=False,
+        clock=clock,
+        wall=lambda: datetime(2024, 5, 1, 12),
+        earlier=earlier,
+    )
+    sink.emit(start({RQ: 20}))
+    send_and_finish(sink, 20)
+    sink.close()
+    assert said in texts(stream)[-1]
+
+
+def test_numbers_have_thousands_separators(plain, stream, clock):
+    """Counts read 1,200 in the start line, progress, summary and counts line."""
+    plain.emit(start({RQ: 1200}, {RQ: "15/1m+500/1h"}))
+    send_and_finish(plain, 1000, at=0.0, step=0.0101)
+    clock.time = 20.0
+    plain.close()
+    text = "\n".join(texts(stream))
+    assert "starting: 1,200 jobs — run-query 1,200 at" in text
+    assert "progress: 991/1,200 done" in text
+    assert re.search(r"run-query +1,000 +0 +200", text)
+    assert "1,000 done, 0 failed, 200 left in" in text
+
+
+def test_a_terminal_gets_plain_lines_cut_only_between_words(clock, monkeypatch):
+    """Plain lines on a terminal wrap at words, continuations indented, a number
+    kept with its unit; never cut mid-word by the terminal's edge."""
+    monkeypatch.setenv("COLUMNS", "60")
+    tty = TTY()
+    sink = open_progress(
+        tty, live=False, clock=clock, wall=lambda: datetime(2024, 5, 1, 12)
+    )
+    sink.emit(start({RQ: 10}))
+    sink.note("x")
+    sink.emit(
+        finished(
+            "j1", ok=False, error="sandbox runs are not kept (their state is temporary)"
+        )
+    )
+    sink.close()
+    shown = tty.getvalue().splitlines()
+    assert max(map(len, shown)) <= 60
+    assert any(line.startswith("  ") for line in shown)
+    assert "temporary)" in " ".join(shown).split()
+
+
+@pytest.mark.parametrize("width", range(20, 70, 3))
+def test_fitted_lines_break_only_between_words(width):
+    """`fitted` keeps every word whole, a number with its unit, and the indent."""
+    text = "  avatar responses: 200: 10; p50 1 ms, p95 15 ms, max 1 m 5 s " * 2
+    shown = fitted(text.strip("\n"), width).splitlines()
+    assert " ".join(shown).split() == text.split()
+    assert all(len(line) <= width for line in shown)
+    assert all(line.startswith("  ") for line in shown)
+    for before, after in itertools.pairwise(shown):
+        assert not (before[-1].isdigit() and after.split()[0] in ("ms", "s", "m"))
 
 
 def test_the_eta_counts_what_other_processes_used(plain, stream):

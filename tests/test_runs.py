@@ -54,6 +54,21 @@ def test_a_moved_file_resumes_its_run(tmp_path, api):
     assert store.parent == StatePaths(tmp_path / "state").run_folder(moved)
 
 
+def test_a_resumed_runs_summary_counts_the_file(tmp_path, api):
+    """After a resume the summary counts the whole file, this run's beside it:
+    3 of 3 done, 1 in this run; a first run says its own counts alone."""
+    url, _ = api
+    path = jobs_file(tmp_path, rows=("a,run-query,t1,", "b,invite,t1,"))
+    first = submit(path, url)
+    assert first.exit_code == 0, first.stderr
+    assert "2 done, 0 failed, 0 left in" in first.stdout
+    with path.open("a") as file:
+        file.write("c,avatar,,\n")
+    again = submit(path, url)
+    assert again.exit_code == 0, again.stderr
+    assert "3 of 3 done (1 in this run), 0 failed, 0 left in" in again.stdout
+
+
 def test_a_copy_is_a_run_of_its_own(tmp_path, api):
     """The file copied (the original still there): the copy is another file, and
     its run sends its jobs; the original's run is left as it was."""
@@ -114,8 +129,11 @@ def test_restart_warns_before_sending_done_invites_again(tmp_path, api):
     assert submit(path, url).exit_code == 0
     again = submit(path, url, "--restart")
     assert again.exit_code == 0
-    assert "Warning: 1 invite(s) done or unknown" in again.stderr
-    assert again.stderr.index("Warning") < again.stderr.index("Results:")
+    # A warning, set apart from the log's stamped lines.
+    warned = [ln for ln in again.stderr.splitlines() if "invite(s) done" in ln]
+    assert warned[0].startswith("warning: 1 invite(s) done or unknown")
+    # The warning comes before the run; the summary ends with the results file.
+    assert "Results:" in again.stdout.splitlines()[-1]
     assert len(sandbox.arrivals) == 6
 
 

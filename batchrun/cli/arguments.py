@@ -247,7 +247,9 @@ def submission(
         retry_unknown=retry_unknown,
         restart=restart,
         ledger_url=ledger,
-        view=_view(jobs_file, metrics, not no_color, verbosity(quiet, verbose)),
+        view=_view(
+            jobs_file, results, metrics, not no_color, verbosity(quiet, verbose)
+        ),
         run_id=round_name(run_id),
         halt=halt,
         ended=None if metrics is None else metrics.close,
@@ -255,12 +257,16 @@ def submission(
 
 
 def _view(
-    jobs_file: Path, metrics: MetricsFile | None, color: bool, verbosity: int
+    jobs_file: Path,
+    results: Path,
+    metrics: MetricsFile | None,
+    color: bool,
+    verbosity: int,
 ) -> View:
     """How a run is shown (`progress.view`), heard by the metrics file too."""
     from batchrun.cli.progress import view
 
-    shown = view(jobs_file, color=color, verbosity=verbosity)
+    shown = view(jobs_file, color=color, verbosity=verbosity, results=results)
     return shown if metrics is None else metrics.around(shown)
 
 

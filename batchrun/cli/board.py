@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from batchrun.core import durations
 from batchrun.core.events import (
@@ -189,10 +190,18 @@ def learned_text(event: RuleLearned) -> str:
 
 
 def rule_text(state: KeyCounts) -> str:
-    """A key's rule as a view shows it, marked when learned from the server."""
-    if state.learned is None:
-        return str(state.rule)
-    return f"{state.rule} (learned{', spread' if state.spread else ''})"
+    """A key's rule as the live view's column shows it: `*` when learned from the
+    server (said under the table by `learned_note`), so the column never wraps."""
+    return f"{state.rule}{'*' if state.learned is not None else ''}"
+
+
+def learned_note(keys: Iterable[KeyCounts]) -> str | None:
+    """What the live view's `*` means, if a rule shows one."""
+    learned = [s for s in keys if s.learned is not None]
+    if not learned:
+        return None
+    spread = ", sent evenly spaced" if any(s.spread for s in learned) else ""
+    return f"* learned from the server's answers{spread}"
 
 
 def failure_text(event: JobFinished) -> str:
@@ -223,14 +232,14 @@ def next_slot(state: KeyCounts, now: float) -> str:
 
 def ended_text(state: KeyCounts) -> str:
     """How a key's ended jobs came out: done, failed, and unknown if any."""
-    unknown = f", {state.unknown} unknown" if state.unknown else ""
-    return f"{state.done} done, {state.failed} failed{unknown}"
+    unknown = f", {state.unknown:,} unknown" if state.unknown else ""
+    return f"{state.done:,} done, {state.failed:,} failed{unknown}"
 
 
 def tally(counts: Tally) -> str:
     return (
-        f"{counts.done}/{counts.total} done, {counts.failed} failed, "
-        f"{counts.rate_limited} 429s, {counts.retried} retries"
+        f"{counts.done:,}/{counts.total:,} done, {counts.failed:,} failed, "
+        f"{counts.rate_limited:,} 429s, {counts.retried:,} retries"
     )
 
 
@@ -242,19 +251,48 @@ def summary_rows(board: Board) -> list[tuple[str, ...]]:
     rows = [header]
     for name, c in named:
         counts = (c.done, c.failed, *(c.unknown,) * unknown, c.left)
-        rows.append((str(name), *map(str, (*counts, c.rate_limited, c.retried))))
+        numbers = (*counts, c.rate_limited, c.retried)
+        rows.append((str(name), *(f"{n:,}" for n in numbers)))
     return rows
 
 
-def closing_lines(board: Board, now: float) -> list[str]:
+def closing_lines(
+    board: Board,
+    now: float,
+    results: Path | None = None,
+    earlier: Mapping[str, int] | None = None,
+) -> list[str]:
+    """The summary's last lines: answers by code, the counts (the whole file's
+    after a resume, this run's beside them), the results file."""
     c = overall(board.keys.values())
     elapsed = durations.spoken(board.elapsed(now))
     # Whether it stopped early, and how to resume, is said once, with the exit code
     # (submission.py): not here as well.
-    unknown = f"{c.unknown} unknown, " if c.unknown else ""
-    counts = f"{c.done} done, {c.failed} failed, {unknown}{c.left} left in {elapsed}."
+    counts = f"{_counts_text(c, earlier or {})}{c.left:,} left in {elapsed}."
+    where = [] if results is None else [f"Results: {results}"]
     capped = capped_summary(board, now)
-    return [*response_lines(board.responses), counts, *capped]
+    return [*response_lines(board.responses), counts, *capped, *where]
+
+
+def _counts_text(c: Tally, earlier: Mapping[str, int]) -> str:
+    """`90 of 90 done (20 in this run), 0 failed, ` after a resume; this run's
+    counts alone when nothing ended before it."""
+    done, failed, unknown = (
+        earlier.get(state, 0) + here
+        for state, here in (
+            ("done", c.done),
+            ("failed", c.failed),
+            ("unknown", c.unknown),
+        )
+    )
+    unknown_text = f"{unknown:,} unknown, " if unknown else ""
+    if not any(earlier.values()):
+        return f"{done:,} done, {failed:,} failed, {unknown_text}"
+    whole = c.total + sum(earlier.values())
+    return (
+        f"{done:,} of {whole:,} done ({c.done:,} in this run), {failed:,} failed, "
+        f"{unknown_text}"
+    )
 
 
 def capped_text(event: InFlightCapped) -> str:

@@ -29,7 +29,7 @@ _EXIT_CODES = (
 )
 
 
-@app.command(epilog=_EXIT_CODES)
+@app.command(cls=flags.Command, epilog=_EXIT_CODES)
 def submit(
     ctx: flags.Context,
     jobs_file: flags.JobsArg,
@@ -43,11 +43,6 @@ def submit(
     timeout: flags.TimeoutOpt = 30.0,
     results: flags.ResultsOpt = None,
     sandbox: flags.SandboxFlag = False,
-    inject: flags.InjectOpt = None,
-    server_limit: flags.ServerLimitOpt = None,
-    server_counting: flags.ServerCountingOpt = None,
-    server_headers: flags.ServerHeadersOpt = None,
-    server_burst: flags.ServerBurstOpt = None,
     time_scale: flags.TimeScaleOpt = 1.0,
     state_dir: flags.StateDirOpt = None,
     ledger: flags.LedgerOpt = None,
@@ -63,6 +58,12 @@ def submit(
     halt_after: flags.HaltAfterOpt = None,
     metrics_file: flags.MetricsFileOpt = None,
     budget_key: flags.BudgetKeyOpt = None,
+    # Last, so that their panel is --help's last.
+    inject: flags.SubmitInjectOpt = None,
+    server_limit: flags.ServerLimitOpt = None,
+    server_counting: flags.ServerCountingOpt = None,
+    server_headers: flags.ServerHeadersOpt = None,
+    server_burst: flags.ServerBurstOpt = None,
 ) -> None:
     """Send every job of JOBS_FILE inside the rate limits; run it again to resume."""
     # Every flag, by its name in `arguments.submission`, which checks them all.
@@ -73,29 +74,30 @@ def submit(
     say = terminal.log_for(jobs_file)
     with terminal.reported(say):
         job = arguments.submission(
-            **given, stdin=terminal.from_stdin, warn=terminal.to_stderr
+            **given, stdin=terminal.from_stdin, warn=terminal.warning
         )
         flags.done(submit(job, say=say))
 
 
 # The commands that send nothing, in the order `--help` lists them.
-app.command()(read_commands.validate)
-app.command()(read_commands.status)
-app.command()(read_commands.plan)
-app.command("limits")(read_commands.limits_command)
-app.command()(read_commands.show)
+app.command(cls=flags.Command)(read_commands.validate)
+app.command(cls=flags.Command)(read_commands.status)
+app.command(cls=flags.Command)(read_commands.plan)
+app.command("limits", cls=flags.Command)(read_commands.limits_command)
+app.command(cls=flags.Command)(read_commands.show)
 app.command(
     "cron-line",
+    cls=flags.Command,
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
 )(read_commands.cron_line)
-app.command("config")(read_commands.config_command)
+app.command("config", cls=flags.Command)(read_commands.config_command)
 
 
-@app.command("sandbox")
+@app.command("sandbox", cls=flags.Command)
 def sandbox_command(
     host: flags.HostOpt = "127.0.0.1",
-    port: flags.PortOpt = 8000,
-    profile: flags.ProfileOpt = Profile.B,
+    port: flags.PortOpt = defaults.SANDBOX_PORT,
+    profile: flags.SandboxProfileOpt = Profile.B,
     limit: flags.LimitOpt = None,
     inject: flags.InjectOpt = None,
     counting: flags.CountingOpt = LimiterKind.SLIDING,

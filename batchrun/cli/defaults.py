@@ -17,6 +17,9 @@ from batchrun.store.paths import StatePaths
 # (`run.settings.in_flight_cap`).
 CONCURRENCY: int | None = None
 CONCURRENCY_SHOWN = "as the limits need (8-64)"
+# `batchrun sandbox --port`'s default: not 8000, which `mkdocs serve` and many
+# development servers take.
+SANDBOX_PORT = 8765
 
 
 def _shown_defaults() -> dict[str, str]:

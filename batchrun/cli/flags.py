@@ -6,10 +6,13 @@ flags' strings mean is `arguments`'.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
+import typer.core
 
 from batchrun import __version__
 from batchrun.cli import config, helps
@@ -17,8 +20,37 @@ from batchrun.core.limits import Pace, Profile
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.sandbox.policy_headers import HeaderStyle
 
+
+def _no_bool(params: list[Any]) -> list[Any]:
+    """Every on/off flag shown without a value, `--help` and `--version` too."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class _Group(typer.core.TyperGroup):
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _no_bool(super().get_params(ctx))
+
+
+class Command(typer.core.TyperCommand):
+    """A command whose on/off flags show no `<bool>` in --help, and whose usage
+    line names a required argument as it is (JOBS_FILE, not {JOBS_FILE})."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _no_bool(super().get_params(ctx))
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = super().collect_usage_pieces(ctx)
+        return [p[1:-1] if p[:1] + p[-1:] == "{}" else p for p in pieces]
+
+
+_E = TypeVar("_E", bound=StrEnum)
+
 app = typer.Typer(
     name="batchrun",
+    cls=_Group,
     help="Spread a queue of API jobs over time, inside the API's rate limits.",
     no_args_is_help=True,
     add_completion=True,
@@ -40,6 +72,31 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+class _ChoiceError(typer.BadParameter):
+    """A bad choice, said as the flag and its choices, with no "Invalid value"."""
+
+    def format_message(self) -> str:
+        return self.message
+
+
+def _choices(
+    flag: str, kind: type[_E], *, allowed: tuple[_E, ...] = ()
+) -> Callable[[Any], _E]:
+    """A parser of `flag`'s value: one of `allowed` (default every member)."""
+    members = allowed or tuple(kind)
+    names = [member.value for member in members]
+    said = f"{', '.join(names[:-1])} or {names[-1]}"
+
+    def parse(value: Any) -> _E:
+        for member in members:
+            if str(value) == member.value:
+                return member
+        msg = f"{flag} must be {said}, not {str(value)!r}."
+        raise _ChoiceError(msg)
+
+    return parse
+
+
 def _switch(*names: str, help: str, panel: str) -> Any:
     """An on/off flag with no value shown in --help."""
     return typer.Option(*names, help=help, rich_help_panel=panel, metavar="")
@@ -48,17 +105,38 @@ def _switch(*names: str, help: str, panel: str) -> Any:
 VersionFlag = Annotated[
     bool,
     typer.Option(
-        "--version", callback=_version, is_eager=True, help="Show the version."
+        "--version",
+        callback=_version,
+        is_eager=True,
+        metavar="",
+        help="Show the version.",
     ),
 ]
 JobsArg = Annotated[
-    Path, typer.Argument(help="The jobs file: CSV, or JSON Lines if it ends in .jsonl.")
+    Path,
+    typer.Argument(
+        metavar="JOBS_FILE",
+        help="The jobs file: CSV, or JSON Lines if it ends in .jsonl.",
+    ),
 ]
 ProfileOpt = Annotated[
     Profile,
     typer.Option(
         "--profile",
+        metavar="a|b|auto",
+        parser=_choices("--profile", Profile),
         help=helps.PROFILE,
+        rich_help_panel="Limits",
+    ),
+]
+# The sandbox enforces one statement: `auto` means nothing for a server.
+SandboxProfileOpt = Annotated[
+    Profile,
+    typer.Option(
+        "--profile",
+        metavar="a|b",
+        parser=_choices("--profile", Profile, allowed=(Profile.A, Profile.B)),
+        help=helps.SANDBOX_PROFILE,
         rich_help_panel="Limits",
     ),
 ]
@@ -88,7 +166,27 @@ InjectOpt = Annotated[
         rich_help_panel="Sandbox faults",
     ),
 ]
-CountingOpt = Annotated[LimiterKind, typer.Option("--counting", help=helps.COUNTING)]
+# submit's flags that act only with --sandbox: their panel is the last.
+_WITH_SANDBOX = "With --sandbox"
+SubmitInjectOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--inject",
+        metavar="FAULT=RATE",
+        help=helps.INJECT,
+        rich_help_panel=_WITH_SANDBOX,
+    ),
+]
+# Choices are named in the help text: Rich would fold a long list mid-word.
+CountingOpt = Annotated[
+    LimiterKind,
+    typer.Option(
+        "--counting",
+        metavar="KIND",
+        parser=_choices("--counting", LimiterKind),
+        help=helps.COUNTING,
+    ),
+]
 BurstOpt = Annotated[int, typer.Option("--burst", min=0, help=helps.BURST)]
 ServerBurstOpt = Annotated[
     int | None,
@@ -97,31 +195,47 @@ ServerBurstOpt = Annotated[
         min=0,
         show_default=False,
         help=helps.SERVER_BURST,
+        rich_help_panel=_WITH_SANDBOX,
     ),
 ]
-HeadersOpt = Annotated[HeaderStyle, typer.Option("--headers", help=helps.HEADERS)]
+HeadersOpt = Annotated[
+    HeaderStyle,
+    typer.Option(
+        "--headers",
+        metavar="STYLE",
+        parser=_choices("--headers", HeaderStyle),
+        help=helps.HEADERS,
+    ),
+]
 ServerLimitOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--server-limit",
         metavar="KEY=RULE",
         help=helps.SERVER_LIMIT,
+        rich_help_panel=_WITH_SANDBOX,
     ),
 ]
 ServerCountingOpt = Annotated[
     LimiterKind | None,
     typer.Option(
         "--server-counting",
+        metavar="KIND",
+        parser=_choices("--server-counting", LimiterKind),
         show_default=False,
         help=helps.SERVER_COUNTING,
+        rich_help_panel=_WITH_SANDBOX,
     ),
 ]
 ServerHeadersOpt = Annotated[
     HeaderStyle | None,
     typer.Option(
         "--server-headers",
+        metavar="STYLE",
+        parser=_choices("--server-headers", HeaderStyle),
         show_default=False,
         help=helps.SERVER_HEADERS,
+        rich_help_panel=_WITH_SANDBOX,
     ),
 ]
 StateDirOpt = Annotated[
@@ -163,6 +277,8 @@ TokenOpt = Annotated[
 PaceOpt = Annotated[
     Pace,
     typer.Option(
+        metavar="exact|spread",
+        parser=_choices("--pace", Pace),
         help="exact: as early as the windows allow; spread: evenly spaced.",
         rich_help_panel="Limits",
     ),

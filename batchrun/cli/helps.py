@@ -9,6 +9,10 @@ PROFILE = (
     "until the server shows it is b (at most one 429 to find out)."
 )
 
+SANDBOX_PROFILE = (
+    "The run-query limit the sandbox enforces: b = 15/1m+500/1h (default), a = 30/1m."
+)
+
 INJECT = (
     "Sandbox faults: 429=0.05, 5xx=0.1, drop=0.05, slow=0.1, slow-seconds=2, seed=7 "
     "(repeatable)."
@@ -25,12 +29,13 @@ SERVER_LIMIT = (
 )
 
 SERVER_COUNTING = (
-    "With --sandbox: how it counts, as `batchrun sandbox --counting` (default sliding)."
+    "With --sandbox: how it counts: sliding (the default), fixed, weighted or leaky, "
+    "as `batchrun sandbox --counting`."
 )
 
 SERVER_HEADERS = (
-    "With --sandbox: the rate-limit headers it states, as `batchrun sandbox "
-    "--headers` (default none)."
+    "With --sandbox: the rate-limit headers it states: none (the default), ietf, "
+    "draft7 or x-ratelimit, as `batchrun sandbox --headers`."
 )
 
 LEDGER = (
@@ -64,7 +69,7 @@ HEADERS = (
     "Rate-limit headers the sandbox states on every answer: none (only a 429's "
     "Retry-After), ietf (RateLimit-Policy and RateLimit, draft 08 on), draft7 "
     "(express-rate-limit's RateLimit: limit=, remaining=, reset=), x-ratelimit "
-    "(X-RateLimit-Limit/-Remaining/-Reset)."
+    "(X-RateLimit-Limit, -Remaining and -Reset)."
 )
 
 BUDGET_KEY = (
@@ -79,8 +84,8 @@ HALT_AFTER = (
 
 METRICS_FILE = (
     "Write the run as Prometheus text (node_exporter's textfile collector: name it "
-    "*.prom) once a minute and at its end. Needs the metrics extra: pip install "
-    "'batchrun[metrics]'."
+    "*.prom) once a minute and at its end. Needs the metrics extra: from a "
+    "checkout, pip install '.\\[metrics]'."
 )
 
 FAILED = (

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Gauge, Info, write_to_textfile
@@ -80,8 +80,13 @@ class MetricsFile:
     def around(self, view: View) -> View:
         """`view`, with this file hearing the run's events and ticks as well."""
 
-        def opened(*, clock: Clock, notes: Callable[[str], None]) -> ProgressSink:
-            return _Metered(view(clock=clock, notes=notes), self)
+        def opened(
+            *,
+            clock: Clock,
+            notes: Callable[[str], None],
+            earlier: Mapping[str, int] | None = None,
+        ) -> ProgressSink:
+            return _Metered(view(clock=clock, notes=notes, earlier=earlier), self)
 
         return opened
 

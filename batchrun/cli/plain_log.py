@@ -9,7 +9,10 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Callable
+import re
+import shutil
+import textwrap
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TextIO
@@ -46,6 +49,29 @@ _FAILURES_LISTED = 20
 _STAMP = "%Y-%m-%d %H:%M:%S"
 
 
+# A number and its unit (`1 ms`, `5 m 0 s`) stay on one line when a line wraps.
+_UNITED = re.compile(r"(?<=\d) (?=(?:ms|s|m|h|d)\b)")
+_GLUE = "\u00a0"
+
+
+def fitted(text: str, width: int) -> str:
+    """`text` wrapped at words to `width` columns, each continuation indented two
+    more than its line, a number kept with its unit: a terminal would cut a long
+    line wherever its edge falls, mid-word."""
+    out: list[str] = []
+    for line in text.splitlines():
+        indent = " " * (len(line) - len(line.lstrip(" ")))
+        wrapped = textwrap.wrap(
+            _UNITED.sub(_GLUE, line),
+            width=max(width, 20),
+            subsequent_indent=indent + "  ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+        out.extend(part.replace(_GLUE, " ") for part in wrapped or [line])
+    return "\n".join(out)
+
+
 def log_tag(jobs_file: Path) -> str:
     """What each line of a log names: the process and the jobs file, so that the
     lines of two runs (or a refused run's error) appended to one log tell apart."""
@@ -71,8 +97,12 @@ class PlainLog:
         notes: Callable[[str], None] | None,
         tag: str,
         verbosity: int = 0,
+        results: Path | None = None,
+        earlier: Mapping[str, int] | None = None,
     ) -> None:
         self._stream = stream
+        self._results = results
+        self._earlier = earlier
         self._verbosity = verbosity
         self._notes = notes or self._line
         self._tag = tag
@@ -137,17 +167,17 @@ class PlainLog:
 
     def _start_text(self, at: float) -> str:
         board = self._board
-        keys = ", ".join(f"{k} {s.total} at {s.rule}" for k, s in board.keys.items())
+        keys = ", ".join(f"{k} {s.total:,} at {s.rule}" for k, s in board.keys.items())
         total = overall(board.keys.values()).total
         eta_text = durations.spoken(board.eta(at))
-        return f"starting: {total} jobs — {keys}; pace {board.pace}; ETA {eta_text}"
+        return f"starting: {total:,} jobs — {keys}; pace {board.pace}; ETA {eta_text}"
 
     def _finished(self, event: JobFinished, state: KeyCounts) -> None:
         if event.status is not Status.DONE:
             self._failure(event)
         if state.left == 0:
             self._chatter(
-                f"{event.key}: all {state.total} jobs ended ({ended_text(state)})"
+                f"{event.key}: all {state.total:,} jobs ended ({ended_text(state)})"
             )
 
     def _requeued(self, event: JobRequeued) -> None:
@@ -194,7 +224,8 @@ class PlainLog:
                 for i, (cell, width) in enumerate(zip(row, widths, strict=True))
             )
             self._line("  " + "  ".join(cells))
-        for text in closing_lines(self._board, self._clock.now()):
+        now = self._clock.now()
+        for text in closing_lines(self._board, now, self._results, self._earlier):
             self._line(text)
 
     def _chatter(self, text: str) -> None:
@@ -206,5 +237,8 @@ class PlainLog:
         self._said = self._clock.now()
         # A closed pipe (`| head`) must not stop the run this log reports on.
         with contextlib.suppress(OSError, ValueError):
-            self._stream.write(stamped(text, tag=self._tag, wall=self._wall) + "\n")
+            line = stamped(text, tag=self._tag, wall=self._wall)
+            if self._stream.isatty():
+                line = fitted(line, shutil.get_terminal_size().columns)
+            self._stream.write(line + "\n")
             self._stream.flush()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import TextIO
@@ -26,12 +26,13 @@ from batchrun.cli.board import (
     Board,
     capped_text,
     closing_lines,
+    learned_note,
     next_slot,
     overall,
     rule_text,
     summary_rows,
 )
-from batchrun.cli.plain_log import PlainLog, log_tag
+from batchrun.cli.plain_log import PlainLog, fitted, log_tag
 from batchrun.core import durations
 from batchrun.core.clock import Clock
 from batchrun.core.events import (
@@ -57,6 +58,8 @@ def open_progress(
     color: bool = True,
     tag: str = "",
     verbosity: int = 0,
+    results: Path | None = None,
+    earlier: Mapping[str, int] | None = None,
 ) -> ProgressSink:
     """A Rich live view if `stream` is a terminal, plain timestamped lines otherwise.
 
@@ -67,7 +70,9 @@ def open_progress(
     `wall()` and `tag` (`log_tag`). `note()` goes to `notes` (default: the stream)
     unless a live view is drawing, which prints it above itself. `verbosity` -1
     (--quiet): plain lines, and only failures and the summary; 1 (--verbose): every
-    requeue, not only the first ones.
+    requeue, not only the first ones. The summary's last line names `results`,
+    the results file, on the same stream; with `earlier` (a resumed run's jobs
+    that ended before it, by state), its counts are the whole file's.
     """
     if every < 0:
         msg = f"every must be at least 0 s, got {every}"
@@ -76,7 +81,9 @@ def open_progress(
         live = stream.isatty() and os.environ.get("TERM") not in _DUMB_TERMINALS
     if live and verbosity >= 0:
         console = Console(file=stream, force_terminal=True, no_color=_no_color(color))
-        return _LiveView(console, clock=clock, notes=notes)
+        return _LiveView(
+            console, clock=clock, notes=notes, results=results, earlier=earlier
+        )
     return PlainLog(
         stream,
         clock=clock,
@@ -85,14 +92,23 @@ def open_progress(
         notes=notes,
         tag=tag,
         verbosity=verbosity,
+        results=results,
+        earlier=earlier,
     )
 
 
-def view(jobs_file: Path, *, color: bool, verbosity: int) -> View:
+def view(
+    jobs_file: Path, *, color: bool, verbosity: int, results: Path | None = None
+) -> View:
     """How `submit` shows its run: `open_progress` on stdout, its plain lines
-    tagged with the process and `jobs_file`."""
+    tagged with the process and `jobs_file`, its summary ending with `results`."""
 
-    def opened(*, clock: Clock, notes: Callable[[str], None]) -> ProgressSink:
+    def opened(
+        *,
+        clock: Clock,
+        notes: Callable[[str], None],
+        earlier: Mapping[str, int] | None = None,
+    ) -> ProgressSink:
         return open_progress(
             sys.stdout,
             clock=clock,
@@ -100,6 +116,8 @@ def view(jobs_file: Path, *, color: bool, verbosity: int) -> View:
             color=color,
             tag=log_tag(jobs_file),
             verbosity=verbosity,
+            results=results,
+            earlier=earlier,
         )
 
     return opened
@@ -114,9 +132,17 @@ class _LiveView:
     """A Rich live view: an overall bar, a row per endpoint, the latest failures."""
 
     def __init__(
-        self, console: Console, *, clock: Clock, notes: Callable[[str], None] | None
+        self,
+        console: Console,
+        *,
+        clock: Clock,
+        notes: Callable[[str], None] | None,
+        results: Path | None = None,
+        earlier: Mapping[str, int] | None = None,
     ) -> None:
         self._console = console
+        self._results = results
+        self._earlier = earlier
         self._notes = notes
         self._clock = clock
         self._board = Board()
@@ -153,7 +179,7 @@ class _LiveView:
         # While the view draws, only its console may print, above the view:
         # anything else is erased by the next redraw.
         if self._live.is_started or self._notes is None:
-            self._console.print(Text(text))
+            self._say(text)
         else:
             self._notes(text)
 
@@ -169,6 +195,9 @@ class _LiveView:
         parts: list[RenderableType] = [self._bar(now, etas), self._table(now, etas)]
         if self._board.capped is not None:
             parts.append(Text(capped_text(self._board.capped), style="yellow"))
+        learned = learned_note(self._board.keys.values())
+        if learned:
+            parts.append(Text(learned, style="dim"))
         recent = tuple(self._board.recent)
         if recent:
             parts.append(Text("Latest failures:", style="bold red"))
@@ -178,28 +207,32 @@ class _LiveView:
     def _bar(self, now: float, etas: dict[LimitKey, float]) -> Table:
         c = overall(list(self._board.keys.values()))
         grid = Table.grid(padding=(0, 1))
+        ended = c.total > 0 and c.ended == c.total
+        eta = durations.spoken(max(etas.values(), default=0.0))
+        # The bar takes what the counts and times leave of the width.
+        width = max(20, min(self._console.width - 48, 100))
         grid.add_row(
-            ProgressBar(total=max(c.total, 1), completed=c.ended, width=30),
-            f"{c.ended}/{c.total}",
+            ProgressBar(total=max(c.total, 1), completed=c.ended, width=width),
+            f"{c.ended:,}/{c.total:,}",
             f"elapsed {durations.spoken(self._board.elapsed(now))}",
-            f"ETA {durations.spoken(max(etas.values(), default=0.0))}",
+            "done" if ended else f"ETA {eta}",
         )
         return grid
 
     def _table(self, now: float, etas: dict[LimitKey, float]) -> Table:
-        # One space between columns, and only the rule may wrap: 80 columns hold
-        # every row, "run-query  15/1m+500/1h  2000/2000 …" included.
+        # One space between columns, none wraps: 80 columns hold every row,
+        # "run-query  15/1m+500/1h*  2,000/2,000 …" included.
         table = Table(box=None, header_style="bold", padding=(0, 1, 0, 0))
         for i, name in enumerate(_VIEW_COLUMNS.split(",")):
-            table.add_column(name, justify="left" if i < 2 else "right", no_wrap=i != 1)
+            table.add_column(name, justify="left" if i < 2 else "right", no_wrap=True)
         for key, s in list(self._board.keys.items()):
             key_eta = durations.spoken(etas.get(key, 0.0)) if s.left > 0 else NONE
             numbers = (s.failed, s.rate_limited, s.retried, s.in_flight)
             table.add_row(
                 Text(key),
                 Text(rule_text(s)),
-                f"{s.done}/{s.total}",
-                *(str(n) for n in numbers),
+                f"{s.done:,}/{s.total:,}",
+                *(f"{n:,}" for n in numbers),
                 next_slot(s, now),
                 key_eta,
             )
@@ -213,5 +246,10 @@ class _LiveView:
         for row in rows:
             table.add_row(*row)
         self._console.print(table)
-        for line in closing_lines(self._board, self._clock.now()):
-            self._console.print(Text(line))
+        now = self._clock.now()
+        for line in closing_lines(self._board, now, self._results, self._earlier):
+            self._say(line)
+
+    def _say(self, text: str) -> None:
+        """A line of text, wrapped at words (a number kept with its unit)."""
+        self._console.print(Text(fitted(text, self._console.width)), soft_wrap=True)

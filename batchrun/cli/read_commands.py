@@ -41,7 +41,7 @@ def validate(jobs_file: flags.JobsArg, as_json: flags.JsonFlag = False) -> None:
             summary = check_jobs_file(jobs_file)
         except JobsFileError as exc:
             if not as_json:
-                raise
+                raise exc.checked() from None
             terminal.echo([json.dumps(reports.problems_json(exc), indent=2)])
             flags.done(exc.exit_code)
     if as_json:
@@ -60,8 +60,10 @@ def status(
     show: flags.ShowOpt = "20",
     failed_as_jobs: flags.FailedOpt = None,
 ) -> None:
-    """Where the latest run of JOBS_FILE stands: counts, failures, answers by
-    status code, budget, ETA."""
+    """Where the latest run of JOBS_FILE stands: counts, failures, budget, ETA.
+
+    Also the answers by HTTP status code, with their latency.
+    """
     from batchrun.cli.overview import status as read_status
 
     with terminal.reported():
@@ -207,8 +209,11 @@ def cron_line(
     state_dir: flags.StateDirOpt = None,
     base_url: flags.BaseUrlOpt = None,
 ) -> None:
-    """Print a crontab line that runs `submit JOBS_FILE` under cron's bare
-    environment; other options (--profile a, --limit …) are passed on to submit."""
+    """Print a crontab line that runs `submit JOBS_FILE` under cron.
+
+    The line works in cron's bare environment; other options (--profile a,
+    --limit …) are passed on to submit.
+    """
     from batchrun.cli.crontab import crontab_line
 
     with terminal.reported():
@@ -227,12 +232,20 @@ def cron_line(
             "The line holds no token: put BATCHRUN_TOKEN=… in a file only you can "
             "read (chmod 600) and add --env-file FILE."
         )
+    elif job.env_file is not None and job.env_file.stat().st_mode & 0o044:
+        terminal.warning(
+            f"other users can read {job.env_file}, which is meant to hold the "
+            f"token: chmod 600 {job.env_file}"
+        )
     terminal.echo([crontab_line(job)])
 
 
 def config_command(ctx: flags.Context, as_json: flags.JsonFlag = False) -> None:
-    """The settings in force with no flag (BATCHRUN_* variables, batchrun.toml,
-    the user's config.toml, defaults) and where each came from; never the token."""
+    """The settings in force with no flag, and where each came from.
+
+    From BATCHRUN_* variables, batchrun.toml, the user's config.toml or the
+    defaults; never the token.
+    """
     found = ctx.obj if isinstance(ctx.obj, config.Config) else config.Config(())
     rows = defaults.settings_in_force(found, os.environ)
     profile = Profile(next(row.value for row in rows if row.key == "profile"))

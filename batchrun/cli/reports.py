@@ -35,17 +35,17 @@ _UNKNOWN_HINT = (
 
 def summary_lines(jobs_file: Path, summary: Summary) -> list[str]:
     """`validate`: how many valid jobs of each type, and the busiest teams."""
-    per_type = ", ".join(f"{kind.value} {n}" for kind, n in summary.per_type.items())
-    lines = [f"{jobs_file}: {summary.total} valid job(s): {per_type or 'none'}"]
+    per_type = ", ".join(f"{kind.value} {n:,}" for kind, n in summary.per_type.items())
+    lines = [f"{jobs_file}: {summary.total:,} valid job(s): {per_type or 'none'}"]
     if summary.per_team:
         teams = sorted(summary.per_team.items(), key=lambda item: (-item[1], item[0]))
-        shown = ", ".join(f"{team} {n}" for team, n in teams[:_TEAMS_SHOWN])
+        shown = ", ".join(f"{team} {n:,}" for team, n in teams[:_TEAMS_SHOWN])
         more = (
-            f" and {len(teams) - _TEAMS_SHOWN} more"
+            f" and {len(teams) - _TEAMS_SHOWN:,} more"
             if len(teams) > _TEAMS_SHOWN
             else ""
         )
-        lines.append(f"  {len(teams)} team(s): {shown}{more}")
+        lines.append(f"  {len(teams):,} team(s): {shown}{more}")
     return lines
 
 
@@ -305,6 +305,17 @@ def _config_row(row: InForce) -> str:
     return f"{row.key:<12} {row.value:<30} {row.source}"
 
 
+# The settings whose value is a number: --json gives it as one.
+_NUMBERS = frozenset({"concurrency"})
+
+
+def _json_value(row: InForce) -> object:
+    """A number as a number, where the setting is one (a bad variable's text as is)."""
+    if row.key in _NUMBERS and row.value.strip().isdigit():
+        return int(row.value)
+    return row.value
+
+
 def config_json(
     settings: list[InForce],
     limits: list[InForce],
@@ -313,7 +324,9 @@ def config_json(
 ) -> dict[str, object]:
     """`config --json`: the same, for scripts (the token: where it is set, if so)."""
     return {
-        "settings": {r.key: {"value": r.value, "source": r.source} for r in settings},
+        "settings": {
+            r.key: {"value": _json_value(r), "source": r.source} for r in settings
+        },
         "limits": {r.key: {"value": r.value, "source": r.source} for r in limits},
         "token": {"set": token is not None, "source": token},
         "files": [{"path": str(p), "found": p.is_file()} for p in files],

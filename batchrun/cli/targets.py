@@ -71,14 +71,8 @@ def target(
     if not base_url:
         msg = "No API to talk to: give --base-url (or BATCHRUN_BASE_URL), or --sandbox."
         raise UsageError(msg)
-    check_base_url(base_url, warn)
+    check_base_url(base_url, warn, token=bool(token))
     _check_ca_bundle(ca_bundle)
-    host = urlsplit(base_url).hostname or ""
-    if not token and not _is_loopback(host):
-        warn(
-            f"WARNING: no token for {host} (BATCHRUN_TOKEN or --token): requests go "
-            "without Authorization."
-        )
     return Target(base_url=base_url, token=token, timeout=timeout, ca_bundle=ca_bundle)
 
 
@@ -129,9 +123,11 @@ def _check_ca_bundle(ca_bundle: Path | None) -> None:
         tls_context(ca_bundle)
 
 
-def check_base_url(url: str, warn: Callable[[str], None]) -> None:
-    """An http(s) URL with a host and no credentials; plain http:// to a host
-    that is not loopback is warned about (the token would travel in clear)."""
+def check_base_url(
+    url: str, warn: Callable[[str], None], *, token: bool = True
+) -> None:
+    """An http(s) URL with a host and no credentials. For a host that is not
+    loopback, one warning: no token, or a token that would travel in clear."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         msg = f"--base-url must be an http:// or https:// URL with a host, got {url!r}."
@@ -141,10 +137,19 @@ def check_base_url(url: str, warn: Callable[[str], None]) -> None:
             "--base-url must not hold credentials; pass the token with BATCHRUN_TOKEN."
         )
         raise UsageError(msg)
-    if parts.scheme == "http" and not _is_loopback(parts.hostname):
+    host = parts.hostname
+    if _is_loopback(host):
+        return
+    if not token:
+        how = " over plain http://" if parts.scheme == "http" else ""
         warn(
-            f"WARNING: {parts.hostname} is reached over plain http://: the token "
-            "travels unencrypted. Use https://."
+            f"no token for {host} (BATCHRUN_TOKEN or --token): requests go{how} "
+            "without Authorization."
+        )
+    elif parts.scheme == "http":
+        warn(
+            f"{host} is reached over plain http://: the token travels unencrypted. "
+            "Use https://."
         )
 
 

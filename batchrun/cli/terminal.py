@@ -82,19 +82,42 @@ def from_stdin(results: Path, state: StatePaths) -> Path:
 
 
 def to_stderr(text: str) -> None:
+    """A line on stderr; on a terminal, wrapped at words to its width."""
+    if sys.stderr.isatty():
+        from batchrun.cli.plain_log import fitted
+
+        text = fitted(text, shutil.get_terminal_size().columns)
     sys.stderr.write(f"{text}\n")
     sys.stderr.flush()
 
 
+def warning(text: str) -> None:
+    """A warning on stderr, set apart from the log's lines: no time or process,
+    and `warning:` first."""
+    to_stderr(f"warning: {text}")
+
+
 def log_for(jobs_file: Path) -> Callable[[str], None]:
     """How `submit` writes on stderr: off a terminal (cron, a log file) each line
-    carries the time, the process and the jobs file, as the plain progress does."""
-    if sys.stderr.isatty():
-        return to_stderr
+    carries the time, the process and the jobs file, as the plain progress does;
+    a warning the run says ("Warning: …") is set apart, as `warning` writes it."""
     from batchrun.cli.plain_log import log_tag, stamped
 
     tag = log_tag(jobs_file)
-    return lambda text: to_stderr(stamped(text, tag=tag, wall=datetime.now))
+
+    def say(text: str) -> None:
+        if text.startswith(_WARNING):
+            warning(text.removeprefix(_WARNING))
+        elif sys.stderr.isatty():
+            to_stderr(text)
+        else:
+            to_stderr(stamped(text, tag=tag, wall=datetime.now))
+
+    return say
+
+
+# How the run's own warnings start (store/runs.py says one before a --restart).
+_WARNING = "Warning: "
 
 
 @contextmanager

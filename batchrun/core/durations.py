@@ -12,9 +12,9 @@ import re
 
 from batchrun.core.errors import UsageError
 
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 # A number (optional: a bare unit means 1 of it) and a unit.
-PATTERN = r"(\d+(?:\.\d+)?|\.\d+)?\s*(ms|s|m|h)"
+PATTERN = r"(\d+(?:\.\d+)?|\.\d+)?\s*(ms|s|m|h|d)"
 _DURATION = re.compile(rf"^\s*{PATTERN}\s*$")
 
 
@@ -27,14 +27,16 @@ def parse(text: str) -> float:
     """Seconds in a duration like `55m`, `90s`, `1.5h` or `500ms`."""
     match = _DURATION.match(text)
     if match is None or not float(match.group(1) or 1) > 0:
-        msg = f"bad duration {text!r}: expected a number with unit ms, s, m or h (55m)"
+        msg = (
+            f"bad duration {text!r}: expected a number with unit ms, s, m, h or d (55m)"
+        )
         raise UsageError(msg)
     return seconds(*match.groups())
 
 
 def compact(value: float) -> str:
-    """A duration in the rule grammar: `2s`, `1m`, `5m`, `1h`, `250ms`, `1.5s`."""
-    for unit in ("h", "m", "s"):
+    """A duration in the rule grammar: `2s`, `1m`, `5m`, `1h`, `1d`, `250ms`, `1.5s`."""
+    for unit in ("d", "h", "m", "s"):
         size = _UNIT_SECONDS[unit]
         if value >= size and (value / size).is_integer():
             return f"{int(value / size)}{unit}"

@@ -60,17 +60,30 @@ class JobsFileError(BatchrunError):
     shown = 20
 
     def __init__(
-        self, path: str, problems: Sequence[tuple[int, str]], total: int
+        self,
+        path: str,
+        problems: Sequence[tuple[int, str]],
+        total: int,
+        *,
+        sending: bool = True,
     ) -> None:
         self.path = path
         self.problems = list(problems)
         self.total = total
+        # `validate` never sends: "nothing was sent" is said only by `submit`.
+        self.sending = sending
         super().__init__(self._render())
+
+    def checked(self) -> JobsFileError:
+        """The same problems, as `validate` says them: no word of sending."""
+        return JobsFileError(self.path, self.problems, self.total, sending=False)
 
     def _render(self) -> str:
         if self.total == 1 and self.problems[0][0] == 0:
-            return f"{self.path}: {self.problems[0][1]}. Nothing was sent."
-        lines = [f"{self.path}: {self.total} invalid row(s); nothing was sent."]
+            tail = " Nothing was sent." if self.sending else ""
+            return f"{self.path}: {self.problems[0][1]}.{tail}"
+        sent = "; nothing was sent" if self.sending else ""
+        lines = [f"{self.path}: {self.total} invalid row(s){sent}."]
         for line, reason in self.problems[: self.shown]:
             where = f"line {line}" if line else "file"
             lines.append(f"  {where}: {reason}")

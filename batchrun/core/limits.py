@@ -18,7 +18,8 @@ from batchrun.core.errors import StateError, UsageError
 _WINDOW = re.compile(rf"^\s*(\d+)\s*/\s*{durations.PATTERN}\s*$")
 _GRAMMAR_HINT = (
     "A rule is COUNT/WINDOW, several joined by '+'; WINDOW is a number with unit "
-    "ms, s, m or h (a bare unit means 1 of it). Examples: 30/1m, 15/m+500/1h, 30/2s."
+    "ms, s, m, h or d (a bare unit means 1 of it). Examples: 30/1m, 15/m+500/1h, "
+    "1000/1d."
 )
 
 

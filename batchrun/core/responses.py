@@ -82,8 +82,8 @@ class KeyResponses:
     latency: Latencies = field(default_factory=Latencies)
 
     def codes_text(self) -> str:
-        """`200: 1180, 400: 12, 429: 3`, codes in order, `error` last."""
-        return ", ".join(f"{code}: {n}" for code, n in self.ordered())
+        """`200: 1,180, 400: 12, 429: 3`, codes in order, `error` last."""
+        return ", ".join(f"{code}: {n:,}" for code, n in self.ordered())
 
     def ordered(self) -> list[tuple[str, int]]:
         return sorted(self.codes.items(), key=lambda item: _code_order(item[0]))

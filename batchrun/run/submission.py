@@ -126,7 +126,6 @@ def _submit(job: Submission, say: Callable[[str], None]) -> int:
                 journal = Journal(store, results)
                 stop = anyio.run(_run, job, store, ledger, journal, halt, notes)
                 journal.caught_up()
-            say(f"Results: {job.results}")
         else:
             stop = None
         kept = not job.target.is_sandbox
@@ -144,7 +143,10 @@ async def _run(
 ) -> int | None:
     clock = MachineClock()
     say = notes.to
-    sink = job.view(clock=clock, notes=say)
+    total = runs.totals(store)
+    ended = (JobState.DONE, JobState.FAILED, JobState.UNKNOWN)
+    earlier = {s.value: total[s] for s in ended}
+    sink = job.view(clock=clock, notes=say, earlier=earlier)
     notes.to = sink.note  # the ledger's notes, in the view while it shows the run
     responses = Responses()
     heard = Tee(sink, responses, *([] if halt is None else [halt]))

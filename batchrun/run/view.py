@@ -7,7 +7,7 @@ acknowledgement), ticks it in quiet spells, and closes it at the end; the caller
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from batchrun.core.clock import Clock
@@ -36,8 +36,14 @@ class ProgressSink(EventSink, Protocol):
 
 class View(Protocol):
     """Opens the sink a run is shown in: it reads `clock`, and says its notes
-    through `notes` unless it draws them itself."""
+    through `notes` unless it draws them itself. `earlier`: the file's jobs that
+    ended in earlier runs, by state ("done", "failed", "unknown"), so that a
+    resumed run's summary counts the whole file."""
 
     def __call__(
-        self, *, clock: Clock, notes: Callable[[str], None]
+        self,
+        *,
+        clock: Clock,
+        notes: Callable[[str], None],
+        earlier: Mapping[str, int] | None = None,
     ) -> ProgressSink: ...
