@@ -75,10 +75,19 @@ def test_a_403_that_says_it_is_a_rate_limit_waits_like_a_429(headers, delay):
         pytest.param({"Retry-After": "soon"}, id="unreadable-retry-after"),
     ],
 )
-def test_a_403_without_rate_limit_evidence_fails(headers):
-    """A 403 that names no wait and no spent quota is a refusal: the job fails."""
+def test_a_403_without_rate_limit_evidence_is_a_token_fault(headers):
+    """A 403 that names no wait and no spent quota is a refusal of the token:
+    a configuration fault (the breaker counts it), not processed, not the job's."""
     outcome = classify(httpx.Response(403, headers=headers))
-    assert (outcome.kind, outcome.error) == (Kind.FAILED, "HTTP 403 Forbidden")
+    assert (outcome.kind, outcome.error) == (Kind.TRANSIENT, "HTTP 403 Forbidden")
+    assert (outcome.fault, outcome.maybe_processed) == ("token", False)
+
+
+def test_a_401_is_a_token_fault():
+    """A 401 is the token's fault, every request's alike: no job fails of it."""
+    outcome = classify(httpx.Response(401))
+    assert (outcome.kind, outcome.error) == (Kind.TRANSIENT, "HTTP 401 Unauthorized")
+    assert (outcome.fault, outcome.maybe_processed) == ("token", False)
 
 
 async def test_a_key_with_a_long_window_honours_a_long_retry_after():
@@ -227,7 +236,9 @@ async def test_token_is_scrubbed_from_connection_errors():
     ) as client:
         outcome = await client.send(Job("a", JobType.AVATAR))
     assert outcome.kind is Kind.TRANSIENT
-    assert outcome.error == "ConnectError: proxy refused Bearer [token]"
+    assert outcome.error == (
+        "cannot connect to https://api.test/: ConnectError: proxy refused Bearer [token]"
+    )
 
 
 # -- TLS -----------------------------------------------------------------------
@@ -283,11 +294,16 @@ async def send_over_tls(url, **options):
         return await client.send(Job("a", JobType.AVATAR))
 
 
-async def test_an_untrusted_certificate_fails_the_job_with_a_hint(https_sandbox):
-    """A certificate no trusted CA signed is refused: failed (no retry), with a hint."""
+async def test_an_untrusted_certificate_is_a_tls_fault_with_a_hint(https_sandbox):
+    """A certificate no trusted CA signed is refused: a configuration fault (the
+    breaker counts it; the job stays to send), naming the server, with a hint."""
     outcome = await send_over_tls(https_sandbox)
-    assert outcome.kind is Kind.FAILED
-    assert outcome.error.startswith("TLS certificate not trusted: ")
+    assert (outcome.kind, outcome.fault) == (Kind.TRANSIENT, "tls")
+    assert not outcome.reached
+    assert not outcome.maybe_processed
+    assert outcome.error.startswith(
+        f"the TLS certificate of {https_sandbox}/ is not trusted: "
+    )
     assert "--ca-bundle" in outcome.error
 
 

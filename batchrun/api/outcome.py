@@ -46,6 +46,12 @@ class Outcome:
     written: float | None = None
     # The TCP connect's round trip, when this attempt opened its connection.
     round_trip: float | None = None
+    # A configuration fault, named by what is to fix: every request would meet
+    # this answer the same way, so it says nothing of the job. "token" (401, a
+    # 403 that is not a rate limit), "tls" (trust or handshake), "proxy" (it
+    # refused), "network" (no such name, connection refused). The breaker counts
+    # these; the job is tried again, and left pending when the breaker trips.
+    fault: str | None = None
 
 
 def says_rate_limited(hints: Hints) -> bool:

@@ -17,6 +17,7 @@ from batchrun.core.errors import (
     EXIT_OK,
     EXIT_SOME_FAILED,
     EXIT_STOPPED,
+    EXIT_UNAVAILABLE,
     BatchrunError,
     StateError,
     StoppedEarly,
@@ -24,6 +25,8 @@ from batchrun.core.errors import (
 from batchrun.store.state import JobState, RunStore
 
 _RESUME = "run the same command to resume."
+# After the breaker, whose message names the cause and its fix.
+_FIX_THEN_RESUME = "once that is fixed, run the same command to send them."
 # The in-process sandbox's runs live in a temporary folder (see `_store`).
 _NOT_KEPT = (
     "sandbox runs are not kept (their state is temporary), so running the "
@@ -58,6 +61,8 @@ def exit_code(
     code = _code(stop, failed=failed, left=left)
     if left:
         then = _RESUME if kept else _NOT_KEPT
+        if kept and stop == EXIT_UNAVAILABLE:
+            then = _FIX_THEN_RESUME
         why = "" if halted is None else f"Halted: {halted}. "
         message = f"{why}Stopped early with {left} job(s) left: {then}"
         if code != EXIT_SOME_FAILED:

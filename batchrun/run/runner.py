@@ -225,14 +225,17 @@ class Runner:
         self._learner.answered(key, sent, now, refused=refused, wait=wait, by=by)
         if refused is False:
             self._pacer.keep_record(key)
+        if self.breaker.answered(outcome) is not None:
+            self.stop()
+        held = self.breaker.tripped is not None
         try:
-            self._settlement.settle(key, queue, attempt, outcome, explained=explained)
+            self._settlement.settle(
+                key, queue, attempt, outcome, explained=explained, held=held
+            )
         except StateError as exc:
             # The answer could not be recorded: the store still says in flight,
             # so the next run resends the job if safe, else leaves it unknown.
             self._halt(exc)
-        if self.breaker.answered(outcome) is not None:
-            self.stop()
         self._lessons.heed(key, outcome.hints, sent if refused is False else None)
         self._lessons.review(key)
         if refused is False:

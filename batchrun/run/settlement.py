@@ -11,6 +11,7 @@ import itertools
 import random
 from typing import Protocol
 
+from batchrun.api.breaker import TRIP_AFTER
 from batchrun.api.outcome import Kind, Outcome
 from batchrun.core.clock import Clock, wall_time
 from batchrun.core.events import (
@@ -76,10 +77,15 @@ class Settlement:
         outcome: Outcome,
         *,
         explained: bool = False,
+        held: bool = False,
     ) -> None:
         """Finish `attempt` or send it again later; `explained`: a 429 the pacer
-        explains (`Pacer.release`), sent again when the rule allows, no cool-down."""
-        if outcome.kind is Kind.RATE_LIMITED and explained:
+        explains (`Pacer.release`), sent again when the rule allows, no cool-down;
+        `held`: the breaker stopped the run, so a configuration fault or a request
+        that never reached the server leaves its job to send, whatever its count."""
+        if held and (outcome.fault is not None or not outcome.reached):
+            self._requeue(key, queue, attempt, 0.0, outcome, rate_limited=False)
+        elif outcome.kind is Kind.RATE_LIMITED and explained:
             self.tally.rate_limited += 1
             self._requeue(key, queue, attempt, 0.0, outcome, rate_limited=True)
         elif outcome.kind is Kind.RATE_LIMITED:
@@ -123,7 +129,10 @@ class Settlement:
             self._finish(key, attempt, outcome, status=Status.UNKNOWN)
             return
         attempt.failures += 1
-        if attempt.failures >= self._settings.max_attempts:
+        # A fault every request meets trips the breaker first: only one that
+        # others do not meet (a 403 for one team) ends its job.
+        floor = TRIP_AFTER if outcome.fault is not None else 0
+        if attempt.failures >= max(self._settings.max_attempts, floor):
             self._finish(key, attempt, outcome)
             return
         self.tally.retried += 1
