@@ -234,6 +234,8 @@ def submission(
     results = results_path(jobs_file, results, sandbox=sandbox)
     if str(jobs_file) == "-":
         jobs_file = stdin(results, state)
+    if sandbox:
+        state = state.sandbox()
     where = targets.target(base_url, token, timeout, server, ca_bundle, warn)
     return Submission(
         jobs_file=jobs_file,

@@ -174,8 +174,8 @@ def _no_run(jobs_file: Path, paths: StatePaths, names: Sequence[str]) -> str:
         return f"{jobs_file}: no such file, and no run of it in {paths.root}."
     whose = " for this --base-url" if names else ""
     return (
-        f"{jobs_file}: no run yet{whose} in {paths.root} (runs with --sandbox are "
-        f"not kept). `batchrun submit {jobs_file}` starts one."
+        f"{jobs_file}: no run yet{whose} in {paths.root} (--sandbox runs are kept "
+        f"in {paths.sandbox().root}). `batchrun submit {jobs_file}` starts one."
     )
 
 

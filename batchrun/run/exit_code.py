@@ -27,18 +27,12 @@ from batchrun.store.state import JobState, RunStore
 _RESUME = "run the same command to resume."
 # After the breaker, whose message names the cause and its fix.
 _FIX_THEN_RESUME = "once that is fixed, run the same command to send them."
-# The in-process sandbox's runs live in a temporary folder (see `_store`).
-_NOT_KEPT = (
-    "sandbox runs are not kept (their state is temporary), so running the "
-    "command again starts over."
-)
 
 
 def exit_code(
     store: RunStore,
     *,
     stop: int | None,
-    kept: bool,
     say: Callable[[str], None],
     halted: str | None = None,
 ) -> int:
@@ -60,9 +54,7 @@ def exit_code(
     failed = by_state[JobState.FAILED] + by_state[JobState.UNKNOWN]
     code = _code(stop, failed=failed, left=left)
     if left:
-        then = _RESUME if kept else _NOT_KEPT
-        if kept and stop == EXIT_UNAVAILABLE:
-            then = _FIX_THEN_RESUME
+        then = _FIX_THEN_RESUME if stop == EXIT_UNAVAILABLE else _RESUME
         why = "" if halted is None else f"Halted: {halted}. "
         message = f"{why}Stopped early with {left} job(s) left: {then}"
         if code != EXIT_SOME_FAILED:

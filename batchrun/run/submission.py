@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,9 +37,12 @@ from batchrun.run.wiring import Target, open_run
 from batchrun.store import crosscheck, runs, stamp
 from batchrun.store.generation import marker_of
 from batchrun.store.paths import StatePaths
-from batchrun.store.results import ResultsFile
+from batchrun.store.results import ResultsFile, compact
 from batchrun.store.runlock import RunLock
 from batchrun.store.state import JobState, RunStore
+
+# Set while the results file may hold two lines for one id (`_compact`).
+_COMPACT = "compact_results"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,11 +105,15 @@ def _submit(job: Submission, say: Callable[[str], None]) -> int:
         restart = runs.starts_over(
             store, restart=job.restart, run_id=job.run_id, say=say
         )
+        ended = _ended(store)
         stamp.take_in(store, job.jobs_file, restart=restart)
         if job.run_id is not None:
             store.set_meta("round", job.run_id)
         crosscheck.reconcile(store, job.results, starting_over=restart, say=say)
         store.recover(retry_failed=job.retry_failed, retry_unknown=job.retry_unknown)
+        if _ended(store) < ended:
+            # Jobs that ended are sent again: their new lines replace the old.
+            store.set_meta(_COMPACT, "due")
         store.set_meta("rules", table_text(job.rules))
         store.set_meta("pace", job.settings.pace)
         store.set_meta("fallback", table_text(job.settings.fallback))
@@ -121,12 +127,25 @@ def _submit(job: Submission, say: Callable[[str], None]) -> int:
                 journal = Journal(store, results)
                 stop = anyio.run(_run, job, store, ledger, journal, halt, say)
                 journal.caught_up()
+            _compact(store, job.results)
             say(f"Results: {job.results}")
         else:
             stop = None
-        kept = not job.target.is_sandbox
         why = None if halt is None else halt.reason
-        return exit_code(store, stop=stop, kept=kept, say=say, halted=why)
+        return exit_code(store, stop=stop, say=say, halted=why)
+
+
+def _ended(store: RunStore) -> int:
+    total = runs.totals(store)
+    return total[JobState.DONE] + total[JobState.FAILED] + total[JobState.UNKNOWN]
+
+
+def _compact(store: RunStore, path: Path) -> None:
+    """One line per id in the results file, once a run sent again jobs that had
+    ended (a run killed first leaves it due, for the next run)."""
+    if store.get_meta(_COMPACT) == "due":
+        crosscheck.seen(store, path, compact(path))
+        store.set_meta(_COMPACT, "")
 
 
 async def _run(
@@ -162,29 +181,27 @@ async def _run(
 
 @contextlib.contextmanager
 def _store(job: Submission, say: Callable[[str], None]) -> Iterator[RunStore]:
-    if not job.target.is_sandbox:
-        target = job.target
-        path = runs.locate(
-            job.state,
-            job.jobs_file,
-            base_url=target.base_url,
-            client=target.client,
-            say=say,
-        )
-        if not job.restart:
-            runs.refuse_a_lost_store(path, job.jobs_file, job.results, job.state.root)
-        with RunStore(path) as store:
-            runs.mark(store, marker_of(path))
-            runs.record(store, job.jobs_file, base_url=target.base_url)
-            store.set_meta("client", target.client)
-            yield store
-        return
-    # The in-process sandbox forgets its limits when it stops: so do its runs.
-    # A file, not memory, so that a huge jobs file does not fill the memory.
-    with (
-        tempfile.TemporaryDirectory() as folder,
-        RunStore(Path(folder) / "run.db") as store,
-    ):
+    """The run store of the jobs file against the target (a sandbox run's is in
+    the sandbox's own state folder: `StatePaths.sandbox`)."""
+    target = job.target
+    path = runs.locate(
+        job.state,
+        job.jobs_file,
+        base_url=target.base_url,
+        client=target.client,
+        say=say,
+    )
+    fresh = not path.exists()
+    if not job.restart and not target.is_sandbox:
+        runs.refuse_a_lost_store(path, job.jobs_file, job.results, job.state.root)
+    with RunStore(path) as store:
+        runs.mark(store, marker_of(path))
+        runs.record(store, job.jobs_file, base_url=target.base_url)
+        store.set_meta("client", target.client)
+        if fresh and target.is_sandbox:
+            # The results of a sandbox run kept by no store (an older batchrun's):
+            # the jobs they record as ended are not sent again.
+            crosscheck.seen(store, job.results, 0)
         yield store
 
 
