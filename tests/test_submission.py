@@ -106,3 +106,30 @@ def test_an_emptied_ledger_is_reported(tmp_path, api):
     rerun = submit(path, url)
     assert rerun.exit_code == 0
     assert "was emptied, deleted or replaced" in rerun.stderr
+
+
+@pytest.mark.parametrize("where", ["api", "sandbox"])
+@pytest.mark.parametrize(
+    "content", [None, "id,type,team_id,payload\nx,nope,,\n"], ids=["missing", "bad"]
+)
+def test_a_submit_that_sends_nothing_leaves_nothing(tmp_path, api, where, content):
+    """A missing jobs file, or one with a bad row: exit 2, and no ledger.db, run
+    folder or run store is made; `status` then says there is no run (exit 2)
+    rather than that no run is working on it (exit 0)."""
+    url, sandbox = api
+    state = tmp_path / "state"
+    path = tmp_path / "jobs.csv"
+    if content is not None:
+        path.write_text(content)
+    to = ["--sandbox"] if where == "sandbox" else ["--base-url", url]
+    result = runner.invoke(app, ["submit", str(path), *to])
+    assert result.exit_code == 2, result.stderr
+    assert not (state / "ledger.db").exists()
+    assert not list(state.rglob("*.db"))
+    assert not (state / "runs").exists()
+    assert not (state / "sandbox" / "runs").exists()
+    shown = runner.invoke(app, ["status", str(path)])
+    assert shown.exit_code == 2, shown.stdout
+    said = "no such file" if content is None else "no run yet"
+    assert said in shown.stderr
+    assert sandbox.arrivals == []
