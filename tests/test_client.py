@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email.utils
+import socket
 
 import httpx
 import pytest
@@ -345,3 +346,59 @@ def test_an_unusable_ca_bundle_is_a_usage_error(tmp_path, make, reason):
     assert info.value.exit_code == 2
     assert f"cannot use CA bundle {path}: " in info.value.message
     assert reason in info.value.message
+
+
+def _raising(error: Exception):
+    def handler(request):
+        msg = "All connection attempts failed"
+        raise httpx.ConnectError(msg, request=request) from error
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    ("handler", "said"),
+    [
+        pytest.param(
+            _raising(ConnectionRefusedError(111, "refused")),
+            "connection refused",
+            id="refused",
+        ),
+        pytest.param(
+            _raising(socket.gaierror(-2, "Name or service not known")),
+            "name not found",
+            id="no-name",
+        ),
+        pytest.param(_raising(TimeoutError("timed out")), "timed out", id="timed-out"),
+    ],
+)
+async def test_an_unreachable_server_is_named(handler, said):
+    """No connection made: the message names the server and why, in a user's
+    words, as a configuration fault the breaker counts."""
+    async with Client(
+        base_url="http://127.0.0.1:9/v1",
+        token=None,
+        scope="s",
+        transport=httpx.MockTransport(handler),
+    ) as client:
+        outcome = await client.send(Job("a", JobType.AVATAR))
+    assert outcome.error == f"cannot connect to http://127.0.0.1:9/: {said}"
+    assert (outcome.reached, outcome.fault) == (False, "network")
+
+
+async def test_a_connect_timeout_names_the_server():
+    """No connection within the timeout: "cannot connect to URL: timed out"."""
+
+    def handler(request):
+        msg = "timed out"
+        raise httpx.ConnectTimeout(msg, request=request)
+
+    async with Client(
+        base_url="http://10.255.255.1:8080",
+        token=None,
+        scope="s",
+        transport=httpx.MockTransport(handler),
+    ) as client:
+        outcome = await client.send(Job("a", JobType.AVATAR))
+    assert outcome.error == "cannot connect to http://10.255.255.1:8080/: timed out"
+    assert not outcome.reached
