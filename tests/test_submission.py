@@ -7,6 +7,7 @@ run refuses with exit 2 and sends nothing, unless `--restart`.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,20 @@ def test_a_submit_that_sends_nothing_leaves_nothing(tmp_path, api, where, conten
     said = "no such file" if content is None else "no run yet"
     assert said in shown.stderr
     assert sandbox.arrivals == []
+
+
+def test_show_reads_the_results_file_the_run_recorded(tmp_path, api):
+    """A run made with --results elsewhere.jsonl: `show JOBS ID` (and --json)
+    gives the job's line from that file, with no --results given again."""
+    url, _ = api
+    path = jobs_file(tmp_path)
+    elsewhere = tmp_path / "out" / "elsewhere.jsonl"
+    elsewhere.parent.mkdir()
+    assert submit(path, url, "--results", str(elsewhere)).exit_code == 0
+    shown = runner.invoke(app, ["show", str(path), "a", "--json"])
+    assert shown.exit_code == 0, shown.stderr
+    result = json.loads(shown.stdout)["result"]
+    assert result is not None
+    assert (result["id"], result["status"]) == ("a", "done")
+    text = runner.invoke(app, ["show", str(path), "a"])
+    assert "(no line in the results file)" not in text.stdout

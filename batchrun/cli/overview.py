@@ -24,7 +24,7 @@ from batchrun.pacing.learning.lessons import Lesson
 from batchrun.pacing.ledger import Ledger
 from batchrun.pacing.slots import eta
 from batchrun.store.paths import StatePaths
-from batchrun.store.results import last_result
+from batchrun.store.results import default_results_path, last_result
 from batchrun.store.runlock import is_held
 from batchrun.store.state import Failure, JobRecord, JobState, RunStore
 
@@ -151,9 +151,10 @@ def show(
     job_id: str,
     paths: StatePaths,
     names: Sequence[str],
-    results: Path,
+    results: Path | None = None,
 ) -> Shown:
-    """Job `job_id` of the latest run of `jobs_file`, and its line in `results`.
+    """Job `job_id` of the latest run of `jobs_file`, and its line in `results`
+    (None: the results file the run recorded, else the default beside the file).
 
     Raises:
         UsageError: when the file has no run, or its run no such job (exit 2).
@@ -163,6 +164,9 @@ def show(
         raise UsageError(_no_run(jobs_file, paths, names))
     with RunStore(found, read_only=True) as store:
         job = store.job(job_id)
+        recorded = store.get_meta("results")
+    if results is None:
+        results = Path(recorded) if recorded else default_results_path(jobs_file)
     if job is None:
         msg = f"{jobs_file}: its run has no job {job_id!r}. Check the id's spelling."
         raise UsageError(msg)

@@ -24,7 +24,6 @@ from batchrun.cli import (
 from batchrun.core.errors import JobsFileError
 from batchrun.core.limits import Pace, Profile
 from batchrun.store.paths import StatePaths, client_fingerprint
-from batchrun.store.results import default_results_path
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -189,8 +188,8 @@ def show(
 
     with terminal.reported():
         paths = StatePaths.resolve(state_dir, create=False)
-        where = results or default_results_path(jobs_file)
-        shown = find(jobs_file, job_id, paths, clients.stores(base_url, token), where)
+        names = clients.stores(base_url, token)
+        shown = find(jobs_file, job_id, paths, names, results)
     if as_json:
         terminal.echo([json.dumps(reports.show_json(shown), indent=2)])
     else:
