@@ -163,7 +163,7 @@ def test_status_of_a_missing_file_exits_2(tmp_path):
 
 
 def test_status_text_lists_states_and_failures(tmp_path):
-    """status without --json prints a line per endpoint and each failure."""
+    """status without --json prints a line per endpoint and per failure reason."""
     path = jobs_file(tmp_path, 2)
     paths = StatePaths.resolve(tmp_path / "state")
     with RunStore(paths.run_store(path, client_fingerprint(URL, None))) as store:
@@ -174,7 +174,7 @@ def test_status_text_lists_states_and_failures(tmp_path):
         )
     result = runner.invoke(app, ["status", str(path)])
     assert "run-query: 1 failed, 1 pending" in result.stdout
-    assert "failed: q0 (run-query): HTTP 503" in result.stdout
+    assert "  1 failed: HTTP 503 (q0)" in result.stdout
     assert "1 run-query jobs at 2/1m: 0 ms" in result.stdout
 
 
@@ -449,8 +449,8 @@ def test_status_tells_unknown_from_failed_with_the_way_out(tmp_path):
         store.finished(JobResult("i1", "invite", Status.FAILED, 1, 404, error="nope"))
     result = runner.invoke(app, ["status", str(path)])
     assert "invite: 1 failed, 1 unknown" in result.stdout
-    assert "  unknown: i0 (invite): timeout" in result.stdout
-    assert "  failed: i1 (invite): nope" in result.stdout
+    assert "  1 unknown: timeout (i0)" in result.stdout
+    assert "  1 failed: nope (i1)" in result.stdout
     assert "--retry-unknown" in result.stdout
     report = json.loads(runner.invoke(app, ["status", str(path), "--json"]).stdout)
     assert [f["state"] for f in report["failures"]] == ["unknown", "failed"]
@@ -472,16 +472,17 @@ def failed_run(tmp_path, failed):
 
 
 def test_status_shows_20_failures_then_says_how_many_more(tmp_path):
-    """status lists the first 20 failures and counts the rest; --show N lists N,
-    --show all every one, in the text and in --json (with the total)."""
+    """status gives a line per reason with its first 5 ids (--show N: at most N,
+    --show all: every one); --json lists the first 20 failures (--show N: N,
+    all: every one), with the total."""
     path, _ = failed_run(tmp_path, 25)
     text = runner.invoke(app, ["status", str(path)]).stdout
-    assert "failed: q19 (run-query): gone" in text
-    assert "q20" not in text
-    assert "… and 5 more (--show all lists every one)" in text
+    assert "  25 failed: gone (q0, q1, q2, q3, q4 and 20 more)" in text.splitlines()
     text = runner.invoke(app, ["status", str(path), "--show", "all"]).stdout
-    assert "failed: q24 (run-query): gone" in text
-    assert "more" not in text
+    every = ", ".join(f"q{i}" for i in range(25))
+    assert f"  25 failed: gone ({every})" in text.splitlines()
+    text = runner.invoke(app, ["status", str(path), "--show", "2"]).stdout
+    assert "  25 failed: gone (q0, q1 and 23 more)" in text.splitlines()
     result = runner.invoke(app, ["status", str(path), "--json", "--show", "3"])
     report = json.loads(result.stdout)
     assert [f["id"] for f in report["failures"]] == ["q0", "q1", "q2"]
@@ -557,3 +558,31 @@ def test_status_json_gives_results_and_times_of_a_run(tmp_path):
     ).stdout
     assert f"results: {tmp_path / 'jobs.results.jsonl'}" in text
     assert "latest run started 20" in text
+
+
+def test_status_groups_failures_by_reason(tmp_path):
+    """20 jobs refused with one long message and 2 with another: two lines, each
+    with its count and first ids, the reason met first in the file first, not
+    the message 20 times; --json gives the same as `reasons`."""
+    path = jobs_file(tmp_path, 23)
+    long = "HTTP 401 Unauthorized;" + " the token is missing, wrong or expired" * 3
+    paths = StatePaths.resolve(tmp_path / "state")
+    with RunStore(paths.run_store(path, client_fingerprint(URL, None))) as store:
+        store.sync(scan(path), path=str(path), restart=False)
+        store.set_meta("rules", "run-query=2/1m")
+        for i in range(22):
+            error = "HTTP 404 Not Found" if i in (3, 9) else long
+            failed = Status.FAILED
+            store.finished(JobResult(f"q{i}", "run-query", failed, 1, 0, error=error))
+    text = runner.invoke(app, ["status", str(path)]).stdout
+    assert text.count(long) == 1
+    lines = [line for line in text.splitlines() if " failed: " in line]
+    assert lines == [
+        f"  20 failed: {long} (q0, q1, q2, q4, q5 and 15 more)",
+        "  2 failed: HTTP 404 Not Found (q3, q9)",
+    ]
+    report = json.loads(runner.invoke(app, ["status", str(path), "--json"]).stdout)
+    assert [(r["count"], r["ids"][:2]) for r in report["reasons"]] == [
+        (20, ["q0", "q1"]),
+        (2, ["q3", "q9"]),
+    ]

@@ -26,9 +26,11 @@ from batchrun.pacing.slots import eta
 from batchrun.store.paths import StatePaths
 from batchrun.store.results import default_results_path, last_result
 from batchrun.store.runlock import is_held
-from batchrun.store.state import Failure, JobRecord, JobState, RunStore
+from batchrun.store.state import Failure, JobRecord, JobState, Reason, RunStore
 
 _SETTLED = {JobState.DONE, JobState.FAILED, JobState.UNKNOWN}
+# How many ids `status` names for each reason jobs failed (--show less or all).
+FEW = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,8 @@ class Status:
     activity: Activity | None = None
     # The latest run's answers by status code and their latencies.
     responses: Responses = field(default_factory=Responses)
+    # Failed and unknown jobs grouped by state and error.
+    reasons: list[Reason] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +97,8 @@ def status(
     shown: int | None = 20,
 ) -> Status:
     """The latest run of `jobs_file` (in the store of one of `names`, if given: an
-    API's, then a legacy client's), with its first `shown` failures (None: all);
+    API's, then a legacy client's), with its first `shown` failures (None: all)
+    and its failures by reason, each with its first few ids (`shown` at most);
     the budget in use is read from the ledger of the run's client at `ledger_url`
     (None: SQLite in `paths`).
 
@@ -112,6 +117,7 @@ def status(
         pace = Pace(store.get_meta("pace") or Pace.EXACT)
         fallback = read_table(store.get_meta("fallback") or "{}")
         failures = store.failures(shown)
+        reasons = store.reasons(None if shown is None else min(shown, FEW))
         activity = _activity(found, store)
         responses = _responses(store.get_meta("responses"))
     pending = {
@@ -120,7 +126,7 @@ def status(
     }
     budget = Budget(paths, client, ledger_url, fallback)
     keys = _plans(pending, rules, pace, budget)
-    return Status(found, states, failures, keys, activity, responses)
+    return Status(found, states, failures, keys, activity, responses, reasons)
 
 
 def _responses(text: str | None) -> Responses:
