@@ -586,3 +586,71 @@ def test_status_groups_failures_by_reason(tmp_path):
         (20, ["q0", "q1"]),
         (2, ["q3", "q9"]),
     ]
+
+
+def test_plan_takes_a_time_scale_for_a_scaled_demo(tmp_path):
+    """During a demo at --time-scale 30 against a sandbox on loopback, 15 queries
+    sent a moment ago hold 15/2s: `plan --time-scale 30` says so in scaled terms
+    (in use now: 15 of 15/2s; the next 15 wait about 2 s), not 15 of 15/1m."""
+    loopback = "http://127.0.0.1:8765"
+    paths = StatePaths.resolve(tmp_path / "state")
+    client = client_fingerprint(loopback, None)
+    ledger = SqliteLedger(paths.ledger, client=client, hold=30, now=MachineClock().now)
+    rule = parse_rule("15/1m+500/1h").scaled(30)
+    for _ in range(15):
+        grant = ledger.reserve("run-query", rule, Pace.EXACT, MachineClock().now())
+        assert isinstance(grant, Grant)
+        ledger.release(grant.ticket, MachineClock().now())
+    ledger.close()
+    args = ["plan", str(jobs_file(tmp_path, 15)), "--base-url", loopback]
+    args += ["--state-dir", str(paths.root), "--time-scale", "30"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    assert "15 run-query jobs at 15/2s+500/2m: " in result.stdout
+    assert "(in use now: 15 of 15/2s, 15 of 500/2m)" in result.stdout
+    (key,) = json.loads(runner.invoke(app, [*args, "--json"]).stdout)["keys"]
+    assert 0.0 < key["eta_seconds"] <= 2.0
+
+
+def test_plan_time_scale_against_a_real_api_is_refused(tmp_path):
+    """A scaled plan of a real API would be wrong by that factor: exit 2."""
+    path = jobs_file(tmp_path, 1)
+    result = runner.invoke(
+        app, ["plan", str(path), "--base-url", URL, "--time-scale", "30"]
+    )
+    assert result.exit_code == 2
+    assert "--time-scale 30 only works with --sandbox" in result.stderr
+
+
+def test_plan_says_what_profile_auto_assumes(tmp_path):
+    """--profile auto plans run-query by statement b, and says so and why."""
+    path = jobs_file(tmp_path, 30)
+    result = runner.invoke(app, ["plan", str(path), "--profile", "auto"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("30 run-query jobs at 15/1m+500/1h: 1 m")
+    assert (
+        "--profile auto plans run-query at 15/1m+500/1h (statement b) until the "
+        "service shows it enforces 30/1m (statement a)"
+    ) in result.stdout
+    plain = runner.invoke(app, ["plan", str(path)])
+    assert "--profile auto" not in plain.stdout
+
+
+def test_plan_with_only_failed_jobs_left_names_retry_failed(tmp_path):
+    """Every job ended, 3 failed and 1 unknown: plan names the flags that send
+    them, rather than "Nothing to send." alone."""
+    path = jobs_file(tmp_path, 5, 1)
+    paths = StatePaths.resolve(tmp_path / "state")
+    with RunStore(paths.run_store(path, client_fingerprint(URL, None))) as store:
+        store.sync(scan(path), path=str(path), restart=False)
+        store.finished(JobResult("q0", "run-query", Status.DONE, 1, 200))
+        store.finished(JobResult("q1", "run-query", Status.DONE, 1, 200))
+        for i in range(2, 5):
+            store.finished(JobResult(f"q{i}", "run-query", Status.FAILED, 1, 404))
+        store.finished(JobResult("i0", "invite", Status.UNKNOWN, 1, None))
+    result = runner.invoke(app, ["plan", str(path)])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == (
+        "Nothing to send: 3 failed (--retry-failed sends them again); "
+        "1 unknown (--retry-unknown sends them again).\n"
+    )

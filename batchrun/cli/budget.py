@@ -28,6 +28,9 @@ class Budget:
     ledger_url: str | None = field(repr=False)  # may hold a password
     # --profile auto: the rule a key is planned by until the server settles it.
     fallback: dict[LimitKey, Rule] = field(default_factory=dict)
+    # --time-scale: the windows the rules were divided by (lessons are kept
+    # unscaled, and read back scaled alike).
+    time_scale: float = 1.0
 
 
 @contextmanager
@@ -53,7 +56,7 @@ def opened(
 def in_force(key: LimitKey, rule: Rule, text: str | None, budget: Budget) -> Lesson:
     """The rule a run of `key` would pace by: what was learned of it (`text`, as
     kept), if anything under this very rule, else `rule` (no evidence)."""
-    lesson = recalled(rule, text, time_scale=1.0, now=wall_time())
+    lesson = recalled(rule, text, time_scale=budget.time_scale, now=wall_time())
     if lesson is not None:
         return lesson
     return Lesson(budget.fallback.get(key, rule), "")

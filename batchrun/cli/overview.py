@@ -199,10 +199,11 @@ def plan(
     ledger_url: str | None = None,
     fallback: dict[LimitKey, Rule] | None = None,
     names: Sequence[str] = (),
+    time_scale: float = 1.0,
 ) -> list[KeyPlan]:
     """How long the jobs of `jobs_file` not yet settled (in the run of one of
     `names`, else the latest) take under `rules` now, or under what was learned
-    of a key's limit under these rules."""
+    of a key's limit under these rules (`time_scale`: the rules' divisor)."""
     jobs = read_jobs(jobs_file)
     settled: set[str] = set()
     found = _store_path(paths, jobs_file, names)
@@ -210,8 +211,23 @@ def plan(
         with RunStore(found, read_only=True) as store:
             settled = store.ids_in(_SETTLED)
     left = Counter(job.key for job in jobs if job.id not in settled)
-    budget = Budget(paths, client, ledger_url, fallback or {})
+    budget = Budget(paths, client, ledger_url, fallback or {}, time_scale)
     return _plans(dict(left), rules, pace, budget)
+
+
+def ended_badly(
+    jobs_file: Path, paths: StatePaths, names: Sequence[str] = ()
+) -> tuple[int, int]:
+    """How many jobs of the latest run of `jobs_file` ended failed, and unknown
+    (what `plan` does not count, and a rerun sends only when asked)."""
+    found = _store_path(paths, jobs_file, names)
+    if found is None:
+        return 0, 0
+    with RunStore(found, read_only=True) as store:
+        counts = store.counts()
+    failed = sum(n for (_, s), n in counts.items() if s is JobState.FAILED)
+    unknown = sum(n for (_, s), n in counts.items() if s is JobState.UNKNOWN)
+    return failed, unknown
 
 
 def _plans(

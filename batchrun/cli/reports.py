@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from batchrun.cli.learned import KeyLimit
     from batchrun.cli.overview import KeyPlan, Shown, Status
     from batchrun.core.errors import JobsFileError
-    from batchrun.core.limits import LimitKey
+    from batchrun.core.limits import LimitKey, Rule
     from batchrun.jobs.job import Summary
     from batchrun.store.state import Failure, Reason
 
@@ -77,6 +77,29 @@ def plan_json(jobs_file: Path, plans: list[KeyPlan]) -> dict[str, object]:
         "keys": [_plan_json(p) for p in plans],
         "eta_seconds": round(max((p.seconds for p in plans), default=0.0), 3),
     }
+
+
+def nothing_left(failed: int, unknown: int) -> str:
+    """`plan` with no job left to send: and those a rerun sends only if asked."""
+    asked = [
+        f"{failed:,} failed (--retry-failed sends them again)" if failed else "",
+        f"{unknown:,} unknown (--retry-unknown sends them again)" if unknown else "",
+    ]
+    said = "; ".join(text for text in asked if text)
+    return f"Nothing to send: {said}." if said else "Nothing to send."
+
+
+def auto_line(fallback: dict[LimitKey, Rule], statement_a: dict[LimitKey, Rule]) -> str:
+    """What `--profile auto` assumes, under the plan."""
+    said = ", ".join(
+        f"{key.value} at {rule} (statement b) until the service shows it enforces "
+        f"{statement_a[key]} (statement a)"
+        for key, rule in fallback.items()
+    )
+    return (
+        f"--profile auto plans {said}: a run finds out, spending at most one 429 "
+        "per window probed, and is then faster."
+    )
 
 
 def status_lines(jobs_file: Path, found: Status) -> list[str]:
