@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import email.utils
 import socket
+import ssl
 
 import httpx
 import pytest
@@ -402,3 +403,46 @@ async def test_a_connect_timeout_names_the_server():
         outcome = await client.send(Job("a", JobType.AVATAR))
     assert outcome.error == "cannot connect to http://10.255.255.1:8080/: timed out"
     assert not outcome.reached
+
+
+@pytest.mark.parametrize(
+    ("error", "fault", "said"),
+    [
+        pytest.param(
+            httpx.ProxyError("403 Forbidden"),
+            "proxy",
+            "the proxy refused to reach https://api.test/ (ProxyError: 403 Forbidden)",
+            id="proxy",
+        ),
+        pytest.param(
+            httpx.ConnectError("handshake"),
+            "tls",
+            "TLS handshake with https://api.test/ failed: WRONG_VERSION_NUMBER",
+            id="handshake",
+        ),
+    ],
+)
+async def test_a_proxy_or_handshake_refusal_is_a_fault(error, fault, said):
+    """A proxy refusing, or a TLS handshake refused, is a fault every request
+    meets: the breaker counts it, and no job fails of it."""
+
+    def handler(request):
+        if fault == "tls":
+            cause = ssl.SSLError(1, "wrong version")
+            cause.reason = "WRONG_VERSION_NUMBER"
+            raise error from cause
+        raise error
+
+    async with Client(
+        base_url="https://api.test",
+        token=None,
+        scope="s",
+        transport=httpx.MockTransport(handler),
+    ) as client:
+        outcome = await client.send(Job("a", JobType.AVATAR))
+    assert (outcome.error or "").startswith(said)
+    assert (outcome.kind, outcome.fault, outcome.reached) == (
+        Kind.TRANSIENT,
+        fault,
+        False,
+    )
