@@ -57,7 +57,7 @@ class Outcome:
 def says_rate_limited(hints: Hints) -> bool:
     """Whether a 403 says it is a rate limit, as GitHub's do: a wait named
     (Retry-After), or a quota with none remaining. A 403 without either is a
-    refusal of the token or its rights, and fails."""
+    refusal of the token or its rights: a configuration fault ("token")."""
     return hints.retry_after is not None or hints.remaining == 0
 
 

@@ -3,8 +3,10 @@ stopped (CONTRACT.md section 4).
 
 A signal's (130 for SIGINT, 143 for SIGTERM) wins, so that a shell loop stops;
 then 69 if the circuit breaker stopped the run (every request failed the same
-way: 401/403, or the server unreachable); then 1 if any job failed or is unknown,
-even with jobs left; then 75 if jobs are left (deadline, ledger lost); else 0.
+way: the token refused, TLS, a proxy, or the server unreachable; the jobs are
+left, and the message says to fix that and run again); then 1 if any job failed
+or is unknown, even with jobs left; then 75 if jobs are left (deadline, ledger
+lost); else 0.
 """
 
 from __future__ import annotations
