@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -805,17 +806,74 @@ def test_ctrl_c_inside_an_exception_group_exits_130(monkeypatch):
     assert info.value.code == 130
 
 
-def test_a_stopped_sandbox_run_does_not_claim_it_resumes(tmp_path):
-    """A sandbox run's state is temporary: stopped, it says running it again starts
-    over, and never that it resumes."""
+def test_a_stopped_sandbox_run_resumes(tmp_path, monkeypatch):
+    """A sandbox run keeps its state apart from real runs (in the state folder's
+    `sandbox`): stopped, it says to run it again, and the rerun sends only the
+    rest; the results file holds one line per job."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("BATCHRUN_STATE_DIR", str(state))
     jobs = tmp_path / "jobs.csv"
     rows = [f"i{n},invite,t," for n in range(20)]
     jobs.write_text("id,type,team_id,payload\n" + "\n".join(rows) + "\n")
     # 15/5m: the last 5 invites wait minutes, so the deadline stops the run.
     result = runner.invoke(app, ["submit", str(jobs), "--sandbox", "--deadline", "1s"])
     assert result.exit_code == 75, result.output
-    assert "resume" not in result.stdout + result.stderr
-    assert "sandbox runs are not kept" in result.stderr
+    assert "Stopped early with 5 job(s) left: run the same command" in result.stderr
+    assert "not kept" not in result.stderr
+    assert list((state / "sandbox" / "runs").glob("*/*.db"))
+    assert not (state / "runs").exists()
+    again = runner.invoke(app, ["submit", str(jobs), *FAST])
+    assert again.exit_code == 0, again.stderr
+    assert "Resuming: 15 done earlier, 5 to send" in again.stderr
+    ids = [r["id"] for r in results_of(tmp_path)]
+    assert sorted(ids) == sorted(f"i{n}" for n in range(20))
+
+
+def test_a_sandbox_run_honours_an_explicit_state_dir(tmp_path):
+    """--state-dir DIR keeps a sandbox run's state in DIR/sandbox."""
+    jobs = jobs_file(tmp_path)
+    state = tmp_path / "elsewhere"
+    result = runner.invoke(app, ["submit", str(jobs), *FAST, "--state-dir", str(state)])
+    assert result.exit_code == 0, result.stderr
+    assert list((state / "sandbox" / "runs").glob("*/*.db"))
+
+
+def test_a_sandbox_file_whose_results_exist_sends_only_the_rest(tmp_path):
+    """A sandbox results file no store keeps (an older batchrun's run) counts: the
+    jobs it records as ended are not sent again, nor written twice."""
+    jobs = jobs_file(tmp_path)
+    first = runner.invoke(app, ["submit", str(jobs), *FAST])
+    assert first.exit_code == 0, first.stderr
+    lines = (tmp_path / "jobs.sandbox.results.jsonl").read_text().splitlines()
+    (tmp_path / "jobs.sandbox.results.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    shutil.rmtree(tmp_path / "state" / "sandbox")
+    again = runner.invoke(app, ["submit", str(jobs), *FAST])
+    assert again.exit_code == 0, again.stderr
+    ids = [r["id"] for r in results_of(tmp_path)]
+    assert len(ids) == len(set(ids)) == len(lines)
+
+
+@pytest.mark.parametrize(
+    "rerun",
+    [
+        pytest.param(["--retry-unknown"], id="retry-unknown"),
+        pytest.param(["--restart"], id="restart"),
+        pytest.param(["--run-id", "second"], id="new-round"),
+    ],
+)
+def test_a_results_file_never_holds_two_lines_for_one_id(tmp_path, rerun):
+    """Whatever is sent again (unknown invites, a restart, a new round), the
+    results file keeps one line per id: the newest."""
+    jobs = tmp_path / "jobs.csv"
+    rows = [f"i{n},invite,t," for n in range(6)]
+    jobs.write_text("id,type,team_id,payload\n" + "\n".join(rows) + "\n")
+    first = runner.invoke(app, ["submit", str(jobs), *FAST, "--inject", "5xx=1"])
+    assert first.exit_code == 1, first.stderr
+    again = runner.invoke(app, ["submit", str(jobs), *FAST, *rerun])
+    assert again.exit_code == 0, again.stderr
+    found = results_of(tmp_path)
+    assert sorted(r["id"] for r in found) == [f"i{n}" for n in range(6)]
+    assert {r["status"] for r in found} == {"done"}
 
 
 def test_shell_completion_is_offered(monkeypatch):

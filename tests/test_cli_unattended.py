@@ -253,7 +253,8 @@ def test_a_run_refused_for_anothers_lock_leaves_the_metrics_file(tmp_path):
     metrics = tmp_path / "batchrun.prom"
     metrics.write_text("# the other run's\n")
     path = jobs_file(tmp_path)
-    state = StatePaths.resolve(tmp_path / "state")
+    # A --sandbox run's (FAST's) lock is in the sandbox's state folder.
+    state = StatePaths.resolve(tmp_path / "state").sandbox()
     with RunLock(state.make_run_folder(path), path):
         result = runner.invoke(
             app,

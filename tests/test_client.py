@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import email.utils
+import socket
+import ssl
 
 import httpx
 import pytest
@@ -75,10 +77,19 @@ def test_a_403_that_says_it_is_a_rate_limit_waits_like_a_429(headers, delay):
         pytest.param({"Retry-After": "soon"}, id="unreadable-retry-after"),
     ],
 )
-def test_a_403_without_rate_limit_evidence_fails(headers):
-    """A 403 that names no wait and no spent quota is a refusal: the job fails."""
+def test_a_403_without_rate_limit_evidence_is_a_token_fault(headers):
+    """A 403 that names no wait and no spent quota is a refusal of the token:
+    a configuration fault (the breaker counts it), not processed, not the job's."""
     outcome = classify(httpx.Response(403, headers=headers))
-    assert (outcome.kind, outcome.error) == (Kind.FAILED, "HTTP 403 Forbidden")
+    assert (outcome.kind, outcome.error) == (Kind.TRANSIENT, "HTTP 403 Forbidden")
+    assert (outcome.fault, outcome.maybe_processed) == ("token", False)
+
+
+def test_a_401_is_a_token_fault():
+    """A 401 is the token's fault, every request's alike: no job fails of it."""
+    outcome = classify(httpx.Response(401))
+    assert (outcome.kind, outcome.error) == (Kind.TRANSIENT, "HTTP 401 Unauthorized")
+    assert (outcome.fault, outcome.maybe_processed) == ("token", False)
 
 
 async def test_a_key_with_a_long_window_honours_a_long_retry_after():
@@ -227,7 +238,9 @@ async def test_token_is_scrubbed_from_connection_errors():
     ) as client:
         outcome = await client.send(Job("a", JobType.AVATAR))
     assert outcome.kind is Kind.TRANSIENT
-    assert outcome.error == "ConnectError: proxy refused Bearer [token]"
+    assert outcome.error == (
+        "cannot connect to https://api.test/: ConnectError: proxy refused Bearer [token]"
+    )
 
 
 # -- TLS -----------------------------------------------------------------------
@@ -283,11 +296,16 @@ async def send_over_tls(url, **options):
         return await client.send(Job("a", JobType.AVATAR))
 
 
-async def test_an_untrusted_certificate_fails_the_job_with_a_hint(https_sandbox):
-    """A certificate no trusted CA signed is refused: failed (no retry), with a hint."""
+async def test_an_untrusted_certificate_is_a_tls_fault_with_a_hint(https_sandbox):
+    """A certificate no trusted CA signed is refused: a configuration fault (the
+    breaker counts it; the job stays to send), naming the server, with a hint."""
     outcome = await send_over_tls(https_sandbox)
-    assert outcome.kind is Kind.FAILED
-    assert outcome.error.startswith("TLS certificate not trusted: ")
+    assert (outcome.kind, outcome.fault) == (Kind.TRANSIENT, "tls")
+    assert not outcome.reached
+    assert not outcome.maybe_processed
+    assert outcome.error.startswith(
+        f"the TLS certificate of {https_sandbox}/ is not trusted: "
+    )
     assert "--ca-bundle" in outcome.error
 
 
@@ -329,3 +347,102 @@ def test_an_unusable_ca_bundle_is_a_usage_error(tmp_path, make, reason):
     assert info.value.exit_code == 2
     assert f"cannot use CA bundle {path}: " in info.value.message
     assert reason in info.value.message
+
+
+def _raising(error: Exception):
+    def handler(request):
+        msg = "All connection attempts failed"
+        raise httpx.ConnectError(msg, request=request) from error
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    ("handler", "said"),
+    [
+        pytest.param(
+            _raising(ConnectionRefusedError(111, "refused")),
+            "connection refused",
+            id="refused",
+        ),
+        pytest.param(
+            _raising(socket.gaierror(-2, "Name or service not known")),
+            "name not found",
+            id="no-name",
+        ),
+        pytest.param(_raising(TimeoutError("timed out")), "timed out", id="timed-out"),
+    ],
+)
+async def test_an_unreachable_server_is_named(handler, said):
+    """No connection made: the message names the server and why, in a user's
+    words, as a configuration fault the breaker counts."""
+    async with Client(
+        base_url="http://127.0.0.1:9/v1",
+        token=None,
+        scope="s",
+        transport=httpx.MockTransport(handler),
+    ) as client:
+        outcome = await client.send(Job("a", JobType.AVATAR))
+    assert outcome.error == f"cannot connect to http://127.0.0.1:9/: {said}"
+    assert (outcome.reached, outcome.fault) == (False, "network")
+
+
+async def test_a_connect_timeout_names_the_server():
+    """No connection within the timeout: "cannot connect to URL: timed out"."""
+
+    def handler(request):
+        msg = "timed out"
+        raise httpx.ConnectTimeout(msg, request=request)
+
+    async with Client(
+        base_url="http://10.255.255.1:8080",
+        token=None,
+        scope="s",
+        transport=httpx.MockTransport(handler),
+    ) as client:
+        outcome = await client.send(Job("a", JobType.AVATAR))
+    assert outcome.error == "cannot connect to http://10.255.255.1:8080/: timed out"
+    assert not outcome.reached
+
+
+@pytest.mark.parametrize(
+    ("error", "fault", "said"),
+    [
+        pytest.param(
+            httpx.ProxyError("403 Forbidden"),
+            "proxy",
+            "the proxy refused to reach https://api.test/ (ProxyError: 403 Forbidden)",
+            id="proxy",
+        ),
+        pytest.param(
+            httpx.ConnectError("handshake"),
+            "tls",
+            "TLS handshake with https://api.test/ failed: WRONG_VERSION_NUMBER",
+            id="handshake",
+        ),
+    ],
+)
+async def test_a_proxy_or_handshake_refusal_is_a_fault(error, fault, said):
+    """A proxy refusing, or a TLS handshake refused, is a fault every request
+    meets: the breaker counts it, and no job fails of it."""
+
+    def handler(request):
+        if fault == "tls":
+            cause = ssl.SSLError(1, "wrong version")
+            cause.reason = "WRONG_VERSION_NUMBER"
+            raise error from cause
+        raise error
+
+    async with Client(
+        base_url="https://api.test",
+        token=None,
+        scope="s",
+        transport=httpx.MockTransport(handler),
+    ) as client:
+        outcome = await client.send(Job("a", JobType.AVATAR))
+    assert (outcome.error or "").startswith(said)
+    assert (outcome.kind, outcome.fault, outcome.reached) == (
+        Kind.TRANSIENT,
+        fault,
+        False,
+    )

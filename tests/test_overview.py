@@ -160,7 +160,7 @@ def test_status_of_a_missing_file_exits_2(tmp_path):
 
 
 def test_status_text_lists_states_and_failures(tmp_path):
-    """status without --json prints a line per endpoint and each failure."""
+    """status without --json prints a line per endpoint and per failure reason."""
     path = jobs_file(tmp_path, 2)
     paths = StatePaths.resolve(tmp_path / "state")
     with RunStore(paths.run_store(path, client_fingerprint(URL, None))) as store:
@@ -171,7 +171,7 @@ def test_status_text_lists_states_and_failures(tmp_path):
         )
     result = runner.invoke(app, ["status", str(path)])
     assert "run-query: 1 failed, 1 pending" in result.stdout
-    assert "failed: q0 (run-query): HTTP 503" in result.stdout
+    assert "  1 failed: HTTP 503 (q0)" in result.stdout
     assert "1 run-query jobs at 2/1m: 0 ms" in result.stdout
 
 
@@ -396,8 +396,8 @@ def test_status_tells_unknown_from_failed_with_the_way_out(tmp_path):
         store.finished(JobResult("i1", "invite", Status.FAILED, 1, 404, error="nope"))
     result = runner.invoke(app, ["status", str(path)])
     assert "invite: 1 failed, 1 unknown" in result.stdout
-    assert "  unknown: i0 (invite): timeout" in result.stdout
-    assert "  failed: i1 (invite): nope" in result.stdout
+    assert "  1 unknown: timeout (i0)" in result.stdout
+    assert "  1 failed: nope (i1)" in result.stdout
     assert "--retry-unknown" in result.stdout
     report = json.loads(runner.invoke(app, ["status", str(path), "--json"]).stdout)
     assert [f["state"] for f in report["failures"]] == ["unknown", "failed"]
@@ -419,16 +419,17 @@ def failed_run(tmp_path, failed):
 
 
 def test_status_shows_20_failures_then_says_how_many_more(tmp_path):
-    """status lists the first 20 failures and counts the rest; --show N lists N,
-    --show all every one, in the text and in --json (with the total)."""
+    """status gives a line per reason with its first 5 ids (--show N: at most N,
+    --show all: every one); --json lists the first 20 failures (--show N: N,
+    all: every one), with the total."""
     path, _ = failed_run(tmp_path, 25)
     text = runner.invoke(app, ["status", str(path)]).stdout
-    assert "failed: q19 (run-query): gone" in text
-    assert "q20" not in text
-    assert "… and 5 more (--show all lists every one)" in text
+    assert "  25 failed: gone (q0, q1, q2, q3, q4 and 20 more)" in text.splitlines()
     text = runner.invoke(app, ["status", str(path), "--show", "all"]).stdout
-    assert "failed: q24 (run-query): gone" in text
-    assert "more" not in text
+    every = ", ".join(f"q{i}" for i in range(25))
+    assert f"  25 failed: gone ({every})" in text.splitlines()
+    text = runner.invoke(app, ["status", str(path), "--show", "2"]).stdout
+    assert "  25 failed: gone (q0, q1 and 23 more)" in text.splitlines()
     result = runner.invoke(app, ["status", str(path), "--json", "--show", "3"])
     report = json.loads(result.stdout)
     assert [f["id"] for f in report["failures"]] == ["q0", "q1", "q2"]
@@ -504,3 +505,99 @@ def test_status_json_gives_results_and_times_of_a_run(tmp_path):
     ).stdout
     assert f"results: {tmp_path / 'jobs.results.jsonl'}" in text
     assert "latest run started 20" in text
+
+
+def test_status_groups_failures_by_reason(tmp_path):
+    """20 jobs refused with one long message and 2 with another: two lines, each
+    with its count and first ids, the reason met first in the file first, not
+    the message 20 times; --json gives the same as `reasons`."""
+    path = jobs_file(tmp_path, 23)
+    long = "HTTP 401 Unauthorized;" + " the token is missing, wrong or expired" * 3
+    paths = StatePaths.resolve(tmp_path / "state")
+    with RunStore(paths.run_store(path, client_fingerprint(URL, None))) as store:
+        store.sync(scan(path), path=str(path), restart=False)
+        store.set_meta("rules", "run-query=2/1m")
+        for i in range(22):
+            error = "HTTP 404 Not Found" if i in (3, 9) else long
+            failed = Status.FAILED
+            store.finished(JobResult(f"q{i}", "run-query", failed, 1, 0, error=error))
+    text = runner.invoke(app, ["status", str(path)]).stdout
+    assert text.count(long) == 1
+    lines = [line for line in text.splitlines() if " failed: " in line]
+    assert lines == [
+        f"  20 failed: {long} (q0, q1, q2, q4, q5 and 15 more)",
+        "  2 failed: HTTP 404 Not Found (q3, q9)",
+    ]
+    report = json.loads(runner.invoke(app, ["status", str(path), "--json"]).stdout)
+    assert [(r["count"], r["ids"][:2]) for r in report["reasons"]] == [
+        (20, ["q0", "q1"]),
+        (2, ["q3", "q9"]),
+    ]
+
+
+def test_plan_takes_a_time_scale_for_a_scaled_demo(tmp_path):
+    """During a demo at --time-scale 30 against a sandbox on loopback, 15 queries
+    sent a moment ago hold 15/2s: `plan --time-scale 30` says so in scaled terms
+    (in use now: 15 of 15/2s; the next 15 wait about 2 s), not 15 of 15/1m."""
+    loopback = "http://127.0.0.1:8765"
+    paths = StatePaths.resolve(tmp_path / "state")
+    client = client_fingerprint(loopback, None)
+    ledger = SqliteLedger(paths.ledger, client=client, hold=30, now=MachineClock().now)
+    rule = parse_rule("15/1m+500/1h").scaled(30)
+    for _ in range(15):
+        grant = ledger.reserve("run-query", rule, Pace.EXACT, MachineClock().now())
+        assert isinstance(grant, Grant)
+        ledger.release(grant.ticket, MachineClock().now())
+    ledger.close()
+    args = ["plan", str(jobs_file(tmp_path, 15)), "--base-url", loopback]
+    args += ["--state-dir", str(paths.root), "--time-scale", "30"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    assert "15 run-query jobs at 15/2s+500/2m: " in result.stdout
+    assert "(in use now: 15 of 15/2s, 15 of 500/2m)" in result.stdout
+    (key,) = json.loads(runner.invoke(app, [*args, "--json"]).stdout)["keys"]
+    assert 0.0 < key["eta_seconds"] <= 2.0
+
+
+def test_plan_time_scale_against_a_real_api_is_refused(tmp_path):
+    """A scaled plan of a real API would be wrong by that factor: exit 2."""
+    path = jobs_file(tmp_path, 1)
+    result = runner.invoke(
+        app, ["plan", str(path), "--base-url", URL, "--time-scale", "30"]
+    )
+    assert result.exit_code == 2
+    assert "--time-scale 30 only works with --sandbox" in result.stderr
+
+
+def test_plan_says_what_profile_auto_assumes(tmp_path):
+    """--profile auto plans run-query by statement b, and says so and why."""
+    path = jobs_file(tmp_path, 30)
+    result = runner.invoke(app, ["plan", str(path), "--profile", "auto"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("30 run-query jobs at 15/1m+500/1h: 1 m")
+    assert (
+        "--profile auto plans run-query at 15/1m+500/1h (statement b) until the "
+        "service shows it enforces 30/1m (statement a)"
+    ) in result.stdout
+    plain = runner.invoke(app, ["plan", str(path)])
+    assert "--profile auto" not in plain.stdout
+
+
+def test_plan_with_only_failed_jobs_left_names_retry_failed(tmp_path):
+    """Every job ended, 3 failed and 1 unknown: plan names the flags that send
+    them, rather than "Nothing to send." alone."""
+    path = jobs_file(tmp_path, 5, 1)
+    paths = StatePaths.resolve(tmp_path / "state")
+    with RunStore(paths.run_store(path, client_fingerprint(URL, None))) as store:
+        store.sync(scan(path), path=str(path), restart=False)
+        store.finished(JobResult("q0", "run-query", Status.DONE, 1, 200))
+        store.finished(JobResult("q1", "run-query", Status.DONE, 1, 200))
+        for i in range(2, 5):
+            store.finished(JobResult(f"q{i}", "run-query", Status.FAILED, 1, 404))
+        store.finished(JobResult("i0", "invite", Status.UNKNOWN, 1, None))
+    result = runner.invoke(app, ["plan", str(path)])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == (
+        "Nothing to send: 3 failed (--retry-failed sends them again); "
+        "1 unknown (--retry-unknown sends them again).\n"
+    )

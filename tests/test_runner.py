@@ -10,6 +10,7 @@ import pytest
 import respx
 import trio.testing
 
+from batchrun.api.breaker import TRIP_AFTER
 from batchrun.core.errors import LedgerLost
 from batchrun.core.events import (
     JobAnswered,
@@ -188,22 +189,61 @@ async def test_other_4xx_fails_without_retry():
     assert result.response == {"error": "no team"}
 
 
-@pytest.mark.parametrize(
-    "error",
-    [
-        pytest.param(httpx.ReadTimeout("slow"), id="timeout"),
-        pytest.param(httpx.ConnectError("refused"), id="connect-error"),
-    ],
-)
-async def test_transient_errors_fail_after_max_attempts(error):
-    """Timeouts and connection errors retry, then fail after --max-attempts tries."""
+async def test_transient_errors_fail_after_max_attempts():
+    """Timeouts retry, then fail after --max-attempts tries."""
     router = respx.Router()
     route = router.post(QUERY)
-    route.side_effect = error
+    route.side_effect = httpx.ReadTimeout("slow")
     tally, recorder, _ = await run_jobs(router, [query("a")], max_attempts=3)
     assert route.call_count == 3
     assert tally == Tally(failed=1, retried=2, total=1)
     assert recorder.results[0].attempts == 3
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(httpx.ConnectError("refused"), id="connect-error"),
+        pytest.param(httpx.Response(401), id="401"),
+        pytest.param(httpx.Response(403), id="403"),
+    ],
+)
+async def test_a_fault_every_request_meets_leaves_its_jobs_to_send(answer):
+    """A configuration fault fails no job, even past --max-attempts: the breaker
+    trips after TRIP_AFTER in a row and every job, those in flight included, is
+    left to send (requeued, never finished)."""
+    router = respx.Router()
+    route = router.post(QUERY)
+    if isinstance(answer, Exception):
+        route.side_effect = answer
+    else:
+        route.side_effect = lambda request: answer
+    jobs = [query(f"q{i}") for i in range(8)]
+    sink, recorder = ListSink(), ListRecorder()
+    rules = {LimitKey.RUN_QUERY: parse_rule("100/1s")}
+    async with make_runner(
+        router, rules, sink, recorder=recorder, max_attempts=1, concurrency=3
+    ) as runner:
+        tally = await runner.run({LimitKey.RUN_QUERY: jobs}, {LimitKey.RUN_QUERY: 8})
+    assert runner.breaker.tripped is not None
+    assert recorder.results == []
+    assert (tally.done, tally.failed, tally.unknown) == (0, 0, 0)
+    assert TRIP_AFTER <= route.call_count < TRIP_AFTER + 3
+
+
+async def test_a_403_for_one_team_alone_ends_its_job_failed():
+    """A 403 that other requests do not meet is the job's: it ends failed after
+    TRIP_AFTER tries (at least --max-attempts), the others done, no trip."""
+    router = respx.Router()
+    refused = router.post(f"{BASE}/teams/t2/data/run-query").respond(403)
+    router.post(QUERY).respond(200, json={})
+    other = Job("x", JobType.RUN_QUERY, "t2", {})
+    jobs = [other, *(query(f"q{i}") for i in range(20))]
+    tally, recorder, _ = await run_jobs(router, jobs, max_attempts=2)
+    assert refused.call_count == TRIP_AFTER
+    assert (tally.done, tally.failed) == (20, 1)
+    [failed] = [r for r in recorder.results if r.status is Status.FAILED]
+    assert (failed.id, failed.http_status) == ("x", 403)
 
 
 INVITE = f"{BASE}/teams/t1/members/invite"

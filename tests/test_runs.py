@@ -174,15 +174,16 @@ def test_an_earlier_batchruns_store_of_another_token_is_refused(tmp_path, api):
     assert len(sandbox.arrivals) == 3
 
 
-def test_a_sandbox_run_stopped_early_does_not_promise_a_resume(tmp_path):
-    """--sandbox keeps no run: stopped by its deadline, it says that running again
-    starts over, not that it resumes."""
+def test_a_sandbox_run_stopped_early_resumes(tmp_path):
+    """--sandbox keeps its run apart: stopped by its deadline, it says to run the
+    same command, and that resumes (the jobs done are not sent again)."""
     path = jobs_file(tmp_path, rows=[f"q{i},run-query,t1," for i in range(40)])
     args = ["--sandbox", "--limit", "run-query=2/1m", "--deadline", "0.5s"]
     result = runner.invoke(app, ["submit", str(path), *args])
     assert result.exit_code == 75
-    assert "sandbox runs are not kept" in result.stderr
-    assert "run the same command to resume" not in result.stderr
+    assert "Stopped early with 38 job(s) left: run the same command" in result.stderr
+    again = runner.invoke(app, ["submit", str(path), *args])
+    assert "Resuming: 2 done earlier, 38 to send" in again.stderr
 
 
 CSV = "id,type,team_id,payload\na,run-query,t1,\nb,invite,t1,\n"

@@ -142,8 +142,8 @@ def test_redis_lost_mid_run_stops_with_exit_75(tmp_path):
         killer.join()
     assert result.exit_code == 75, result.stderr
     assert "Ledger lost: cannot use the ledger at redis://:***@" in result.stderr
-    # A sandbox run's state is temporary: it says so rather than "resume".
-    assert "sandbox runs are not kept" in result.stderr
+    # A sandbox run resumes like any run.
+    assert "run the same command to resume" in result.stderr
     assert REDIS_PASSWORD not in result.stdout + result.stderr
     done = (tmp_path / "jobs.sandbox.results.jsonl").read_text().splitlines()
     assert 4 <= len(done) < 12

@@ -7,6 +7,7 @@ run refuses with exit 2 and sends nothing, unless `--restart`.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -66,9 +67,10 @@ def test_results_without_a_run_in_the_state_folder_are_refused(tmp_path, api):
 
 
 def test_a_sandbox_try_out_never_blocks_the_real_run(tmp_path, api):
-    """The README's order: a --sandbox try-out (twice), then the real API with the
-    same file: the real run starts without --restart, sends every job once, and
-    each run's results stay in their own file."""
+    """The README's order: a --sandbox try-out (twice: the second resumes it,
+    with nothing left to send), then the real API with the same file: the real
+    run starts without --restart, sends every job once, and each run's results
+    stay in their own file, one line per job."""
     url, sandbox = api
     path = jobs_file(tmp_path)
     for _ in range(2):
@@ -77,7 +79,7 @@ def test_a_sandbox_try_out_never_blocks_the_real_run(tmp_path, api):
     assert real.exit_code == 0, real.stderr
     assert len(sandbox.arrivals) == 3
     tried = (tmp_path / "jobs.sandbox.results.jsonl").read_text().splitlines()
-    assert len(tried) == 6
+    assert len(tried) == 3
     sent = (tmp_path / "jobs.results.jsonl").read_text().splitlines()
     assert len(sent) == 3
 
@@ -105,3 +107,47 @@ def test_an_emptied_ledger_is_reported(tmp_path, api):
     rerun = submit(path, url)
     assert rerun.exit_code == 0
     assert "was emptied, deleted or replaced" in rerun.stderr
+
+
+@pytest.mark.parametrize("where", ["api", "sandbox"])
+@pytest.mark.parametrize(
+    "content", [None, "id,type,team_id,payload\nx,nope,,\n"], ids=["missing", "bad"]
+)
+def test_a_submit_that_sends_nothing_leaves_nothing(tmp_path, api, where, content):
+    """A missing jobs file, or one with a bad row: exit 2, and no ledger.db, run
+    folder or run store is made; `status` then says there is no run (exit 2)
+    rather than that no run is working on it (exit 0)."""
+    url, sandbox = api
+    state = tmp_path / "state"
+    path = tmp_path / "jobs.csv"
+    if content is not None:
+        path.write_text(content)
+    to = ["--sandbox"] if where == "sandbox" else ["--base-url", url]
+    result = runner.invoke(app, ["submit", str(path), *to])
+    assert result.exit_code == 2, result.stderr
+    assert not (state / "ledger.db").exists()
+    assert not list(state.rglob("*.db"))
+    assert not (state / "runs").exists()
+    assert not (state / "sandbox" / "runs").exists()
+    shown = runner.invoke(app, ["status", str(path)])
+    assert shown.exit_code == 2, shown.stdout
+    said = "no such file" if content is None else "no run yet"
+    assert said in shown.stderr
+    assert sandbox.arrivals == []
+
+
+def test_show_reads_the_results_file_the_run_recorded(tmp_path, api):
+    """A run made with --results elsewhere.jsonl: `show JOBS ID` (and --json)
+    gives the job's line from that file, with no --results given again."""
+    url, _ = api
+    path = jobs_file(tmp_path)
+    elsewhere = tmp_path / "out" / "elsewhere.jsonl"
+    elsewhere.parent.mkdir()
+    assert submit(path, url, "--results", str(elsewhere)).exit_code == 0
+    shown = runner.invoke(app, ["show", str(path), "a", "--json"])
+    assert shown.exit_code == 0, shown.stderr
+    result = json.loads(shown.stdout)["result"]
+    assert result is not None
+    assert (result["id"], result["status"]) == ("a", "done")
+    text = runner.invoke(app, ["show", str(path), "a"])
+    assert "(no line in the results file)" not in text.stdout

@@ -1,11 +1,13 @@
 """The run's circuit breaker: answers that say every request will fail the same way.
 
-`TRIP_AFTER` requests in a row refused with 401 or 403 (the token is missing,
-wrong or lacks the rights), or that never reached the server (the host is down,
-unknown or refuses connections), stop the run: every other job would end the same
-way, at the paced rate, using the budget. Any other answer resets the count: a 403
-that says it is a rate limit (`Kind.RATE_LIMITED`) is the server asking to wait,
-as a 429 does, not a refused token.
+`TRIP_AFTER` requests in a row that met a configuration fault (`Outcome.fault`:
+the token refused with 401 or 403, a TLS certificate or handshake refused, a proxy
+refusing), or that never reached the server (no such name, connection refused,
+no connection within the timeout), stop the run: every other job would end the
+same way, at the paced rate, using the budget. Any other answer resets the count:
+a 403 that says it is a rate limit (`Kind.RATE_LIMITED`) is the server asking to
+wait, as a 429 does, not a refused token. What the breaker says names the cause
+and its fix; what is left to send, and how, is the run's to say.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from batchrun.api.outcome import Kind, Outcome
 
 # Consecutive requests failing the same way that stop a run.
 TRIP_AFTER = 5
-_REFUSED = (401, 403)
 
 
 class Breaker:
@@ -43,19 +44,21 @@ class Breaker:
 def _cause(outcome: Outcome) -> str | None:
     if outcome.kind is Kind.RATE_LIMITED:
         return None
-    if outcome.status in _REFUSED:
-        return "refused"
-    return None if outcome.reached else "unreached"
+    if outcome.fault is not None:
+        return outcome.fault
+    return None if outcome.reached else "network"
 
 
 def _why(cause: str, count: int, outcome: Outcome) -> str:
-    if cause == "refused":
+    if cause == "token":
         return (
             f"the last {count} requests were refused ({outcome.error}): the token "
             "(BATCHRUN_TOKEN or --token) is missing, wrong, expired or lacks the "
-            "rights. Fix it, then run again with --retry-failed."
+            "rights."
         )
-    return (
-        f"the last {count} requests never reached the server ({outcome.error}): "
-        "check --base-url and the network, then run the same command to resume."
-    )
+    if cause == "network":
+        return (
+            f"the last {count} requests never reached the server ({outcome.error}): "
+            "check --base-url and the network."
+        )
+    return f"the last {count} requests failed alike: {outcome.error}"

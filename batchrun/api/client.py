@@ -10,12 +10,13 @@ is strict, storable JSON (else as text), and the token never appears in it.
 from __future__ import annotations
 
 import hashlib
+import socket
 import ssl
 import time
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Self, cast
+from typing import Any, Self, TypeVar, cast
 
 import anyio
 import httpx
@@ -39,6 +40,7 @@ BODY_LIMIT = 64 * 1024
 # A token shorter than this would match ordinary text, so it is not searched for.
 _SHORTEST_SECRET = 8
 _REDACTED = "[token]"
+_E = TypeVar("_E", bound=BaseException)
 
 
 def idempotency_key(scope: str, job_id: str) -> str:
@@ -153,7 +155,7 @@ class Client:
             with anyio.fail_after(self._timeout):
                 response, raw, cut = await self._exchange(request)
         except httpx.ConnectTimeout:
-            error = "timeout (ConnectTimeout: no connection was made)"
+            error = f"cannot connect to {_origin(request)}: timed out"
             return Outcome(
                 Kind.TRANSIENT, error=error, maybe_processed=False, reached=False
             )
@@ -166,7 +168,7 @@ class Client:
                 Kind.TRANSIENT, error=error, maybe_processed=not _unsent(exc)
             )
         except httpx.TransportError as exc:
-            return _transport_failure(exc, self._secret)
+            return _transport_failure(exc, request, self._secret)
         cap = max(RETRY_AFTER_CAP, self._waits.get(job.key, 0.0))
         outcome = _classify(response, raw, cut=cut, secret=self._secret, cap=cap)
         return replace(outcome, written=trace.written, round_trip=trace.round_trip)
@@ -225,6 +227,19 @@ def _classify(
             maybe_processed=False,
         )
     error = f"HTTP {status} {response.reason_phrase}".strip()
+    if status in (401, 403):
+        # The token is missing, wrong or lacks the rights: every request would be
+        # refused alike, and none was processed.
+        return Outcome(
+            Kind.TRANSIENT,
+            status,
+            body,
+            error=error,
+            note=note,
+            hints=hints,
+            maybe_processed=False,
+            fault="token",
+        )
     kind = Kind.TRANSIENT if status >= 500 or status == 408 else Kind.FAILED
     # A 503 that says when to come back is the server turning the request away
     # unprocessed (RFC 9110 section 15.6.4); any other 5xx may have done the work.
@@ -282,25 +297,62 @@ def _strict_json(raw: bytes) -> Any:
     return value
 
 
-def _transport_failure(exc: httpx.TransportError, secret: str | None) -> Outcome:
-    """A connection error is retried, unless the certificate was refused: that
-    answer would be the same on every attempt."""
-    refused = _certificate_error(exc)
-    if refused is not None:
-        why = refused.verify_message or refused.reason or "certificate rejected"
+def _transport_failure(
+    exc: httpx.TransportError, request: httpx.Request, secret: str | None
+) -> Outcome:
+    """A connection error is retried; one every request would meet alike (a
+    certificate or handshake refused, a proxy refusing, no such name, a refused
+    connection) is a configuration fault, which the breaker counts."""
+    origin = _origin(request)
+    certificate = _in_chain(exc, ssl.SSLCertVerificationError)
+    handshake = _in_chain(exc, ssl.SSLError)
+    if certificate is not None:
+        why = certificate.verify_message or certificate.reason or "rejected"
         error = (
-            f"TLS certificate not trusted: {why}. If the API uses a private CA, "
-            "pass it with --ca-bundle."
+            f"the TLS certificate of {origin} is not trusted: {why}. If the API "
+            "uses a private CA, pass it with --ca-bundle."
         )
-        return Outcome(Kind.FAILED, error=error)
+        return _unreached(error, "tls")
+    if handshake is not None:
+        why = handshake.reason or str(handshake)
+        return _unreached(f"TLS handshake with {origin} failed: {why}", "tls")
+    if isinstance(exc, httpx.ProxyError):
+        detail = _describe(exc, secret)
+        error = (
+            f"the proxy refused to reach {origin} ({detail}): check HTTPS_PROXY, "
+            "HTTP_PROXY and NO_PROXY."
+        )
+        return _unreached(error, "proxy")
+    if isinstance(exc, httpx.ConnectError):
+        why = _why_not(exc, secret)
+        return _unreached(f"cannot connect to {origin}: {why}", "network")
     unsent = _unsent(exc)
-    # No connection was made: the server never saw the request (the breaker
-    # counts these as an unreachable host; a pool timeout is ours, not its).
-    reached = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
     error = _describe(exc, secret)
+    return Outcome(Kind.TRANSIENT, error=error, maybe_processed=not unsent)
+
+
+def _unreached(error: str, fault: str) -> Outcome:
+    """A request the server never saw, for a fault every request would meet."""
     return Outcome(
-        Kind.TRANSIENT, error=error, maybe_processed=not unsent, reached=reached
+        Kind.TRANSIENT, error=error, maybe_processed=False, reached=False, fault=fault
     )
+
+
+def _origin(request: httpx.Request) -> str:
+    """The server a request went to, as a user gives it: scheme, host and port."""
+    url = request.url
+    return f"{url.scheme}://{url.netloc.decode('ascii', 'replace')}/"
+
+
+def _why_not(exc: httpx.ConnectError, secret: str | None) -> str:
+    """Why no connection was made, in a user's words."""
+    if _in_chain(exc, socket.gaierror) is not None:
+        return "name not found"
+    if _in_chain(exc, ConnectionRefusedError) is not None:
+        return "connection refused"
+    if _in_chain(exc, TimeoutError) is not None:
+        return "timed out"
+    return _describe(exc, secret)
 
 
 def _unsent(exc: httpx.TransportError) -> bool:
@@ -311,11 +363,12 @@ def _unsent(exc: httpx.TransportError) -> bool:
     )
 
 
-def _certificate_error(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+def _in_chain(exc: BaseException, kind: type[_E]) -> _E | None:
+    """The first exception of `kind` among `exc` and its causes, if any."""
     seen: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
-        if isinstance(cause, ssl.SSLCertVerificationError):
+        if isinstance(cause, kind):
             return cause
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__

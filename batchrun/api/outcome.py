@@ -46,12 +46,18 @@ class Outcome:
     written: float | None = None
     # The TCP connect's round trip, when this attempt opened its connection.
     round_trip: float | None = None
+    # A configuration fault, named by what is to fix: every request would meet
+    # this answer the same way, so it says nothing of the job. "token" (401, a
+    # 403 that is not a rate limit), "tls" (trust or handshake), "proxy" (it
+    # refused), "network" (no such name, connection refused). The breaker counts
+    # these; the job is tried again, and left pending when the breaker trips.
+    fault: str | None = None
 
 
 def says_rate_limited(hints: Hints) -> bool:
     """Whether a 403 says it is a rate limit, as GitHub's do: a wait named
     (Retry-After), or a quota with none remaining. A 403 without either is a
-    refusal of the token or its rights, and fails."""
+    refusal of the token or its rights: a configuration fault ("token")."""
     return hints.retry_after is not None or hints.remaining == 0
 
 

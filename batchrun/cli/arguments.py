@@ -107,10 +107,13 @@ def served_rules(
     return rules(profile, limits, time_scale)
 
 
-def fallback_rules(profile: Profile, limits: list[str] | None) -> dict[LimitKey, Rule]:
+def fallback_rules(
+    profile: Profile, limits: list[str] | None, time_scale: float = 1.0
+) -> dict[LimitKey, Rule]:
     """The rule each key falls back to if the server shows it is too loose:
     with --profile auto, run-query's b, unless --limit gave run-query a rule."""
-    return fallbacks(profile, [parse_override(text) for text in limits or []])
+    overrides = [parse_override(text) for text in limits or []]
+    return fallbacks(profile, overrides, time_scale)
 
 
 def verbosity(quiet: bool, verbose: bool) -> int:
@@ -234,6 +237,8 @@ def submission(
     results = results_path(jobs_file, results, sandbox=sandbox)
     if str(jobs_file) == "-":
         jobs_file = stdin(results, state)
+    if sandbox:
+        state = state.sandbox()
     where = targets.target(base_url, token, timeout, server, ca_bundle, warn)
     return Submission(
         jobs_file=jobs_file,

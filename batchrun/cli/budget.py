@@ -27,6 +27,9 @@ class Budget:
     ledger_url: str | None = field(repr=False)  # may hold a password
     # --profile auto: the rule a key is planned by until the server settles it.
     fallback: dict[LimitKey, Rule] = field(default_factory=dict)
+    # --time-scale: the windows the rules were divided by (lessons are kept
+    # unscaled, and read back scaled alike).
+    time_scale: float = 1.0
 
 
 @contextmanager
@@ -65,7 +68,7 @@ def in_force(key: LimitKey, rule: Rule, text: str | None, budget: Budget) -> InF
     kept) while it lives, if learned under this very rule; else `rule` (or the
     safer one --profile auto starts from)."""
     now = wall_time()
-    kept = read_lesson(text, given=rule, time_scale=1.0, now=now)
+    kept = read_lesson(text, given=rule, time_scale=budget.time_scale, now=now)
     if kept is None or kept.expired(now):
         return InForce(budget.fallback.get(key, rule))
     candidate = kept.candidate

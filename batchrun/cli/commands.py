@@ -22,10 +22,11 @@ app = flags.app
 _EXIT_CODES = (
     "Exit codes: 0 all done; 1 some jobs failed or are unknown; 2 bad usage or jobs "
     "file, nothing sent; 3 another run holds this file; 74 state folder or ledger "
-    "unusable; 69 stopped early, every request failing the same way (401/403, or the "
-    "server unreachable); 75 stopped early (deadline, ledger lost), resume by "
-    "running again; 130 Ctrl-C; 143 SIGTERM. A signal's code wins, then 69, then "
-    "1, then 75. --halt-after stops with 1, the jobs left for a resume."
+    "unusable; 69 stopped early, every request failing the same way (the token, "
+    "TLS, a proxy, or the server unreachable); 75 stopped early (deadline, ledger "
+    "lost), resume by running again; 130 Ctrl-C; 143 SIGTERM. A signal's code "
+    "wins, then 69, then 1, then 75. --halt-after stops with 1, the jobs left for "
+    "a resume."
 )
 
 

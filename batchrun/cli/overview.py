@@ -23,11 +23,13 @@ from batchrun.jobs.job import read_jobs
 from batchrun.pacing.ledger import Ledger
 from batchrun.pacing.slots import eta
 from batchrun.store.paths import StatePaths
-from batchrun.store.results import last_result
+from batchrun.store.results import default_results_path, last_result
 from batchrun.store.runlock import is_held
-from batchrun.store.state import Failure, JobRecord, JobState, RunStore
+from batchrun.store.state import Failure, JobRecord, JobState, Reason, RunStore
 
 _SETTLED = {JobState.DONE, JobState.FAILED, JobState.UNKNOWN}
+# How many ids `status` names for each reason jobs failed (--show less or all).
+FEW = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,8 @@ class Status:
     activity: Activity | None = None
     # The latest run's answers by status code and their latencies.
     responses: Responses = field(default_factory=Responses)
+    # Failed and unknown jobs grouped by state and error.
+    reasons: list[Reason] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +96,8 @@ def status(
     shown: int | None = 20,
 ) -> Status:
     """The latest run of `jobs_file` (in the store of one of `names`, if given: an
-    API's, then a legacy client's), with its first `shown` failures (None: all);
+    API's, then a legacy client's), with its first `shown` failures (None: all)
+    and its failures by reason, each with its first few ids (`shown` at most);
     the budget in use is read from the ledger of the run's client at `ledger_url`
     (None: SQLite in `paths`).
 
@@ -111,6 +116,7 @@ def status(
         pace = Pace(store.get_meta("pace") or Pace.EXACT)
         fallback = read_table(store.get_meta("fallback") or "{}")
         failures = store.failures(shown)
+        reasons = store.reasons(None if shown is None else min(shown, FEW))
         activity = _activity(found, store)
         responses = _responses(store.get_meta("responses"))
     pending = {
@@ -119,7 +125,7 @@ def status(
     }
     budget = Budget(paths, client, ledger_url, fallback)
     keys = _plans(pending, rules, pace, budget)
-    return Status(found, states, failures, keys, activity, responses)
+    return Status(found, states, failures, keys, activity, responses, reasons)
 
 
 def _responses(text: str | None) -> Responses:
@@ -150,9 +156,10 @@ def show(
     job_id: str,
     paths: StatePaths,
     names: Sequence[str],
-    results: Path,
+    results: Path | None = None,
 ) -> Shown:
-    """Job `job_id` of the latest run of `jobs_file`, and its line in `results`.
+    """Job `job_id` of the latest run of `jobs_file`, and its line in `results`
+    (None: the results file the run recorded, else the default beside the file).
 
     Raises:
         UsageError: when the file has no run, or its run no such job (exit 2).
@@ -162,6 +169,9 @@ def show(
         raise UsageError(_no_run(jobs_file, paths, names))
     with RunStore(found, read_only=True) as store:
         job = store.job(job_id)
+        recorded = store.get_meta("results")
+    if results is None:
+        results = Path(recorded) if recorded else default_results_path(jobs_file)
     if job is None:
         msg = f"{jobs_file}: its run has no job {job_id!r}. Check the id's spelling."
         raise UsageError(msg)
@@ -173,8 +183,8 @@ def _no_run(jobs_file: Path, paths: StatePaths, names: Sequence[str]) -> str:
         return f"{jobs_file}: no such file, and no run of it in {paths.root}."
     whose = " for this --base-url" if names else ""
     return (
-        f"{jobs_file}: no run yet{whose} in {paths.root} (runs with --sandbox are "
-        f"not kept). `batchrun submit {jobs_file}` starts one."
+        f"{jobs_file}: no run yet{whose} in {paths.root} (--sandbox runs are kept "
+        f"in {paths.sandbox().root}). `batchrun submit {jobs_file}` starts one."
     )
 
 
@@ -188,10 +198,11 @@ def plan(
     ledger_url: str | None = None,
     fallback: dict[LimitKey, Rule] | None = None,
     names: Sequence[str] = (),
+    time_scale: float = 1.0,
 ) -> list[KeyPlan]:
     """How long the jobs of `jobs_file` not yet settled (in the run of one of
     `names`, else the latest) take under `rules` now, or under what was learned
-    of a key's limit under these rules."""
+    of a key's limit under these rules (`time_scale`: the rules' divisor)."""
     jobs = read_jobs(jobs_file)
     settled: set[str] = set()
     found = _store_path(paths, jobs_file, names)
@@ -199,8 +210,23 @@ def plan(
         with RunStore(found, read_only=True) as store:
             settled = store.ids_in(_SETTLED)
     left = Counter(job.key for job in jobs if job.id not in settled)
-    budget = Budget(paths, client, ledger_url, fallback or {})
+    budget = Budget(paths, client, ledger_url, fallback or {}, time_scale)
     return _plans(dict(left), rules, pace, budget)
+
+
+def ended_badly(
+    jobs_file: Path, paths: StatePaths, names: Sequence[str] = ()
+) -> tuple[int, int]:
+    """How many jobs of the latest run of `jobs_file` ended failed, and unknown
+    (what `plan` does not count, and a rerun sends only when asked)."""
+    found = _store_path(paths, jobs_file, names)
+    if found is None:
+        return 0, 0
+    with RunStore(found, read_only=True) as store:
+        counts = store.counts()
+    failed = sum(n for (_, s), n in counts.items() if s is JobState.FAILED)
+    unknown = sum(n for (_, s), n in counts.items() if s is JobState.UNKNOWN)
+    return failed, unknown
 
 
 def _plans(

@@ -24,7 +24,6 @@ from batchrun.cli import (
 from batchrun.core.errors import JobsFileError
 from batchrun.core.limits import Pace, Profile
 from batchrun.store.paths import StatePaths, client_fingerprint
-from batchrun.store.results import default_results_path
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -112,18 +111,26 @@ def plan(
     base_url: flags.BaseUrlOpt = None,
     token: flags.TokenOpt = None,
     budget_key: flags.BudgetKeyOpt = None,
+    time_scale: flags.TimeScaleOpt = 1.0,
     as_json: flags.JsonFlag = False,
 ) -> None:
     """How long the jobs of JOBS_FILE not yet done take (nothing is sent)."""
+    from batchrun.cli import targets
+    from batchrun.cli.overview import ended_badly
     from batchrun.cli.overview import plan as make_plan
 
     limit = flags.with_file_limits(ctx, limit)
     with terminal.reported():
-        rules = arguments.rules(profile, limit, 1.0)
+        targets.check_time_scale(
+            time_scale, sandbox=base_url is None, base_url=base_url
+        )
+        rules = arguments.rules(profile, limit, time_scale)
         client = clients.client(base_url, token, budget_key) or client_fingerprint(
             "", None
         )
         paths = StatePaths.resolve(state_dir, create=False)
+        names = clients.stores(base_url, token)
+        fallback = arguments.fallback_rules(profile, limit, time_scale)
         plans = make_plan(
             jobs_file,
             rules,
@@ -131,13 +138,19 @@ def plan(
             paths,
             client,
             ledger_url=ledger,
-            fallback=arguments.fallback_rules(profile, limit),
-            names=clients.stores(base_url, token),
+            fallback=fallback,
+            names=names,
+            time_scale=time_scale,
         )
+        ended = ended_badly(jobs_file, paths, names)
     if as_json:
         terminal.echo([json.dumps(reports.plan_json(jobs_file, plans), indent=2)])
-    else:
-        terminal.echo(reports.plan_lines(plans) if plans else ["Nothing to send."])
+        return
+    lines = reports.plan_lines(plans) if plans else [reports.nothing_left(*ended)]
+    if any(item.key in fallback for item in plans):
+        statement_a = arguments.rules(Profile.A, limit, time_scale)
+        lines.append(reports.auto_line(fallback, statement_a))
+    terminal.echo(lines)
 
 
 def limits_command(
@@ -191,8 +204,8 @@ def show(
 
     with terminal.reported():
         paths = StatePaths.resolve(state_dir, create=False)
-        where = results or default_results_path(jobs_file)
-        shown = find(jobs_file, job_id, paths, clients.stores(base_url, token), where)
+        names = clients.stores(base_url, token)
+        shown = find(jobs_file, job_id, paths, names, results)
     if as_json:
         terminal.echo([json.dumps(reports.show_json(shown), indent=2)])
     else:

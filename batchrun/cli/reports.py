@@ -22,9 +22,9 @@ if TYPE_CHECKING:
     from batchrun.cli.learned import KeyLimit
     from batchrun.cli.overview import KeyPlan, Shown, Status
     from batchrun.core.errors import JobsFileError
-    from batchrun.core.limits import LimitKey
+    from batchrun.core.limits import LimitKey, Rule
     from batchrun.jobs.job import Summary
-    from batchrun.store.state import Failure
+    from batchrun.store.state import Failure, Reason
 
 _TEAMS_SHOWN = 10
 _UNKNOWN_HINT = (
@@ -79,23 +79,50 @@ def plan_json(jobs_file: Path, plans: list[KeyPlan]) -> dict[str, object]:
     }
 
 
+def nothing_left(failed: int, unknown: int) -> str:
+    """`plan` with no job left to send: and those a rerun sends only if asked."""
+    asked = [
+        f"{failed:,} failed (--retry-failed sends them again)" if failed else "",
+        f"{unknown:,} unknown (--retry-unknown sends them again)" if unknown else "",
+    ]
+    said = "; ".join(text for text in asked if text)
+    return f"Nothing to send: {said}." if said else "Nothing to send."
+
+
+def auto_line(fallback: dict[LimitKey, Rule], statement_a: dict[LimitKey, Rule]) -> str:
+    """What `--profile auto` assumes, under the plan."""
+    said = ", ".join(
+        f"{key.value} at {rule} (statement b) until the service shows it enforces "
+        f"{statement_a[key]} (statement a)"
+        for key, rule in fallback.items()
+    )
+    return (
+        f"--profile auto plans {said}: a run finds out, spending at most one 429 "
+        "per window probed, and is then faster."
+    )
+
+
 def status_lines(jobs_file: Path, found: Status) -> list[str]:
     """`status`: counts per endpoint and state, failures, then the time left."""
     lines = []
     for key, states in found.states.items():
         counts = ", ".join(f"{n} {state.value}" for state, n in states.items())
         lines.append(f"{key.value}: {counts}")
-    for failure in found.failures:
-        lines.append(
-            f"  {failure.state}: {failure.id} ({failure.type}): {failure.error}"
-        )
-    more = _ended_badly(found) - len(found.failures)
-    if more > 0:
-        lines.append(f"  … and {more} more (--show all lists every one)")
-    if any(failure.state == "unknown" for failure in found.failures):
+    lines += [_reason_line(reason) for reason in found.reasons]
+    if sum(reason.count for reason in found.reasons) < _ended_badly(found):
+        lines.append("  … and more reasons (--json --show all lists every job)")
+    if any(reason.state == "unknown" for reason in found.reasons):
         lines.append(f"  unknown: {_UNKNOWN_HINT}")
     answers = [f"latest run: {line}" for line in response_lines(found.responses)]
     return lines + answers + _activity_lines(found) + plan_lines(found.keys)
+
+
+def _reason_line(reason: Reason) -> str:
+    """One reason jobs failed: how many, why, and the first ids."""
+    more = reason.count - len(reason.ids)
+    ids = ", ".join(reason.ids) + (f" and {more:,} more" if more else "")
+    error = reason.error or "no error recorded"
+    return f"  {reason.count:,} {reason.state}: {error} ({ids})"
 
 
 def _ended_badly(found: Status) -> int:
@@ -147,6 +174,10 @@ def status_json(jobs_file: Path, found: Status) -> dict[str, object]:
         },
         "failures": [_failure_json(f) for f in found.failures],
         "failures_total": _ended_badly(found),
+        "reasons": [
+            {"state": r.state, "error": r.error, "count": r.count, "ids": r.ids}
+            for r in found.reasons
+        ],
         "responses": _responses_json(found.responses),
         **_activity_json(found),
         "keys": [_plan_json(p) for p in found.keys],

@@ -3,8 +3,10 @@ stopped (CONTRACT.md section 4).
 
 A signal's (130 for SIGINT, 143 for SIGTERM) wins, so that a shell loop stops;
 then 69 if the circuit breaker stopped the run (every request failed the same
-way: 401/403, or the server unreachable); then 1 if any job failed or is unknown,
-even with jobs left; then 75 if jobs are left (deadline, ledger lost); else 0.
+way: the token refused, TLS, a proxy, or the server unreachable; the jobs are
+left, and the message says to fix that and run again); then 1 if any job failed
+or is unknown, even with jobs left; then 75 if jobs are left (deadline, ledger
+lost); else 0.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from batchrun.core.errors import (
     EXIT_OK,
     EXIT_SOME_FAILED,
     EXIT_STOPPED,
+    EXIT_UNAVAILABLE,
     BatchrunError,
     StateError,
     StoppedEarly,
@@ -24,18 +27,14 @@ from batchrun.core.errors import (
 from batchrun.store.state import JobState, RunStore
 
 _RESUME = "run the same command to resume."
-# The in-process sandbox's runs live in a temporary folder (see `_store`).
-_NOT_KEPT = (
-    "sandbox runs are not kept (their state is temporary), so running the "
-    "command again starts over."
-)
+# After the breaker, whose message names the cause and its fix.
+_FIX_THEN_RESUME = "once that is fixed, run the same command to send them."
 
 
 def exit_code(
     store: RunStore,
     *,
     stop: int | None,
-    kept: bool,
     say: Callable[[str], None],
     halted: str | None = None,
 ) -> int:
@@ -57,7 +56,7 @@ def exit_code(
     failed = by_state[JobState.FAILED] + by_state[JobState.UNKNOWN]
     code = _code(stop, failed=failed, left=left)
     if left:
-        then = _RESUME if kept else _NOT_KEPT
+        then = _FIX_THEN_RESUME if stop == EXIT_UNAVAILABLE else _RESUME
         why = "" if halted is None else f"Halted: {halted}. "
         message = f"{why}Stopped early with {left} job(s) left: {then}"
         if code != EXIT_SOME_FAILED:

@@ -293,14 +293,15 @@ class Runner:
         self._learner.answered(
             key, sent, now, refused=refused, wait=wait, by=by, spent=spent
         )
+        if self.breaker.answered(outcome) is not None:
+            self.stop()
+        held = self.breaker.tripped is not None
         try:
-            self._settlement.settle(key, queue, attempt, outcome)
+            self._settlement.settle(key, queue, attempt, outcome, held=held)
         except StateError as exc:
             # The answer could not be recorded: the store still says in flight,
             # so the next run resends the job if safe, else leaves it unknown.
             self._halt(exc)
-        if self.breaker.answered(outcome) is not None:
-            self.stop()
         self._heed(key, outcome.hints)
         if self._idle:
             self._notify()  # an answer may free a slot, or end the run

@@ -11,6 +11,7 @@ import itertools
 import random
 from typing import Protocol
 
+from batchrun.api.breaker import TRIP_AFTER
 from batchrun.api.outcome import Kind, Outcome
 from batchrun.core.clock import Clock, wall_time
 from batchrun.core.events import (
@@ -73,9 +74,15 @@ class Settlement:
         queue: KeyQueue,
         attempt: Attempt,
         outcome: Outcome,
+        *,
+        held: bool = False,
     ) -> None:
-        """Finish `attempt` or send it again later."""
-        if outcome.kind is Kind.RATE_LIMITED:
+        """Finish `attempt` or send it again later; `held`: the breaker stopped
+        the run, so a configuration fault or a request that never reached the
+        server leaves its job to send, whatever its count."""
+        if held and (outcome.fault is not None or not outcome.reached):
+            self._requeue(key, queue, attempt, 0.0, outcome, rate_limited=False)
+        elif outcome.kind is Kind.RATE_LIMITED:
             self._rate_limited(key, queue, attempt, outcome)
         elif outcome.kind is Kind.TRANSIENT:
             self._transient(key, queue, attempt, outcome)
@@ -124,7 +131,10 @@ class Settlement:
             self._finish(key, attempt, outcome, status=Status.UNKNOWN)
             return
         attempt.failures += 1
-        if attempt.failures >= self._settings.max_attempts:
+        # A fault every request meets trips the breaker first: only one that
+        # others do not meet (a 403 for one team) ends its job.
+        floor = TRIP_AFTER if outcome.fault is not None else 0
+        if attempt.failures >= max(self._settings.max_attempts, floor):
             self._finish(key, attempt, outcome)
             return
         self.tally.retried += 1

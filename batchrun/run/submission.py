@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import anyio
 
 from batchrun.core.clock import MachineClock, wall_time
-from batchrun.core.errors import EXIT_INTERNAL, RunLocked
+from batchrun.core.errors import EXIT_INTERNAL, JobsFileError, RunLocked
 from batchrun.core.events import Tee
 from batchrun.core.limits import LimitKey, Rule, table_text
 from batchrun.core.responses import Responses
@@ -38,9 +37,12 @@ from batchrun.run.wiring import Target, open_run
 from batchrun.store import crosscheck, runs, stamp
 from batchrun.store.generation import marker_of
 from batchrun.store.paths import StatePaths
-from batchrun.store.results import ResultsFile
+from batchrun.store.results import ResultsFile, compact
 from batchrun.store.runlock import RunLock
 from batchrun.store.state import JobState, RunStore
+
+# Set while the results file may hold two lines for one id (`_compact`).
+_COMPACT = "compact_results"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,46 +93,106 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> int:
 
 
 def _submit(job: Submission, say: Callable[[str], None]) -> int:
-    lock = RunLock(job.state.make_run_folder(job.jobs_file), job.jobs_file)
-    # A ledger that cannot be used stops the run before the jobs file is read;
-    # closing it writes the last answers for the other processes.
-    notes = _Notes(say)
-    with (
-        lock,
-        _store(job, say) as store,
-        contextlib.closing(_ledger(job, notes)) as ledger,
-    ):
-        if getattr(ledger, "lost_history", False):
-            say(
-                f"The send ledger {job.state.ledger} was emptied, deleted or replaced "
-                "since it was last used: each window is paced as if it were full."
-            )
+    """Lock the jobs file and run it; a file that cannot be taken in (missing,
+    unreadable, a bad row) leaves no run folder, run store or ledger behind."""
+    _readable(job.jobs_file)
+    folder = job.state.run_folder(job.jobs_file)
+    new = not folder.exists()
+    with RunLock(job.state.make_run_folder(job.jobs_file), job.jobs_file):
+        try:
+            return _locked(job, say)
+        except JobsFileError:
+            if new:
+                runs.forget_unsent(folder)
+            raise
+
+
+def _locked(job: Submission, say: Callable[[str], None]) -> int:
+    with _store(job, say) as store:
         restart = runs.starts_over(
             store, restart=job.restart, run_id=job.run_id, say=say
         )
+        ended = _ended(store)
         stamp.take_in(store, job.jobs_file, restart=restart)
-        if job.run_id is not None:
-            store.set_meta("round", job.run_id)
-        crosscheck.reconcile(store, job.results, starting_over=restart, say=say)
-        store.recover(retry_failed=job.retry_failed, retry_unknown=job.retry_unknown)
-        store.set_meta("rules", table_text(job.rules))
-        store.set_meta("pace", job.settings.pace)
-        store.set_meta("fallback", table_text(job.settings.fallback))
-        # For `status`: where this run writes, and when it started.
-        store.set_meta("results", str(job.results.absolute()))
-        store.set_meta("started_at", f"{wall_time():.3f}")
-        _announce(store, job, say)
-        halt = None if job.halt is None else HaltWatch(job.halt)
-        if pending_counts(store):
-            with ResultsFile(job.results) as results:
-                journal = Journal(store, results)
-                stop = anyio.run(_run, job, store, ledger, journal, halt, notes)
-                journal.caught_up()
-        else:
-            stop = None
-        kept = not job.target.is_sandbox
-        why = None if halt is None else halt.reason
-        return exit_code(store, stop=stop, kept=kept, say=say, halted=why)
+        # The ledger is opened once the file is taken in: a bad file makes none.
+        # Closing it writes the last answers for the other processes.
+        notes = _Notes(say)
+        with contextlib.closing(_ledger(job, notes)) as ledger:
+            if getattr(ledger, "lost_history", False):
+                say(
+                    f"The send ledger {job.state.ledger} was emptied, deleted or "
+                    "replaced since it was last used: each window is paced as if "
+                    "it were full."
+                )
+            _prepare(store, job, restart=restart, ended=ended, say=say)
+            return _send(store, job, ledger, notes)
+
+
+def _readable(jobs_file: Path) -> None:
+    """A jobs file that cannot be opened is refused before anything is made.
+
+    Raises:
+        JobsFileError: it is missing, a folder or unreadable (exit 2).
+    """
+    try:
+        with jobs_file.open("rb"):
+            pass
+    except OSError as exc:
+        reason = f"cannot read it: {exc.strerror or exc}"
+        raise JobsFileError(str(jobs_file), [(0, reason)], 1) from None
+
+
+def _prepare(
+    store: RunStore,
+    job: Submission,
+    *,
+    restart: bool,
+    ended: int,
+    say: Callable[[str], None],
+) -> None:
+    """Settle what the store sends this run, and record the run's settings."""
+    if job.run_id is not None:
+        store.set_meta("round", job.run_id)
+    crosscheck.reconcile(store, job.results, starting_over=restart, say=say)
+    store.recover(retry_failed=job.retry_failed, retry_unknown=job.retry_unknown)
+    if _ended(store) < ended:
+        # Jobs that ended are sent again: their new lines replace the old.
+        store.set_meta(_COMPACT, "due")
+    store.set_meta("rules", table_text(job.rules))
+    store.set_meta("pace", job.settings.pace)
+    store.set_meta("fallback", table_text(job.settings.fallback))
+    # For `status`: where this run writes, and when it started.
+    store.set_meta("results", str(job.results.absolute()))
+    store.set_meta("started_at", f"{wall_time():.3f}")
+    _announce(store, job, say)
+
+
+def _send(store: RunStore, job: Submission, ledger: Ledger, notes: _Notes) -> int:
+    say = notes.to
+    halt = None if job.halt is None else HaltWatch(job.halt)
+    if pending_counts(store):
+        with ResultsFile(job.results) as results:
+            journal = Journal(store, results)
+            stop = anyio.run(_run, job, store, ledger, journal, halt, notes)
+            journal.caught_up()
+        _compact(store, job.results)
+    else:
+        stop = None
+    why = None if halt is None else halt.reason
+    return exit_code(store, stop=stop, say=say, halted=why)
+
+
+def _ended(store: RunStore) -> int:
+    total = runs.totals(store)
+    return total[JobState.DONE] + total[JobState.FAILED] + total[JobState.UNKNOWN]
+
+
+def _compact(store: RunStore, path: Path) -> None:
+    """One line per id in the results file, once a run sent again jobs that had
+    ended (a run killed first leaves it due, for the next run)."""
+    if store.get_meta(_COMPACT) == "due":
+        crosscheck.seen(store, path, compact(path))
+        store.set_meta(_COMPACT, "")
 
 
 async def _run(
@@ -172,29 +234,27 @@ async def _run(
 
 @contextlib.contextmanager
 def _store(job: Submission, say: Callable[[str], None]) -> Iterator[RunStore]:
-    if not job.target.is_sandbox:
-        target = job.target
-        path = runs.locate(
-            job.state,
-            job.jobs_file,
-            base_url=target.base_url,
-            client=target.client,
-            say=say,
-        )
-        if not job.restart:
-            runs.refuse_a_lost_store(path, job.jobs_file, job.results, job.state.root)
-        with RunStore(path) as store:
-            runs.mark(store, marker_of(path))
-            runs.record(store, job.jobs_file, base_url=target.base_url)
-            store.set_meta("client", target.client)
-            yield store
-        return
-    # The in-process sandbox forgets its limits when it stops: so do its runs.
-    # A file, not memory, so that a huge jobs file does not fill the memory.
-    with (
-        tempfile.TemporaryDirectory() as folder,
-        RunStore(Path(folder) / "run.db") as store,
-    ):
+    """The run store of the jobs file against the target (a sandbox run's is in
+    the sandbox's own state folder: `StatePaths.sandbox`)."""
+    target = job.target
+    path = runs.locate(
+        job.state,
+        job.jobs_file,
+        base_url=target.base_url,
+        client=target.client,
+        say=say,
+    )
+    fresh = not path.exists()
+    if not job.restart and not target.is_sandbox:
+        runs.refuse_a_lost_store(path, job.jobs_file, job.results, job.state.root)
+    with RunStore(path) as store:
+        runs.mark(store, marker_of(path))
+        runs.record(store, job.jobs_file, base_url=target.base_url)
+        store.set_meta("client", target.client)
+        if fresh and target.is_sandbox:
+            # The results of a sandbox run kept by no store (an older batchrun's):
+            # the jobs they record as ended are not sent again.
+            crosscheck.seen(store, job.results, 0)
         yield store
 
 

@@ -93,6 +93,11 @@ class StatePaths:
         root = (explicit or Path(platformdirs.user_state_dir("batchrun"))).expanduser()
         return cls(_private_dir(root) if create else root)
 
+    def sandbox(self) -> StatePaths:
+        """Where `--sandbox` runs keep their state: apart from real runs, as their
+        results are, in a folder of this one (made when first used)."""
+        return StatePaths(self.root / "sandbox")
+
     @property
     def ledger(self) -> Path:
         return self.root / "ledger.db"

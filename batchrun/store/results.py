@@ -2,13 +2,16 @@
 
 A line is flushed as soon as its job finishes, so a crash loses no finished result.
 When a job is tried again in a later run (e.g. after it failed), its newer line comes
-later in the file: readers take the last line of each id.
+later in the file: readers take the last line of each id, and the run that sent it
+again leaves only that line (`compact`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -142,6 +145,46 @@ def _ended(raw: bytes) -> Ended | None:
     if not isinstance(job, str) or state not in _ENDS:
         return None
     return job, state, attempts, status, error
+
+
+def compact(path: Path) -> int:
+    """Rewrite the results file at `path` with one line per id, the last (as
+    readers take it), in the order of those lines; lines without an id (a run
+    killed mid-write) are kept. Atomic: a crash leaves the file as it was.
+    Return the file's new size.
+
+    Raises:
+        StateError: the file cannot be read or rewritten.
+    """
+    temporary = path.with_name(f".{path.name}.compacting")
+    try:
+        with path.open("rb") as file:
+            last = {found: n for n, raw in enumerate(file) if (found := _id(raw))}
+        with path.open("rb") as file, temporary.open("wb") as out:
+            for n, raw in enumerate(file):
+                found = _id(raw)
+                if found is None or last[found] == n:
+                    out.write(raw)
+            out.flush()
+            os.fsync(out.fileno())
+        shutil.copymode(path, temporary)
+        os.replace(temporary, path)
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise explain(exc, path) from None
+
+
+def _id(raw: bytes) -> str | None:
+    try:
+        line = json.loads(raw)
+    except ValueError:
+        return None
+    found = line.get("id") if isinstance(line, dict) else None
+    return found if isinstance(found, str) else None
 
 
 class ResultsFile:

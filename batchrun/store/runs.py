@@ -25,6 +25,7 @@ Invariant: no store that holds sent jobs of the file is silently passed over.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections.abc import Callable, Iterator
@@ -119,6 +120,27 @@ def _unrecorded(other: Path, path: Path, jobs_file: Path, sent: int) -> str:
         f"mv {other} {path} && mv {marker_of(other)} {marker_of(path)}; "
         "else --restart starts a new run."
     )
+
+
+def forget_unsent(folder: Path) -> None:
+    """Remove a run folder this submit made, when none of its stores holds a job
+    that was sent (a jobs file refused before anything was sent): a run that
+    sent nothing leaves nothing. Called with the folder's lock held; the lock
+    file goes too, and the runs folder if that leaves it empty."""
+    stores = sorted(folder.glob("*.db"))
+    for path in stores:
+        try:
+            with RunStore(path) as store:
+                total = totals(store)
+        except BatchrunError:
+            return  # unreadable: keep it, and let the user see it
+        if any(n for state, n in total.items() if state is not JobState.PENDING):
+            return
+    with contextlib.suppress(OSError):
+        for found in folder.iterdir():
+            found.unlink()
+        folder.rmdir()
+        folder.parent.rmdir()  # only if empty
 
 
 def _meta(store_path: Path, name: str) -> str | None:

@@ -66,6 +66,21 @@ class Failure:
     state: str = "failed"
 
 
+# More rows than any run store holds: "no limit" in a comparison.
+_ALL = 2**62
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    """Failed or unknown jobs that ended alike: their state and error, how many,
+    and the first ids (in file order)."""
+
+    state: str
+    error: str
+    count: int
+    ids: list[str]
+
+
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     """One job as the run store holds it (`batchrun show`)."""
@@ -227,6 +242,30 @@ class RunStore:
             (-1 if limit is None else limit,),  # SQLite: a negative LIMIT is none
         )
         return [Failure(*row) for row in rows]
+
+    def reasons(self, few: int | None = 5, most: int = 20) -> list[Reason]:
+        """Failed and unknown jobs grouped by state and error, the group met
+        first in the file first: at most `most` groups, each with its first
+        `few` ids (None: all)."""
+        rows = self._db.execute(
+            "SELECT state, error, total, id FROM ("
+            " SELECT *, dense_rank() OVER (ORDER BY first, state, error) AS nth_group"
+            " FROM ("
+            "  SELECT state, coalesce(error, '') AS error, id, line,"
+            "  count(*) OVER reason AS total,"
+            "  row_number() OVER (reason ORDER BY line) AS nth,"
+            "  min(line) OVER reason AS first"
+            "  FROM jobs WHERE state IN ('failed', 'unknown')"
+            "  WINDOW reason AS (PARTITION BY state, coalesce(error, ''))"
+            " ) WHERE nth <= ?"
+            ") WHERE nth_group <= ? ORDER BY nth_group, line",
+            (_ALL if few is None else few, most),
+        )
+        found: dict[tuple[str, str], Reason] = {}
+        for state, error, total, job_id in rows:
+            reason = found.setdefault((state, error), Reason(state, error, total, []))
+            reason.ids.append(job_id)
+        return list(found.values())
 
     def job(self, job_id: str) -> JobRecord | None:
         """The job `job_id` of this run, or None if the run has no such job."""
