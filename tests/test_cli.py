@@ -124,7 +124,7 @@ def test_validate_json_of_a_bad_file_exits_2_with_every_problem(tmp_path):
     assert report["problems"] == [
         {
             "line": 2,
-            "reason": "unknown type 'fax' (expected run-query, invite or avatar)",
+            "reason": "unknown type 'fax' (expected run-query, invite, avatar or request)",
         },
         {"line": 3, "reason": "duplicate id 'a' (first on line 2)"},
     ]
@@ -237,13 +237,20 @@ def test_failed_jobs_exit_1(tmp_path):
     from batchrun.sandbox.app import create_app
     from batchrun.sandbox.serving import running
 
+    path = tmp_path / "jobs.csv"
+    path.write_text(
+        "id,type,team_id,payload,method,path\n"
+        "a,request,,,GET,/teams/t1/data/run-query\n"
+        "b,request,,,DELETE,/users/me/avatar\n"
+    )
     with running(create_app(rules=limit_table())) as url:
-        result = runner.invoke(
-            app,
-            ["submit", str(jobs_file(tmp_path)), "--base-url", url + "/wrong-prefix"],
-        )
+        result = runner.invoke(app, ["submit", str(path), "--base-url", url])
     assert result.exit_code == 1
-    assert {r["http_status"] for r in results_of(tmp_path, sandbox=False)} == {404}
+    ended = results_of(tmp_path, sandbox=False)
+    assert [(r["http_status"], r["attempts"]) for r in ended] == [(405, 1)] * 2
+    assert ended[0]["error"] == (
+        "HTTP 405 Method Not Allowed; no GET /teams/t1/data/run-query here"
+    )
 
 
 def test_token_is_never_shown(tmp_path):

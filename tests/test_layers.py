@@ -44,7 +44,7 @@ WINGS: list[tuple[str, list[list[str]]]] = [
             ["pacer"],
         ],
     ),
-    ("jobs", [["endpoints", "jobfile"], ["job", "extract"]]),
+    ("jobs", [["endpoints", "jobfile"], ["target"], ["job", "extract"]]),
     ("api", [["fields", "trace"], ["hints"], ["outcome"], ["breaker", "client"]]),
     (
         "store",

@@ -174,14 +174,14 @@ async def test_5xx_then_2xx_retries_and_succeeds():
 
 
 async def test_other_4xx_fails_without_retry():
-    """A 404 fails the job at once, keeping the status and body."""
+    """A 404 fails the job at once, keeping the status, body and server's word."""
     router = respx.Router()
     route = router.post(QUERY).respond(404, json={"error": "no team"})
     tally, recorder, _ = await run_jobs(router, [query("a")])
     assert route.call_count == 1
     assert tally == Tally(failed=1, total=1)
     [result] = recorder.results
-    assert result.error == "HTTP 404 Not Found"
+    assert result.error == "HTTP 404 Not Found; no team"
     assert result.response == {"error": "no team"}
 
 

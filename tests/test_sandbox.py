@@ -109,6 +109,9 @@ async def test_accepted_request_echoes_endpoint_team_and_body():
             "request_id": 1,
             "endpoint": "run-query",
             "team_id": "team-7",
+            "method": "POST",
+            "path": "/teams/team-7/data/run-query",
+            "query": "",
             "received": {"q": [1, 2]},
         },
     }
@@ -149,34 +152,46 @@ async def test_each_route_answers_its_method(method, path, endpoint, team):
     assert app.state.sandbox.arrivals[0].key is LimitKey(endpoint)
 
 
-async def test_unknown_path_is_a_404_json_error():
-    """An unknown path gets 404 with the API's JSON error shape."""
+@pytest.mark.parametrize(
+    ("method", "path", "query", "team"),
+    [
+        pytest.param("GET", "/teams/t1/reports", "day=3", "t1", id="get-team"),
+        pytest.param("DELETE", "/teams/t2/members/m9", "", "t2", id="delete"),
+        pytest.param("PATCH", "/users/me/profile", "", None, id="patch-user"),
+        pytest.param("POST", "/anything/else", "a=1&b=2", None, id="post-other"),
+    ],
+)
+async def test_any_other_path_is_answered_with_an_echo(method, path, query, team):
+    """Any other method and path is accepted under global and echoes what came."""
     app = create_app(rules=rules(), clock=Clock())
+    body = {"n": 1} if method in ("POST", "PATCH") else None
+    url = f"{path}?{query}" if query else path
     async with client(app) as http:
-        response = await http.post("/teams/t1/nothing", json={})
-    assert response.status_code == 404
-    body = response.json()
-    assert body["success"] is False
-    assert body["error"]["code"] == "NOT_FOUND"
-    assert "/teams/t1/nothing" in body["error"]["message"]
+        response = await http.request(method, url, json=body)
+    assert response.status_code == 200
+    data = response.json()["data"]
+    assert (data["endpoint"], data["method"], data["path"]) == ("global", method, path)
+    assert (data["query"], data["team_id"]) == (query, team)
+    assert data["received"] == (body or {})
+    assert [a.key for a in app.state.sandbox.arrivals] == [LimitKey.GLOBAL]
 
 
-async def test_unknown_path_counts_against_global():
-    """Requests to unknown paths draw on the global budget."""
+async def test_other_paths_count_against_global():
+    """Requests to other paths draw on the global budget, however many paths."""
     app = create_app(rules={LimitKey.GLOBAL: parse_rule("1/10s")}, clock=Clock())
     async with client(app) as http:
         first = await http.get("/nowhere")
         second = await http.get("/elsewhere")
-    assert (first.status_code, second.status_code) == (404, 429)
+    assert (first.status_code, second.status_code) == (200, 429)
     assert second.json() == API_429
     assert [a.key for a in app.state.sandbox.arrivals] == [LimitKey.GLOBAL] * 2
 
 
-async def test_unknown_path_is_unlimited_without_a_global_rule():
-    """With no global rule, unknown paths are answered 404 and never 429."""
+async def test_other_paths_are_unlimited_without_a_global_rule():
+    """With no global rule, other paths are answered and never 429."""
     app = create_app(rules={LimitKey.RUN_QUERY: parse_rule("1/10s")}, clock=Clock())
     responses = await post_times(app, 5, "/nowhere")
-    assert [r.status_code for r in responses] == [404] * 5
+    assert [r.status_code for r in responses] == [200] * 5
 
 
 @pytest.mark.parametrize(
@@ -468,7 +483,7 @@ async def test_arrivals_record_time_status_and_idempotency_key():
     assert seen == [
         (3.0, LimitKey.RUN_QUERY, 200, "job-1"),
         (4.0, LimitKey.RUN_QUERY, 429, "job-2"),
-        (4.0, LimitKey.GLOBAL, 404, None),
+        (4.0, LimitKey.GLOBAL, 200, None),
     ]
 
 

@@ -46,6 +46,10 @@ class Outcome:
     written: float | None = None
     # The TCP connect's round trip, when this attempt opened its connection.
     round_trip: float | None = None
+    # For a body kept as text (not JSON, or cut short): its Content-Type, and
+    # its whole size in bytes when only part of it is kept.
+    content_type: str | None = None
+    size: int | None = None
 
 
 def says_rate_limited(hints: Hints) -> bool:
