@@ -104,6 +104,7 @@ BENCH = [
         "case_server",
         "learner",
         "progress",
+        "whole_api",
     ],
     ["script_pyrate", "script_limits", "script_aiolimiter", "script_sleep"],
     ["slowapi_server"],

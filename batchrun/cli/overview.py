@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,8 @@ class KeyPlan:
     used: list[tuple[str, int]]
     seconds: float
     learned: str | None = None
+    # How many of `jobs` are request jobs (the others are of the key's type).
+    requests: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,9 +201,12 @@ def plan(
     if found is not None:
         with RunStore(found, read_only=True) as store:
             settled = store.ids_in(_SETTLED)
-    left = Counter(job.key for job in jobs if job.id not in settled)
+    unsettled = [job for job in jobs if job.id not in settled]
+    left = Counter(job.key for job in unsettled)
+    requests = Counter(job.key for job in unsettled if job.method is not None)
     budget = Budget(paths, client, ledger_url, fallback or {})
-    return _plans(dict(left), rules, pace, budget)
+    plans = _plans(dict(left), rules, pace, budget)
+    return [replace(item, requests=requests[item.key]) for item in plans]
 
 
 def _plans(

@@ -78,11 +78,13 @@ class Job:
 
 @dataclass(frozen=True, slots=True)
 class Summary:
-    """What a valid jobs file holds, by type and by team."""
+    """What a valid jobs file holds, by type and by team, and by the budget each
+    type's jobs draw on (`per_budget[key][type]`)."""
 
     total: int
     per_type: dict[JobType, int]
     per_team: dict[str, int]
+    per_budget: dict[LimitKey, dict[JobType, int]] = field(default_factory=dict)
 
 
 # Letters, digits and the unreserved marks of RFC 3986 only, so a team id is one
@@ -126,11 +128,14 @@ def summarize(jobs: Iterable[Job]) -> Summary:
     """Count jobs per type and per team, types in order of first appearance."""
     per_type: Counter[JobType] = Counter()
     per_team: Counter[str] = Counter()
+    per_budget: dict[LimitKey, Counter[JobType]] = {}
     for job in jobs:
         per_type[job.type] += 1
+        per_budget.setdefault(job.key, Counter())[job.type] += 1
         if job.team_id is not None:
             per_team[job.team_id] += 1
-    return Summary(per_type.total(), dict(per_type), dict(per_team))
+    budgets = {key: dict(types) for key, types in per_budget.items()}
+    return Summary(per_type.total(), dict(per_type), dict(per_team), budgets)
 
 
 def scan(path: Path, *, check_duplicates: bool = True) -> Iterator[Job | Problem]:

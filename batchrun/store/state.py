@@ -139,9 +139,16 @@ class RunStore:
                 "SELECT team_id, count(*) FROM incoming WHERE team_id IS NOT NULL "
                 "GROUP BY team_id"
             )
+            per_budget = self._db.execute(
+                "SELECT key, type, count(*) FROM incoming WHERE type IS NOT NULL "
+                "GROUP BY key, type ORDER BY min(line)"
+            )
             self._db.execute("DELETE FROM incoming")
         types = {JobType(kind): n for kind, n in per_type}
-        return Summary(sum(types.values()), types, dict(per_team))
+        budgets: dict[LimitKey, dict[JobType, int]] = {}
+        for key, kind, n in per_budget:
+            budgets.setdefault(LimitKey(key), {})[JobType(kind)] = n
+        return Summary(sum(types.values()), types, dict(per_team), budgets)
 
     def recover(self, *, retry_failed: bool, retry_unknown: bool) -> None:
         """Settle what an earlier run left in flight, and requeue what is asked."""

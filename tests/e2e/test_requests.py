@@ -143,3 +143,74 @@ def test_a_timed_out_get_put_or_delete_is_retried(slow_requests):
     _, _, by_id, _ = slow_requests
     for job in ("get", "put", "delete"):
         assert (by_id[job]["status"], by_id[job]["attempts"]) == ("failed", 3)
+
+
+# Bad rows: refused before anything is sent
+
+
+@pytest.fixture(scope="module")
+def quiet_server():
+    """A sandbox on loopback that records whatever reaches it."""
+    server = create_app(rules=limit_table())
+    with running(server) as url:
+        yield url, server.state.sandbox
+
+
+@pytest.mark.parametrize(
+    ("row", "reason"),
+    [
+        pytest.param("GET,/teams/../admin", "'..' step", id="dot-dot"),
+        pytest.param("GET,/teams//admin", "holds '//'", id="double-slash"),
+        pytest.param("GET,https://evil.example/x", "names a scheme", id="absolute"),
+        pytest.param("GET,http:/teams/a", "names a scheme", id="scheme"),
+        pytest.param("GET,//evil.example/x", "starts with '//'", id="host"),
+        pytest.param("GET,/teams/a%2F..%2Fb", "encoded slash", id="encoded-slash"),
+        pytest.param("FETCH,/teams/a", "unknown method 'FETCH'", id="method"),
+        pytest.param(
+            "GET,/teams/{team_id}/x",
+            "team_id is missing: the path holds {team_id}",
+            id="no-team",
+        ),
+    ],
+)
+def test_a_bad_request_row_exits_2_naming_its_line_with_nothing_sent(
+    tmp_path, quiet_server, row, reason
+):
+    """Each unsafe or incomplete request row refuses the file: exit 2, the line
+    and reason on stderr, not one request at the server."""
+    url, sandbox = quiet_server
+    jobs = tmp_path / "jobs.csv"
+    jobs.write_text(
+        "id,type,team_id,payload,method,path\n"
+        "ok,request,acme,,GET,/teams/{team_id}/reports\n"
+        f"bad,request,,,{row}\n"
+    )
+    before = len(sandbox.arrivals)
+    env = clean_env(BATCHRUN_STATE_DIR=str(tmp_path / "state"))
+    result = CliRunner().invoke(app, ["submit", str(jobs), "--base-url", url], env=env)
+    assert result.exit_code == 2
+    assert "line 3" in result.stderr
+    assert reason in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert len(sandbox.arrivals) == before
+
+
+def test_a_get_with_a_payload_exits_2_naming_its_line(tmp_path, quiet_server):
+    """A GET carries its arguments in the query string: a payload refuses it."""
+    url, sandbox = quiet_server
+    jobs = tmp_path / "jobs.jsonl"
+    line = {
+        "id": 1,
+        "type": "request",
+        "method": "GET",
+        "path": "/r",
+        "payload": {"a": 1},
+    }
+    jobs.write_text(json.dumps(line) + "\n")
+    before = len(sandbox.arrivals)
+    env = clean_env(BATCHRUN_STATE_DIR=str(tmp_path / "state"))
+    result = CliRunner().invoke(app, ["submit", str(jobs), "--base-url", url], env=env)
+    assert result.exit_code == 2
+    assert "line 1" in result.stderr
+    assert "a GET request carries no payload" in result.stderr
+    assert len(sandbox.arrivals) == before
