@@ -242,6 +242,22 @@ def test_failed_jobs_exit_1(tmp_path):
     from batchrun.sandbox.app import create_app
     from batchrun.sandbox.serving import running
 
+    with running(create_app(rules=limit_table())) as url:
+        result = runner.invoke(
+            app,
+            ["submit", str(jobs_file(tmp_path)), "--base-url", url + "/wrong-prefix"],
+        )
+    assert result.exit_code == 1
+    assert {r["http_status"] for r in results_of(tmp_path, sandbox=False)} == {404}
+
+
+def test_a_request_the_server_refuses_with_405_fails_once(tmp_path):
+    """A request with a method its endpoint lacks fails at its first 405, with
+    the server's message, and submit exits 1."""
+    from batchrun.core.limits import limit_table
+    from batchrun.sandbox.app import create_app
+    from batchrun.sandbox.serving import running
+
     path = tmp_path / "jobs.csv"
     path.write_text(
         "id,type,team_id,payload,method,path\n"

@@ -158,11 +158,12 @@ async def test_each_route_answers_its_method(method, path, endpoint, team):
         pytest.param("GET", "/teams/t1/reports", "day=3", "t1", id="get-team"),
         pytest.param("DELETE", "/teams/t2/members/m9", "", "t2", id="delete"),
         pytest.param("PATCH", "/users/me/profile", "", None, id="patch-user"),
-        pytest.param("POST", "/anything/else", "a=1&b=2", None, id="post-other"),
+        pytest.param("POST", "/users/me/notes", "a=1&b=2", None, id="post-other"),
     ],
 )
 async def test_any_other_path_is_answered_with_an_echo(method, path, query, team):
-    """Any other method and path is accepted under global and echoes what came."""
+    """Any other method and path of the API is accepted under global, and
+    echoes what came."""
     app = create_app(rules=rules(), clock=Clock())
     body = {"n": 1} if method in ("POST", "PATCH") else None
     url = f"{path}?{query}" if query else path
@@ -176,22 +177,35 @@ async def test_any_other_path_is_answered_with_an_echo(method, path, query, team
     assert [a.key for a in app.state.sandbox.arrivals] == [LimitKey.GLOBAL]
 
 
-async def test_other_paths_count_against_global():
-    """Requests to other paths draw on the global budget, however many paths."""
+async def test_a_path_outside_the_api_is_a_404_json_error():
+    """A path outside /teams/ and /users/me/ (a wrong base URL prefix) gets 404
+    with the API's JSON error shape."""
+    app = create_app(rules=rules(), clock=Clock())
+    async with client(app) as http:
+        response = await http.post("/v1/teams/t1/data/run-query", json={})
+    assert response.status_code == 404
+    body = response.json()
+    assert body["success"] is False
+    assert body["error"]["code"] == "NOT_FOUND"
+    assert "/v1/teams/t1/data/run-query" in body["error"]["message"]
+
+
+async def test_unknown_path_counts_against_global():
+    """Requests to unknown paths draw on the global budget."""
     app = create_app(rules={LimitKey.GLOBAL: parse_rule("1/10s")}, clock=Clock())
     async with client(app) as http:
         first = await http.get("/nowhere")
         second = await http.get("/elsewhere")
-    assert (first.status_code, second.status_code) == (200, 429)
+    assert (first.status_code, second.status_code) == (404, 429)
     assert second.json() == API_429
     assert [a.key for a in app.state.sandbox.arrivals] == [LimitKey.GLOBAL] * 2
 
 
-async def test_other_paths_are_unlimited_without_a_global_rule():
-    """With no global rule, other paths are answered and never 429."""
+async def test_unknown_path_is_unlimited_without_a_global_rule():
+    """With no global rule, unknown paths are answered 404 and never 429."""
     app = create_app(rules={LimitKey.RUN_QUERY: parse_rule("1/10s")}, clock=Clock())
     responses = await post_times(app, 5, "/nowhere")
-    assert [r.status_code for r in responses] == [200] * 5
+    assert [r.status_code for r in responses] == [404] * 5
 
 
 @pytest.mark.parametrize(
@@ -483,7 +497,7 @@ async def test_arrivals_record_time_status_and_idempotency_key():
     assert seen == [
         (3.0, LimitKey.RUN_QUERY, 200, "job-1"),
         (4.0, LimitKey.RUN_QUERY, 429, "job-2"),
-        (4.0, LimitKey.GLOBAL, 200, None),
+        (4.0, LimitKey.GLOBAL, 404, None),
     ]
 
 

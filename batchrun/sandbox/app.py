@@ -11,9 +11,10 @@ are accepted exactly as the chosen `limiters` model (`counting`, sliding log by
 default) accepts them under the key's rule, or the global rule for a key without
 one. With the sliding log, at most COUNT requests are accepted within any half-open
 interval (t - W, t] of every window (COUNT, W) of the rule. Over-limit requests get
-the API's 429 body and a Retry-After, and do not count. Any path but the three
-endpoints' is answered as theirs are, under the global rule (a wrong method on
-one of the three is a 405, counted as global too). With a `headers` style,
+the API's 429 body and a Retry-After, and do not count. Any other path where the
+API's paths are (under `/teams/` or `/users/me/`) is answered as the three
+endpoints' are, under the global rule; a wrong method on one of the three (405)
+and a path outside the API (404) count against the global rule too. With a `headers` style,
 every answer but a dropped one states the key's quotas after its request. Every
 request lands in `arrivals`.
 
@@ -213,19 +214,25 @@ def _endpoint(
     return endpoint
 
 
+# Where the API's paths are (reporting-api-rate-limits.md, section 1).
+_API_PATHS = ("/teams/", "/users/me/")
+
+
 async def _elsewhere(sandbox: Sandbox, request: Request, exc: Exception) -> Response:
     """Every other endpoint of the API, counted against `global`: any other path
-    is answered as the three are, with an echo; a wrong method on one of the
-    three is a 405."""
+    under `/teams/` or `/users/me/` is answered as the three are, with an echo;
+    a wrong method on one of the three is a 405, and a path outside the API
+    (a base URL with a wrong prefix) a 404."""
     status = exc.status_code if isinstance(exc, HTTPException) else 404
-    if status == 404:
+    if status == 404 and request.url.path.startswith(_API_PATHS):
         serve = partial(_serve, sandbox, request, LimitKey.GLOBAL)
         return await _answer(sandbox, request, LimitKey.GLOBAL, serve)
     headers = exc.headers if isinstance(exc, HTTPException) else None
+    code = "NOT_FOUND" if status == 404 else "METHOD_NOT_ALLOWED"
     message = f"no {request.method} {request.url.path} here"
 
     async def refusal() -> Response:
-        return _error(status, "METHOD_NOT_ALLOWED", message, headers)
+        return _error(status, code, message, headers)
 
     return await _answer(sandbox, request, LimitKey.GLOBAL, refusal)
 
