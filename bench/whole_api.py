@@ -79,7 +79,15 @@ def figures(arrivals: list[Arrival], rules: dict[LimitKey, Rule]) -> dict[str, A
     first = min(a.at for a in arrivals)
     last = max(a.at for a in arrivals if 200 <= a.status < 300)
     ideal = max(ideals.values())
+    slowest = max(ideals, key=lambda name: ideals[name])
     return {
+        # Where the makespan beyond the ideal goes: the slowest key's arrivals.
+        "slowest_key": slowest,
+        "slowest_arrivals_s": [
+            round(a.at - first, 3)
+            for a in sorted(arrivals, key=lambda a: a.at)
+            if a.key.value == slowest
+        ],
         "requests": len(arrivals),
         "done_per_key": {key.value: n for key, n in per_key.items()},
         "http_429": sum(a.status == 429 for a in arrivals),
