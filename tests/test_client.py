@@ -440,7 +440,6 @@ async def test_a_huge_body_is_kept_in_part_with_its_full_size():
             "HTTP 405 Method Not Allowed; <h1>Method Not Allowed</h1>",
             id="405-text",
         ),
-        pytest.param(404, None, "HTTP 404 Not Found", id="404-empty"),
     ],
 )
 def test_a_404_or_405_fails_with_the_servers_message(status, body, error):

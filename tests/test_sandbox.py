@@ -177,9 +177,9 @@ async def test_any_other_path_is_answered_with_an_echo(method, path, query, team
     assert [a.key for a in app.state.sandbox.arrivals] == [LimitKey.GLOBAL]
 
 
-async def test_a_path_outside_the_api_is_a_404_json_error():
-    """A path outside /teams/ and /users/me/ (a wrong base URL prefix) gets 404
-    with the API's JSON error shape."""
+async def test_unknown_path_is_a_404_json_error():
+    """A path outside the API (/teams/, /users/me/: a wrong base URL prefix)
+    gets 404 with the API's JSON error shape."""
     app = create_app(rules=rules(), clock=Clock())
     async with client(app) as http:
         response = await http.post("/v1/teams/t1/data/run-query", json={})

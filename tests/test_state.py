@@ -464,3 +464,7 @@ def test_a_store_of_schema_1_keeps_invites_unsafe(tmp_path):
         opened.recover(retry_failed=False, retry_unknown=False)
         assert opened.ids_in([JobState.UNKNOWN]) == {"i"}
         assert [j.id for j in opened.pending(RQ)] == ["q"]
+    with sqlite3.connect(path) as db:
+        (version,) = db.execute("PRAGMA user_version").fetchone()
+        marked = db.execute("SELECT id, unsafe, method FROM jobs ORDER BY id")
+        assert (version, marked.fetchall()) == (2, [("i", 1, None), ("q", 0, None)])
