@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -116,13 +116,21 @@ def status(
         failures = store.failures(shown)
         activity = _activity(found, store)
         responses = _responses(store.get_meta("responses"))
+        requests = store.requests_left()
     pending = {
         k: s.get(JobState.PENDING, 0) + s.get(JobState.IN_FLIGHT, 0)
         for k, s in states.items()
     }
     budget = Budget(paths, client, ledger_url, fallback)
-    keys = _plans(pending, rules, pace, budget)
+    keys = _with_requests(_plans(pending, rules, pace, budget), requests)
     return Status(found, states, failures, keys, activity, responses)
+
+
+def _with_requests(
+    plans: list[KeyPlan], requests: Mapping[LimitKey, int]
+) -> list[KeyPlan]:
+    """Each key's plan, saying how many of its jobs left are request jobs."""
+    return [replace(item, requests=requests.get(item.key, 0)) for item in plans]
 
 
 def _responses(text: str | None) -> Responses:
@@ -205,8 +213,7 @@ def plan(
     left = Counter(job.key for job in unsettled)
     requests = Counter(job.key for job in unsettled if job.method is not None)
     budget = Budget(paths, client, ledger_url, fallback or {})
-    plans = _plans(dict(left), rules, pace, budget)
-    return [replace(item, requests=requests[item.key]) for item in plans]
+    return _with_requests(_plans(dict(left), rules, pace, budget), requests)
 
 
 def _plans(

@@ -14,9 +14,9 @@ interval (t - W, t] of every window (COUNT, W) of the rule. Over-limit requests 
 the API's 429 body and a Retry-After, and do not count. Any other path where the
 API's paths are (under `/teams/` or `/users/me/`) is answered as the three
 endpoints' are, under the global rule; a wrong method on one of the three (405)
-and a path outside the API (404) count against the global rule too. With a `headers` style,
-every answer but a dropped one states the key's quotas after its request. Every
-request lands in `arrivals`.
+and a path outside the API (404) count against the global rule too. With a
+`headers` style, every answer but a dropped one states the key's quotas after
+its request. Every request lands in `arrivals`.
 
 A dropped connection starts an answer and then breaks it off. Over a socket,
 uvicorn closes the connection mid-answer and the client sees a protocol error

@@ -235,6 +235,14 @@ class RunStore:
                 return
             after = page[-1][4]
 
+    def requests_left(self) -> dict[LimitKey, int]:
+        """How many request jobs of each key are pending or in flight."""
+        rows = self._db.execute(
+            "SELECT key, count(*) FROM jobs WHERE method IS NOT NULL "
+            "AND state IN ('pending', 'in_flight') GROUP BY key"
+        )
+        return {LimitKey(k): n for k, n in rows}
+
     def counts(self) -> dict[tuple[LimitKey, JobState], int]:
         """How many jobs of each key stand in each state."""
         rows = self._db.execute("SELECT key, state, count(*) FROM jobs GROUP BY 1, 2")
