@@ -425,6 +425,13 @@ async def test_a_huge_body_is_kept_in_part_with_its_full_size():
     assert f"body of {whole} bytes truncated to {BODY_LIMIT}" in (outcome.note or "")
 
 
+def test_a_404_message_reaches_the_error_without_control_characters():
+    """A server's message is one line, its escape sequences blanked."""
+    body = {"error": {"message": "no \x1b[31mteam\x1b[0m\nhere"}}
+    outcome = classify(httpx.Response(404, json=body))
+    assert outcome.error == "HTTP 404 Not Found; no [31mteam [0m here"
+
+
 @pytest.mark.parametrize(
     ("status", "body", "error"),
     [

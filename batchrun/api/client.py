@@ -10,6 +10,7 @@ is strict, storable JSON (else as text), and the token never appears in it.
 from __future__ import annotations
 
 import hashlib
+import re
 import ssl
 import time
 from collections.abc import AsyncGenerator, Mapping
@@ -39,6 +40,8 @@ BODY_LIMIT = 64 * 1024
 # A token shorter than this would match ordinary text, so it is not searched for.
 _SHORTEST_SECRET = 8
 _REDACTED = "[token]"
+# Escape sequences in a server's message must not drive the user's terminal.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def idempotency_key(scope: str, job_id: str) -> str:
@@ -311,16 +314,20 @@ class _Kept:
 
 
 def _server_message(body: Any) -> str | None:
-    """The message of an error body in the API's shape, or a short text body."""
+    """The message of an error body in the API's shape, or a short text body:
+    one line, without control characters (it reaches the terminal)."""
+    text = None
     if isinstance(body, dict):
         error = body.get("error")
         if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return str(error["message"])[:200]
-        if isinstance(error, str):
-            return error[:200]
-    if isinstance(body, str) and body.strip():
-        return " ".join(body.split())[:200]
-    return None
+            text = str(error["message"])
+        elif isinstance(error, str):
+            text = error
+    elif isinstance(body, str):
+        text = body
+    if text is None:
+        return None
+    return " ".join(_CONTROL.sub(" ", text).split())[:200] or None
 
 
 def _body(
