@@ -138,6 +138,11 @@ def test_validate_json_of_a_good_file(tmp_path):
         "valid": True,
         "jobs": 3,
         "per_type": {"run-query": 1, "invite": 1, "avatar": 1},
+        "per_budget": {
+            "run-query": {"run-query": 1},
+            "invite": {"invite": 1},
+            "avatar": {"avatar": 1},
+        },
         "per_team": {"t1": 2},
     }
 
@@ -152,7 +157,7 @@ def test_validate_json_of_a_bad_file_exits_2_with_every_problem(tmp_path):
     assert report["problems"] == [
         {
             "line": 2,
-            "reason": "unknown type 'fax' (expected run-query, invite or avatar)",
+            "reason": "unknown type 'fax' (expected run-query, invite, avatar or request)",
         },
         {"line": 3, "reason": "duplicate id 'a' (first on line 2)"},
     ]
@@ -272,6 +277,29 @@ def test_failed_jobs_exit_1(tmp_path):
         )
     assert result.exit_code == 1
     assert {r["http_status"] for r in results_of(tmp_path, sandbox=False)} == {404}
+
+
+def test_a_request_the_server_refuses_with_405_fails_once(tmp_path):
+    """A request with a method its endpoint lacks fails at its first 405, with
+    the server's message, and submit exits 1."""
+    from batchrun.core.limits import limit_table
+    from batchrun.sandbox.app import create_app
+    from batchrun.sandbox.serving import running
+
+    path = tmp_path / "jobs.csv"
+    path.write_text(
+        "id,type,team_id,payload,method,path\n"
+        "a,request,,,GET,/teams/t1/data/run-query\n"
+        "b,request,,,DELETE,/users/me/avatar\n"
+    )
+    with running(create_app(rules=limit_table())) as url:
+        result = runner.invoke(app, ["submit", str(path), "--base-url", url])
+    assert result.exit_code == 1
+    ended = results_of(tmp_path, sandbox=False)
+    assert [(r["http_status"], r["attempts"]) for r in ended] == [(405, 1)] * 2
+    assert ended[0]["error"] == (
+        "HTTP 405 Method Not Allowed; no GET /teams/t1/data/run-query here"
+    )
 
 
 def test_token_is_never_shown(tmp_path):
@@ -915,3 +943,82 @@ def test_the_summary_says_when_concurrency_set_the_pace(tmp_path):
     said = "Concurrency, not the limit, set the pace for "
     assert said in out
     assert "1 in flight at most (--concurrency 1)." in out.split(said)[1]
+
+
+# `global`, wherever a key shows (issue 37)
+
+REQUEST_ROWS = (
+    "g1,request,t1,,GET,/teams/{team_id}/reports?page=1",
+    "g2,request,t1,,DELETE,/teams/{team_id}/members/m2",
+    'r1,request,t1,"{""q"": 1}",POST,/teams/{team_id}/data/run-query',
+    "q1,run-query,t1,,,",
+)
+
+
+def request_file(tmp_path, rows=REQUEST_ROWS):
+    path = tmp_path / "jobs.csv"
+    path.write_text("id,type,team_id,payload,method,path\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_validate_says_which_budget_each_group_draws_on(tmp_path):
+    """validate names each budget and the types of job that draw on it."""
+    result = runner.invoke(app, ["validate", str(request_file(tmp_path))])
+    assert result.exit_code == 0, result.stderr
+    assert "  budgets: global 2 (request), run-query 2 (request 1, run-query 1)" in (
+        result.stdout
+    )
+    data = json.loads(
+        runner.invoke(app, ["validate", str(request_file(tmp_path)), "--json"]).stdout
+    )
+    assert data["per_budget"] == {
+        "global": {"request": 2},
+        "run-query": {"request": 1, "run-query": 1},
+    }
+
+
+def test_global_shows_wherever_a_key_shows(tmp_path):
+    """plan, the run's log and summary, the metrics file, status and limits all
+    show the global budget that the request jobs draw on."""
+    from batchrun.core.limits import limit_table
+    from batchrun.sandbox.app import create_app
+    from batchrun.sandbox.serving import running
+
+    jobs = request_file(tmp_path)
+    metrics = tmp_path / "batchrun.prom"
+    with running(create_app(rules=limit_table())) as url:
+        base = ["--base-url", url]
+        plan = runner.invoke(app, ["plan", str(jobs), *base])
+        run = runner.invoke(
+            app, ["submit", str(jobs), *base, "--metrics-file", str(metrics)]
+        )
+        status = runner.invoke(app, ["status", str(jobs), *base])
+        limits = runner.invoke(app, ["limits", *base])
+    assert "2 global jobs (requests) at 120/1m" in plan.stdout
+    assert "2 run-query jobs (1 of them requests) at 15/1m+500/1h" in plan.stdout
+    assert run.exit_code == 0, run.stderr
+    assert "global: all 2 jobs ended (2 done, 0 failed)" in run.stdout
+    assert re.search(r"  global +2 +0 +0", run.stdout), run.stdout
+    assert "global responses: 200: 2" in run.stdout
+    assert 'batchrun_jobs{endpoint="global"' in metrics.read_text()
+    assert "global: 2 done" in status.stdout
+    assert "global: 120/1m" in limits.stdout
+
+
+def test_a_stricter_global_limit_is_learned_from(tmp_path):
+    """--server-limit global=RULE makes the sandbox stricter on other paths; the
+    run learns it for global as for any key, and every request ends done once."""
+    rows = [f"g{i},request,t1,,GET,/teams/{{team_id}}/r?n={i}" for i in range(20)]
+    args = ["--time-scale", "100", "--limit", "global=30/1m"]
+    args += ["--server-limit", "global=5/1m"]
+    result = runner.invoke(
+        app, ["submit", str(request_file(tmp_path, rows)), *FAST[:1], *args]
+    )
+    assert result.exit_code == 0, result.stderr
+    said = (
+        r"global: the server allows less than the rule; now 5/(\d+ms\+30/600ms|600ms)"
+    )
+    assert re.search(said, result.stdout), result.stdout
+    ended = results_of(tmp_path)
+    assert sorted(r["id"] for r in ended) == sorted(f"g{i}" for i in range(20))
+    assert {r["status"] for r in ended} == {"done"}

@@ -22,7 +22,7 @@ from batchrun.api.client import (
 from batchrun.api.outcome import Kind
 from batchrun.core.errors import UsageError
 from batchrun.core.limits import limit_table
-from batchrun.jobs.endpoints import JobType
+from batchrun.jobs.endpoints import JobType, Method
 from batchrun.jobs.job import Job
 from batchrun.sandbox.app import create_app
 from batchrun.sandbox.faults import Faults
@@ -446,3 +446,131 @@ async def test_a_proxy_or_handshake_refusal_is_a_fault(error, fault, said):
         fault,
         False,
     )
+
+
+# Request jobs and answers of any kind (issue 37)
+
+
+def sent_through(job: Job, answer: httpx.Response | None = None):
+    """Send `job` through a mock transport; return the requests it saw and the
+    outcome."""
+    seen: list[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return answer or httpx.Response(200, json={"ok": True})
+
+    async def send():
+        transport = httpx.MockTransport(handle)
+        async with Client(
+            base_url="https://api.example/v2", token="t", scope="s", transport=transport
+        ) as client:
+            return await client.send(job)
+
+    return seen, send
+
+
+def request_job(method: str, target: str, payload=None, team="acme") -> Job:
+    return Job("r1", JobType.REQUEST, team, payload or {}, 2, Method(method), target)
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+async def test_a_get_or_delete_request_is_sent_without_a_body(method):
+    """GET and DELETE go out with their query string and no body at all."""
+    seen, send = sent_through(request_job(method, "/teams/{team_id}/r?day=1&n=2"))
+    outcome = await send()
+    [request] = seen
+    assert (request.method, str(request.url)) == (
+        method,
+        "https://api.example/v2/teams/acme/r?day=1&n=2",
+    )
+    assert request.content == b""
+    assert "content-type" not in request.headers
+    assert outcome.kind is Kind.DONE
+
+
+async def test_a_post_request_carries_its_body_and_an_idempotency_key():
+    """POST sends the payload as JSON, with the job's stable Idempotency-Key."""
+    seen, send = sent_through(request_job("POST", "/users/me/notes", {"a": 1}))
+    await send()
+    [request] = seen
+    assert request.content == b'{"a":1}'
+    assert request.headers["idempotency-key"] == idempotency_key("s", "r1")
+
+
+@pytest.mark.parametrize("target", ["/../admin", "https://evil.example/steal"])
+async def test_a_path_out_of_the_base_url_is_never_sent(target):
+    """A path that got past the reader and leaves the base URL fails unsent."""
+    seen, send = sent_through(request_job("GET", target))
+    outcome = await send()
+    assert seen == []
+    assert (outcome.kind, outcome.maybe_processed) == (Kind.FAILED, False)
+    assert "not under the base URL" in (outcome.error or "")
+
+
+def test_a_text_body_is_kept_with_its_content_type():
+    """A body that is not JSON is kept as text, with the Content-Type it came with."""
+    answer = httpx.Response(
+        200, text="id,name\n1,a\n", headers={"Content-Type": "text/csv"}
+    )
+    outcome = classify(answer)
+    assert (outcome.body, outcome.content_type, outcome.size) == (
+        "id,name\n1,a\n",
+        "text/csv",
+        None,
+    )
+
+
+def test_a_json_body_has_no_content_type_noted():
+    """A JSON body needs no more than itself."""
+    outcome = classify(httpx.Response(200, json={"a": 1}))
+    assert (outcome.content_type, outcome.size) == (None, None)
+
+
+async def test_a_huge_body_is_kept_in_part_with_its_full_size():
+    """A body over the limit keeps its first 64 KiB and notes its stated size."""
+    whole = BODY_LIMIT * 5
+    answer = httpx.Response(
+        200,
+        content=b"y" * whole,
+        headers={"Content-Type": "application/octet-stream"},
+    )
+    _, send = sent_through(request_job("GET", "/export"), answer)
+    outcome = await send()
+    assert len(outcome.body) == BODY_LIMIT
+    assert (outcome.size, outcome.content_type) == (whole, "application/octet-stream")
+    assert f"body of {whole} bytes truncated to {BODY_LIMIT}" in (outcome.note or "")
+
+
+def test_a_404_message_reaches_the_error_without_control_characters():
+    """A server's message is one line, its escape sequences blanked."""
+    body = {"error": {"message": "no \x1b[31mteam\x1b[0m\nhere"}}
+    outcome = classify(httpx.Response(404, json=body))
+    assert outcome.error == "HTTP 404 Not Found; no [31mteam [0m here"
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "error"),
+    [
+        pytest.param(
+            404,
+            {"success": False, "error": {"code": "NOT_FOUND", "message": "no team"}},
+            "HTTP 404 Not Found; no team",
+            id="404-api-shape",
+        ),
+        pytest.param(
+            405,
+            "<h1>Method Not Allowed</h1>\n",
+            "HTTP 405 Method Not Allowed; <h1>Method Not Allowed</h1>",
+            id="405-text",
+        ),
+    ],
+)
+def test_a_404_or_405_fails_with_the_servers_message(status, body, error):
+    """A missing endpoint or wrong method fails at once, saying what the server said."""
+    if isinstance(body, dict):
+        answer = httpx.Response(status, json=body)
+    else:
+        answer = httpx.Response(status, text=body or "")
+    outcome = classify(answer)
+    assert (outcome.kind, outcome.error) == (Kind.FAILED, error)

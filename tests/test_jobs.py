@@ -159,13 +159,13 @@ def test_nul_bytes_outside_known_columns_are_harmless(tmp_path):
     [
         pytest.param(
             "a,foo,t,",
-            "unknown type 'foo' (expected run-query, invite or avatar)",
+            "unknown type 'foo' (expected run-query, invite, avatar or request)",
             id="unknown-type",
         ),
         pytest.param("a,Run-Query,t,", "unknown type 'Run-Query'", id="type-case"),
         pytest.param(
             "a,,t,",
-            "type is missing (expected run-query, invite or avatar)",
+            "type is missing (expected run-query, invite, avatar or request)",
             id="no-type",
         ),
         pytest.param(",run-query,t,", "id is empty", id="empty-id"),
@@ -295,7 +295,7 @@ def test_text_after_a_closing_quote_is_refused_and_reading_goes_on(tmp_path):
     text = HEADER + 'a,avatar,"x"y,\nb,fax,,\n'
     assert problems(tmp_path, text) == [
         (2, 'text follows a closing " (inside a quoted field write a quote as "")'),
-        (3, "unknown type 'fax' (expected run-query, invite or avatar)"),
+        (3, "unknown type 'fax' (expected run-query, invite, avatar or request)"),
     ]
 
 
@@ -499,7 +499,7 @@ def test_more_than_20_problems_show_20_and_a_count(tmp_path):
     assert lines[0] == f"{tmp_path / 'jobs.csv'}: 25 invalid row(s); nothing was sent."
     assert (
         lines[1]
-        == "  line 2: unknown type 'fax' (expected run-query, invite or avatar)"
+        == "  line 2: unknown type 'fax' (expected run-query, invite, avatar or request)"
     )
     assert lines[20].startswith("  line 21: ")
     assert lines[21:] == ["  ... and 5 more"]
@@ -765,3 +765,133 @@ def test_a_json_array_gets_a_clear_message(tmp_path):
     assert "jq -c" in str(caught.value.problems)
     path.write_text('{"id": "a", "type": "avatar"}\n')
     assert [job.id for job in read_jobs(path)] == ["a"]
+
+
+# --- request jobs (issue 37) -------------------------------------------------------
+
+REQUEST_HEADER = "id,type,team_id,payload,method,path\n"
+
+
+def test_request_rows_are_read_from_csv_with_method_path_and_body(tmp_path):
+    """A request row names its method and path; GET and DELETE carry no body."""
+    text = REQUEST_HEADER + (
+        "g,request,acme,,GET,/teams/{team_id}/reports?day=1\n"
+        'p,request,,"{""a"": 1}",patch,/users/me/profile\n'
+        "d,request,,,DELETE,/teams/beta/members/m7\n"
+    )
+    jobs = read_jobs(write(tmp_path, text))
+    assert [(j.endpoint.method, j.path, j.body, j.key.value) for j in jobs] == [
+        ("GET", "/teams/acme/reports?day=1", None, "global"),
+        ("PATCH", "/users/me/profile", {"a": 1}, "global"),
+        ("DELETE", "/teams/beta/members/m7", None, "global"),
+    ]
+    assert summarize(jobs).per_team == {"acme": 1}
+
+
+def test_request_rows_are_read_from_jsonl(tmp_path):
+    """In JSON Lines a request's payload is an object, its method and path text."""
+    lines = [
+        {"id": 1, "type": "request", "method": "POST", "path": "/x", "payload": {}},
+        {
+            "id": 2,
+            "type": "request",
+            "method": "PUT",
+            "path": "/y",
+            "payload": {"k": 2},
+        },
+    ]
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    jobs = read_jobs(write(tmp_path, text, "jobs.jsonl"))
+    assert [(j.method, j.path, j.body) for j in jobs] == [
+        ("POST", "/x", {}),
+        ("PUT", "/y", {"k": 2}),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "key"),
+    [
+        pytest.param("POST", "/teams/{team_id}/data/run-query", "run-query", id="rq"),
+        pytest.param("POST", "/teams/other/data/run-query?x=1", "run-query", id="rq-q"),
+        pytest.param("POST", "/teams/{team_id}/data/run-query/", "run-query", id="rq/"),
+        pytest.param("POST", "/teams/a/d%61ta/run-query", "run-query", id="rq-escape"),
+        pytest.param("POST", "/teams/{team_id}/members/invite", "invite", id="invite"),
+        pytest.param("PUT", "/users/me/avatar", "avatar", id="avatar"),
+        pytest.param("GET", "/teams/{team_id}/data/run-query", "global", id="get-rq"),
+        pytest.param("PUT", "/teams/{team_id}/members/invite", "global", id="put-inv"),
+        pytest.param("POST", "/teams/a/data/run-query/x", "global", id="below-rq"),
+        pytest.param("POST", "/users/me/avatar", "global", id="post-avatar"),
+        pytest.param("GET", "/users/me", "global", id="other"),
+    ],
+)
+def test_a_request_draws_on_the_budget_the_server_counts_it_against(
+    tmp_path, method, path, key
+):
+    """A request naming a limited endpoint is paced by its rule; others by global."""
+    text = REQUEST_HEADER + f"r,request,acme,,{method},{path}\n"
+    [job] = read_jobs(write(tmp_path, text))
+    assert job.key.value == key
+
+
+@pytest.mark.parametrize(
+    ("method", "safe"),
+    [("GET", True), ("PUT", True), ("DELETE", True), ("POST", False), ("PATCH", False)],
+)
+def test_a_request_is_safe_to_repeat_by_its_method(tmp_path, method, safe):
+    """RFC 9110: GET, PUT, DELETE may be repeated; POST and PATCH may not, even
+    to run-query's path."""
+    text = REQUEST_HEADER + f"r,request,acme,,{method},/teams/acme/data/run-query\n"
+    [job] = read_jobs(write(tmp_path, text))
+    assert job.endpoint.safe_to_repeat is safe
+
+
+@pytest.mark.parametrize(
+    ("row", "reason"),
+    [
+        pytest.param(
+            'r,request,,"{""a"": 1}",GET,/x',
+            "a GET request carries no payload",
+            id="get-payload",
+        ),
+        pytest.param(
+            'r,request,,"{""a"": 1}",DELETE,/x',
+            "a DELETE request carries no payload",
+            id="delete-payload",
+        ),
+        pytest.param(
+            "r,request,,,GET,/teams/{team_id}/x",
+            "team_id is missing: the path holds {team_id}",
+            id="placeholder-no-team",
+        ),
+        pytest.param(
+            "r,request,a/b,,GET,/teams/{team_id}/x",
+            "team_id 'a/b' may hold only",
+            id="placeholder-bad-team",
+        ),
+        pytest.param("r,request,,,FETCH,/x", "unknown method 'FETCH'", id="method"),
+        pytest.param("r,request,,,,/x", "method is missing", id="no-method"),
+        pytest.param("r,request,,,GET,", "path is missing", id="no-path"),
+        pytest.param("r,request,,,GET,/a/../b", "'..' step", id="dot-dot"),
+        pytest.param(
+            "r,run-query,acme,,GET,",
+            "method is for request jobs: a run-query job goes to its own endpoint",
+            id="typed-with-method",
+        ),
+        pytest.param(
+            "r,avatar,,,,/users/me",
+            "path is for request jobs: an avatar job goes to its own endpoint",
+            id="typed-with-path",
+        ),
+    ],
+)
+def test_a_bad_request_row_is_named_by_line_and_reason(tmp_path, row, reason):
+    """Each way a request row can be wrong is refused with its line and reason."""
+    line, text = one_problem(tmp_path, REQUEST_HEADER + "ok,avatar,,,,\n" + row + "\n")
+    assert line == 3
+    assert reason in text
+
+
+def test_a_header_naming_path_twice_is_refused(tmp_path):
+    """Two `path` columns would leave it unclear where a request goes."""
+    line, text = one_problem(tmp_path, "id,type,path,path\n1,request,/a,/b\n")
+    assert (line, text) == (1, "the header names path more than once")

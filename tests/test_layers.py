@@ -41,7 +41,7 @@ WINGS: list[tuple[str, list[list[str]]]] = [
             ["learner"],
         ],
     ),
-    ("jobs", [["endpoints", "jobfile"], ["job", "extract"]]),
+    ("jobs", [["endpoints", "jobfile"], ["target"], ["job", "extract"]]),
     ("api", [["fields", "trace"], ["hints"], ["outcome"], ["breaker", "client"]]),
     (
         "store",
@@ -101,6 +101,7 @@ BENCH = [
         "case_server",
         "progress",
         "draws",
+        "whole_api",
     ],
     ["script_pyrate", "script_limits", "script_aiolimiter", "script_sleep"],
     ["slowapi_server"],

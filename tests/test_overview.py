@@ -175,6 +175,36 @@ def test_status_text_lists_states_and_failures(tmp_path):
     assert "1 run-query jobs at 2/1m: 0 ms" in result.stdout
 
 
+def test_status_says_which_jobs_left_of_a_budget_are_requests(tmp_path):
+    """status: the global budget's jobs left are requests; run-query's, some."""
+    path = tmp_path / "jobs.csv"
+    path.write_text(
+        "id,type,team_id,payload,method,path\n"
+        "g0,request,,,GET,/users/me/x\n"
+        "g1,request,,,DELETE,/users/me/y\n"
+        "r0,request,t,,POST,/teams/t/data/run-query\n"
+        "q0,run-query,t,,,\n"
+        "q1,run-query,t,,,\n"
+    )
+    paths = StatePaths.resolve(tmp_path / "state")
+    with RunStore(paths.run_store(path, client_fingerprint(URL, None))) as store:
+        store.sync(scan(path), path=str(path), restart=False)
+        store.set_meta("rules", "run-query=2/1m,global=120/1m")
+        store.finished(JobResult("g1", "request", Status.DONE, 1, 200))
+    result = runner.invoke(app, ["status", str(path)])
+    assert "1 global jobs (requests) at 120/1m" in result.stdout
+    assert "3 run-query jobs (1 of them requests) at 2/1m" in result.stdout
+    report = json.loads(runner.invoke(app, ["status", str(path), "--json"]).stdout)
+    by_key = {k["key"]: k for k in report["keys"]}
+    assert (
+        by_key["global"]["requests_left"],
+        by_key["run-query"]["requests_left"],
+    ) == (
+        1,
+        1,
+    )
+
+
 # What was learned of a client's limits: plan, status and `limits`.
 
 LEARNED = {

@@ -21,7 +21,7 @@ from batchrun.core.events import (
     Tally,
 )
 from batchrun.core.limits import LimitKey, parse_rule
-from batchrun.jobs.endpoints import JobType
+from batchrun.jobs.endpoints import JobType, Method
 from batchrun.jobs.job import Job
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.run.journal import Journal
@@ -178,14 +178,14 @@ async def test_5xx_then_2xx_retries_and_succeeds():
 
 
 async def test_other_4xx_fails_without_retry():
-    """A 404 fails the job at once, keeping the status and body."""
+    """A 404 fails the job at once, keeping the status, body and server's word."""
     router = respx.Router()
     route = router.post(QUERY).respond(404, json={"error": "no team"})
     tally, recorder, _ = await run_jobs(router, [query("a")])
     assert route.call_count == 1
     assert tally == Tally(failed=1, total=1)
     [result] = recorder.results
-    assert result.error == "HTTP 404 Not Found"
+    assert result.error == "HTTP 404 Not Found; no team"
     assert result.response == {"error": "no team"}
 
 
@@ -631,3 +631,29 @@ async def test_an_attempt_without_an_answer_reports_no_status():
     )
     _, _, sink = await run_jobs(router, [query("a")])
     assert [a.status for a in sink.of(JobAnswered)] == [None, 200]
+
+
+async def test_the_key_that_bounds_the_run_sends_first():
+    """With a key whose jobs take longest under its rule listed last, its first
+    window's sends still go before any of the other key's: the run ends one
+    round trip after its ideal, not after the other key's sends too."""
+    router = respx.Router()
+    router.post(QUERY).respond(200, json={})
+    router.get(f"{BASE}/r").respond(200, json={})
+    sink = ListSink()
+    rules = {
+        LimitKey.GLOBAL: parse_rule("100/1s"),
+        LimitKey.RUN_QUERY: parse_rule("5/10s"),
+    }
+    others = [
+        Job(f"g{n}", JobType.REQUEST, None, {}, n, Method.GET, "/r") for n in range(20)
+    ]
+    queries = [query(f"q{n}") for n in range(10)]
+    async with make_runner(router, rules, sink, concurrency=1) as runner:
+        await runner.run(
+            {LimitKey.GLOBAL: others, LimitKey.RUN_QUERY: queries},
+            {LimitKey.GLOBAL: 20, LimitKey.RUN_QUERY: 10},
+        )
+    order = [e.key for e in sink.of(JobSent)]
+    assert order[:5] == [LimitKey.RUN_QUERY] * 5
+    assert order.count(LimitKey.GLOBAL) == 20

@@ -109,6 +109,9 @@ async def test_accepted_request_echoes_endpoint_team_and_body():
             "request_id": 1,
             "endpoint": "run-query",
             "team_id": "team-7",
+            "method": "POST",
+            "path": "/teams/team-7/data/run-query",
+            "query": "",
             "received": {"q": [1, 2]},
         },
     }
@@ -149,16 +152,42 @@ async def test_each_route_answers_its_method(method, path, endpoint, team):
     assert app.state.sandbox.arrivals[0].key is LimitKey(endpoint)
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "query", "team"),
+    [
+        pytest.param("GET", "/teams/t1/reports", "day=3", "t1", id="get-team"),
+        pytest.param("DELETE", "/teams/t2/members/m9", "", "t2", id="delete"),
+        pytest.param("PATCH", "/users/me/profile", "", None, id="patch-user"),
+        pytest.param("POST", "/users/me/notes", "a=1&b=2", None, id="post-other"),
+    ],
+)
+async def test_any_other_path_is_answered_with_an_echo(method, path, query, team):
+    """Any other method and path of the API is accepted under global, and
+    echoes what came."""
+    app = create_app(rules=rules(), clock=Clock())
+    body = {"n": 1} if method in ("POST", "PATCH") else None
+    url = f"{path}?{query}" if query else path
+    async with client(app) as http:
+        response = await http.request(method, url, json=body)
+    assert response.status_code == 200
+    data = response.json()["data"]
+    assert (data["endpoint"], data["method"], data["path"]) == ("global", method, path)
+    assert (data["query"], data["team_id"]) == (query, team)
+    assert data["received"] == (body or {})
+    assert [a.key for a in app.state.sandbox.arrivals] == [LimitKey.GLOBAL]
+
+
 async def test_unknown_path_is_a_404_json_error():
-    """An unknown path gets 404 with the API's JSON error shape."""
+    """A path outside the API (/teams/, /users/me/: a wrong base URL prefix)
+    gets 404 with the API's JSON error shape."""
     app = create_app(rules=rules(), clock=Clock())
     async with client(app) as http:
-        response = await http.post("/teams/t1/nothing", json={})
+        response = await http.post("/v1/teams/t1/data/run-query", json={})
     assert response.status_code == 404
     body = response.json()
     assert body["success"] is False
     assert body["error"]["code"] == "NOT_FOUND"
-    assert "/teams/t1/nothing" in body["error"]["message"]
+    assert "/v1/teams/t1/data/run-query" in body["error"]["message"]
 
 
 async def test_unknown_path_counts_against_global():

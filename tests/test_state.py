@@ -12,7 +12,7 @@ import pytest
 from batchrun.core.errors import JobsFileError, RunLocked, StateError
 from batchrun.core.events import Status
 from batchrun.core.limits import LimitKey, Pace, parse_rule
-from batchrun.jobs.endpoints import JobType
+from batchrun.jobs.endpoints import JobType, Method
 from batchrun.jobs.job import Job, scan
 from batchrun.jobs.jobfile import Problem
 from batchrun.ledgers.sqlite_ledger import SqliteLedger
@@ -21,7 +21,7 @@ from batchrun.run.journal import Journal
 from batchrun.store.paths import StatePaths, client_fingerprint
 from batchrun.store.results import JobResult, ResultsFile
 from batchrun.store.runlock import RunLock
-from batchrun.store.state import RunStore, check_jobs_file
+from batchrun.store.state import JobState, RunStore, check_jobs_file
 
 RQ = LimitKey.RUN_QUERY
 
@@ -316,7 +316,7 @@ def test_validate_names_duplicates_and_keeps_nothing(tmp_path):
     with pytest.raises(JobsFileError) as info:
         check_jobs_file(path)
     assert info.value.problems == [
-        (2, "unknown type 'fax' (expected run-query, invite or avatar)"),
+        (2, "unknown type 'fax' (expected run-query, invite, avatar or request)"),
         (4, "duplicate id 'a' (first on line 2)"),
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["jobs.csv"]
@@ -339,7 +339,7 @@ def test_store_records_its_schema_version(tmp_path):
     RunStore(path).close()
     with sqlite3.connect(path) as db:
         (version,) = db.execute("PRAGMA user_version").fetchone()
-    assert version == 1
+    assert version == 2
 
 
 def test_rows_removed_from_the_file_are_not_sent(store):
@@ -394,3 +394,77 @@ def test_the_journal_tells_the_store_a_requeue_may_have_been_processed(tmp_path,
             journal.requeued(job, maybe_processed=maybe)
     store.recover(retry_failed=False, retry_unknown=False)
     assert states(store) == {("invite", "unknown"): 1, ("invite", "pending"): 1}
+
+
+# `request` jobs (issue 37)
+
+
+def request(job_id, line, method, path, team="t"):
+    return Job(job_id, JobType.REQUEST, team, {}, line, Method(method), path)
+
+
+def test_request_jobs_come_back_with_their_method_path_and_budget(store):
+    """A request job is stored and read back whole, queued under its budget."""
+    jobs = [
+        request("g", 2, "GET", "/teams/{team_id}/reports?day=1"),
+        request("r", 3, "POST", "/teams/{team_id}/data/run-query"),
+    ]
+    store.sync(jobs, path="f", restart=False)
+    [back] = store.pending(LimitKey.GLOBAL)
+    assert (back.method, back.target, back.path) == (
+        Method.GET,
+        "/teams/{team_id}/reports?day=1",
+        "/teams/t/reports?day=1",
+    )
+    assert [j.id for j in store.pending(RQ)] == ["r"]
+
+
+def test_recover_leaves_post_and_patch_requests_unknown(store):
+    """In flight when a run died: GET, PUT, DELETE are resent; POST, PATCH unknown."""
+    jobs = [
+        request(m.lower(), n, m, "/x")
+        for n, m in enumerate(("GET", "PUT", "DELETE", "POST", "PATCH"), start=2)
+    ]
+    store.sync(jobs, path="f", restart=False)
+    for job in jobs:
+        store.started(job, 1)
+    store.recover(retry_failed=False, retry_unknown=False)
+    assert states(store) == {("global", "pending"): 3, ("global", "unknown"): 2}
+    assert store.ids_in([JobState.UNKNOWN]) == {"post", "patch"}
+
+
+def test_a_changed_path_of_a_done_request_is_noticed(store):
+    """A done request whose path changed is refused: another request, same id."""
+    store.sync([request("g", 2, "GET", "/a")], path="f", restart=False)
+    store.finished(JobResult("g", "request", Status.DONE, 1, 200))
+    with pytest.raises(JobsFileError) as info:
+        store.sync([request("g", 2, "GET", "/b")], path="f", restart=False)
+    [(line, reason)] = info.value.problems
+    assert (line, reason.startswith("job 'g' is done from an earlier run")) == (2, True)
+
+
+def test_a_store_of_schema_1_keeps_invites_unsafe(tmp_path):
+    """A store written before request jobs is brought up to date: an invite left
+    in flight there still becomes unknown, a run-query is resent."""
+    path = tmp_path / "run.db"
+    with sqlite3.connect(path) as db:
+        db.executescript(
+            "CREATE TABLE jobs (id TEXT PRIMARY KEY, line INTEGER NOT NULL, "
+            "type TEXT NOT NULL, key TEXT NOT NULL, team_id TEXT, payload TEXT NOT "
+            "NULL, digest TEXT NOT NULL, state TEXT NOT NULL, attempts INTEGER NOT "
+            "NULL DEFAULT 0, http_status INTEGER, error TEXT);"
+            "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);"
+            "INSERT INTO jobs VALUES ('i', 2, 'invite', 'invite', 't', '{}', 'x', "
+            "'in_flight', 1, NULL, NULL);"
+            "INSERT INTO jobs VALUES ('q', 3, 'run-query', 'run-query', 't', '{}', "
+            "'y', 'in_flight', 1, NULL, NULL);"
+            "PRAGMA user_version = 1;"
+        )
+    with RunStore(path) as opened:
+        opened.recover(retry_failed=False, retry_unknown=False)
+        assert opened.ids_in([JobState.UNKNOWN]) == {"i"}
+        assert [j.id for j in opened.pending(RQ)] == ["q"]
+    with sqlite3.connect(path) as db:
+        (version,) = db.execute("PRAGMA user_version").fetchone()
+        marked = db.execute("SELECT id, unsafe, method FROM jobs ORDER BY id")
+        assert (version, marked.fetchall()) == (2, [("i", 1, None), ("q", 0, None)])

@@ -10,11 +10,12 @@ is strict, storable JSON (else as text), and the token never appears in it.
 from __future__ import annotations
 
 import hashlib
+import re
 import socket
 import ssl
 import time
 from collections.abc import AsyncGenerator, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Self, TypeVar, cast
 
@@ -22,7 +23,7 @@ import anyio
 import httpx
 
 from batchrun import __version__
-from batchrun.api.hints import read_hints
+from batchrun.api.hints import Hints, read_hints
 from batchrun.api.outcome import Kind, Outcome, rate_limited_wait, says_rate_limited
 from batchrun.api.trace import ExchangeTrace
 from batchrun.core import strict_json
@@ -41,6 +42,8 @@ BODY_LIMIT = 64 * 1024
 _SHORTEST_SECRET = 8
 _REDACTED = "[token]"
 _E = TypeVar("_E", bound=BaseException)
+# Escape sequences in a server's message must not drive the user's terminal.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def idempotency_key(scope: str, job_id: str) -> str:
@@ -145,10 +148,15 @@ class Client:
         request = self._http.build_request(
             job.endpoint.method,
             job.path,
-            json=job.payload,
+            json=job.body,
             headers=headers,
             extensions={"trace": trace},
         )
+        if not _under(request.url, self._http.base_url):
+            # The jobs reader refuses such paths; this keeps the token home
+            # even if one got through.
+            error = f"{job.path!r} is not under the base URL: not sent"
+            return Outcome(Kind.FAILED, error=error, maybe_processed=False)
         try:
             # httpx times each phase (connect, each read); a server dripping its
             # answer byte by byte must still end within the timeout, as a whole.
@@ -196,6 +204,16 @@ class Client:
         return response, b"".join(chunks), size > BODY_LIMIT
 
 
+def _under(url: httpx.URL, base: httpx.URL) -> bool:
+    """Whether `url` is the base URL's scheme, host and port, and under its path."""
+    prefix = base.raw_path.split(b"?")[0].rstrip(b"/") + b"/"
+    return (url.scheme, url.host, url.port) == (
+        base.scheme,
+        base.host,
+        base.port,
+    ) and url.raw_path.startswith(prefix)
+
+
 def classify(response: httpx.Response) -> Outcome:
     """Turn an answer into an Outcome: 2xx done, 429 (or a 403 that says it is a
     rate limit) requeue, 5xx retry, else fail."""
@@ -207,10 +225,19 @@ def classify(response: httpx.Response) -> Outcome:
 def _classify(
     response: httpx.Response, raw: bytes, *, cut: bool, secret: str | None, cap: float
 ) -> Outcome:
-    body, note = _body(raw, cut=cut, secret=secret)
     headers = {name.lower(): value for name, value in response.headers.items()}
+    size = _full_size(raw, cut=cut, stated=headers.get("content-length"))
+    body, note = _body(raw, size=size, secret=secret)
     hints = read_hints(headers, now=time.time(), cap=cap)
     note = _joined(*hints.notes, note)
+    kept = _Kept(body, headers.get("content-type"), size)
+    outcome = _verdict(response, body, note, hints)
+    return replace(outcome, **kept.shown) if kept.shown else outcome
+
+
+def _verdict(
+    response: httpx.Response, body: Any, note: str | None, hints: Hints
+) -> Outcome:
     status = response.status_code
     if 200 <= status < 300:
         return Outcome(Kind.DONE, status, body, note=note, hints=hints)
@@ -240,6 +267,8 @@ def _classify(
             maybe_processed=False,
             fault="token",
         )
+    if status in (404, 405):
+        error = _joined(error, _server_message(body)) or error
     kind = Kind.TRANSIENT if status >= 500 or status == 408 else Kind.FAILED
     # A 503 that says when to come back is the server turning the request away
     # unprocessed (RFC 9110 section 15.6.4); any other 5xx may have done the work.
@@ -269,15 +298,64 @@ def parse_retry_after(
     return hints.retry_after, _joined(*hints.notes)
 
 
-def _body(raw: bytes, *, cut: bool, secret: str | None) -> tuple[Any, str | None]:
+def _full_size(raw: bytes, *, cut: bool, stated: str | None) -> int | None:
+    """The body's whole size in bytes: as read, or for a body cut short, as its
+    Content-Length states (None: not stated, or not a number)."""
+    if not cut:
+        return len(raw)
+    if stated is not None and stated.strip().isdigit():
+        return int(stated)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """What a results line says of a body kept as text: its content type, and
+    its whole size when only part of it is kept."""
+
+    body: Any
+    content_type: str | None
+    size: int | None
+
+    @property
+    def shown(self) -> dict[str, Any]:
+        if not isinstance(self.body, str):
+            return {}
+        cut = self.size is not None and self.size > BODY_LIMIT
+        return {
+            "content_type": self.content_type or "(not stated)",
+            "size": self.size if cut else None,
+        }
+
+
+def _server_message(body: Any) -> str | None:
+    """The message of an error body in the API's shape, or a short text body:
+    one line, without control characters (it reaches the terminal)."""
+    text = None
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            text = str(error["message"])
+        elif isinstance(error, str):
+            text = error
+    elif isinstance(body, str):
+        text = body
+    if text is None:
+        return None
+    return " ".join(_CONTROL.sub(" ", text).split())[:200] or None
+
+
+def _body(
+    raw: bytes, *, size: int | None, secret: str | None
+) -> tuple[Any, str | None]:
     """The body to keep: strict JSON parsed, else text; never the token."""
     notes: list[str] = []
     if secret and secret.encode() in raw:
         raw = raw.replace(secret.encode(), _REDACTED.encode())
         notes.append("the token was echoed in the body and is replaced by [token]")
-    if cut or len(raw) > BODY_LIMIT:
-        size = f"more than {BODY_LIMIT}" if cut else str(len(raw))
-        notes.append(f"body of {size} bytes truncated to {BODY_LIMIT}")
+    if size is None or len(raw) > BODY_LIMIT:
+        whole = f"more than {BODY_LIMIT}" if size is None else str(size)
+        notes.append(f"body of {whole} bytes truncated to {BODY_LIMIT}")
         return raw[:BODY_LIMIT].decode("utf-8", "replace"), _joined(*notes)
     if not raw:
         return None, _joined(*notes)

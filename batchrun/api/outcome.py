@@ -52,6 +52,10 @@ class Outcome:
     # refused), "network" (no such name, connection refused). The breaker counts
     # these; the job is tried again, and left pending when the breaker trips.
     fault: str | None = None
+    # For a body kept as text (not JSON, or cut short): its Content-Type, and
+    # its whole size in bytes when only part of it is kept.
+    content_type: str | None = None
+    size: int | None = None
 
 
 def says_rate_limited(hints: Hints) -> bool:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,8 @@ class KeyPlan:
     used: list[tuple[str, int]]
     seconds: float
     learned: str | None = None
+    # How many of `jobs` are request jobs (the others are of the key's type).
+    requests: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,13 +121,21 @@ def status(
         reasons = store.reasons(None if shown is None else min(shown, FEW))
         activity = _activity(found, store)
         responses = _responses(store.get_meta("responses"))
+        requests = store.requests_left()
     pending = {
         k: s.get(JobState.PENDING, 0) + s.get(JobState.IN_FLIGHT, 0)
         for k, s in states.items()
     }
     budget = Budget(paths, client, ledger_url, fallback)
-    keys = _plans(pending, rules, pace, budget)
+    keys = _with_requests(_plans(pending, rules, pace, budget), requests)
     return Status(found, states, failures, keys, activity, responses, reasons)
+
+
+def _with_requests(
+    plans: list[KeyPlan], requests: Mapping[LimitKey, int]
+) -> list[KeyPlan]:
+    """Each key's plan, saying how many of its jobs left are request jobs."""
+    return [replace(item, requests=requests.get(item.key, 0)) for item in plans]
 
 
 def _responses(text: str | None) -> Responses:
@@ -209,9 +219,11 @@ def plan(
     if found is not None:
         with RunStore(found, read_only=True) as store:
             settled = store.ids_in(_SETTLED)
-    left = Counter(job.key for job in jobs if job.id not in settled)
+    unsettled = [job for job in jobs if job.id not in settled]
+    left = Counter(job.key for job in unsettled)
+    requests = Counter(job.key for job in unsettled if job.method is not None)
     budget = Budget(paths, client, ledger_url, fallback or {}, time_scale)
-    return _plans(dict(left), rules, pace, budget)
+    return _with_requests(_plans(dict(left), rules, pace, budget), requests)
 
 
 def ended_badly(

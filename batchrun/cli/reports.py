@@ -37,6 +37,9 @@ def summary_lines(jobs_file: Path, summary: Summary) -> list[str]:
     """`validate`: how many valid jobs of each type, and the busiest teams."""
     per_type = ", ".join(f"{kind.value} {n:,}" for kind, n in summary.per_type.items())
     lines = [f"{jobs_file}: {summary.total:,} valid job(s): {per_type or 'none'}"]
+    # Typed jobs draw on the budget of their own name; requests on any.
+    if any(kind.value == "request" for kind in summary.per_type):
+        lines.append(f"  budgets: {_budgets(summary)}")
     if summary.per_team:
         teams = sorted(summary.per_team.items(), key=lambda item: (-item[1], item[0]))
         shown = ", ".join(f"{team} {n:,}" for team, n in teams[:_TEAMS_SHOWN])
@@ -49,13 +52,33 @@ def summary_lines(jobs_file: Path, summary: Summary) -> list[str]:
     return lines
 
 
+def _budgets(summary: Summary) -> str:
+    """Each budget the jobs draw on and which types draw on it:
+    `run-query 70 (run-query 60, request 10), global 100 (request)`."""
+    parts = []
+    for key, types in summary.per_budget.items():
+        total = sum(types.values())
+        if len(types) == 1:
+            [kind] = types
+            parts.append(f"{key.value} {total} ({kind.value})")
+        else:
+            each = ", ".join(f"{kind.value} {n}" for kind, n in types.items())
+            parts.append(f"{key.value} {total} ({each})")
+    return ", ".join(parts)
+
+
 def summary_json(jobs_file: Path, summary: Summary) -> dict[str, object]:
-    """`validate --json` of a good file: the counts per type and per team."""
+    """`validate --json` of a good file: the counts per type, per budget (and
+    the types drawing on each) and per team."""
     return {
         "file": str(jobs_file),
         "valid": True,
         "jobs": summary.total,
         "per_type": {kind.value: n for kind, n in summary.per_type.items()},
+        "per_budget": {
+            key.value: {kind.value: n for kind, n in types.items()}
+            for key, types in summary.per_budget.items()
+        },
         "per_team": dict(sorted(summary.per_team.items())),
     }
 
@@ -149,6 +172,15 @@ def _when(stamp: float) -> str:
     return datetime.fromtimestamp(stamp).astimezone().strftime("%Y-%m-%d %H:%M:%S %z")
 
 
+def _requests(item: KeyPlan) -> str:
+    """Which of a key's jobs are request jobs drawing on its budget."""
+    if not item.requests:
+        return ""
+    if item.requests == item.jobs:
+        return " (requests)"
+    return f" ({item.requests:,} of them requests)"
+
+
 def plan_lines(plans: list[KeyPlan]) -> list[str]:
     """`plan`: per endpoint, the jobs left, the rule, the budget in use and the time."""
     lines = []
@@ -156,7 +188,8 @@ def plan_lines(plans: list[KeyPlan]) -> list[str]:
         used = ", ".join(f"{n} of {window}" for window, n in item.used)
         learned = " (learned)" if item.learned else ""
         lines.append(
-            f"{item.jobs:,} {item.key.value} jobs at {item.rule}{learned}: "
+            f"{item.jobs:,} {item.key.value} jobs{_requests(item)} at "
+            f"{item.rule}{learned}: "
             f"{durations.spoken(item.seconds)} (in use now: {used})"
         )
     if len(plans) > 1:
@@ -212,6 +245,7 @@ def _plan_json(plan: KeyPlan) -> dict[str, object]:
     return {
         "key": plan.key.value,
         "jobs_left": plan.jobs,
+        "requests_left": plan.requests,
         "rule": plan.rule.grammar,
         "burst": plan.rule.burst,
         "learned": plan.learned,

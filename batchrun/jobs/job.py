@@ -19,7 +19,14 @@ from urllib.parse import quote
 from batchrun.core import strict_json
 from batchrun.core.errors import JobsFileError
 from batchrun.core.limits import LimitKey
-from batchrun.jobs.endpoints import ENDPOINTS, Endpoint, JobType
+from batchrun.jobs.endpoints import (
+    ENDPOINTS,
+    WITH_BODY,
+    Endpoint,
+    JobType,
+    Method,
+    request_endpoint,
+)
 from batchrun.jobs.jobfile import (
     Problem,
     Row,
@@ -29,6 +36,7 @@ from batchrun.jobs.jobfile import (
     rows,
     shown,
 )
+from batchrun.jobs.target import PLACEHOLDER, BadTarget, check_method, check_path
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +48,15 @@ class Job:
     team_id: str | None = None
     payload: dict[str, Any] = field(default_factory=dict, compare=False)
     line: int = 0
+    # A `request` job's method and path as written (`{team_id}` not yet filled).
+    method: Method | None = None
+    target: str | None = None
 
     @property
     def endpoint(self) -> Endpoint:
-        return ENDPOINTS[self.type]
+        if self.method is None or self.target is None:
+            return ENDPOINTS[self.type]
+        return request_endpoint(self.method, self.target, self.path)
 
     @property
     def key(self) -> LimitKey:
@@ -52,16 +65,26 @@ class Job:
     @property
     def path(self) -> str:
         """The request path, with `team_id` percent-encoded so it stays one segment."""
-        return self.endpoint.path.format(team_id=quote(self.team_id or "", safe=""))
+        template = self.target or ENDPOINTS[self.type].path
+        return template.replace(PLACEHOLDER, quote(self.team_id or "", safe=""))
+
+    @property
+    def body(self) -> dict[str, Any] | None:
+        """The JSON body to send: the payload, none for a GET or DELETE."""
+        if self.method is not None and self.method not in WITH_BODY:
+            return None
+        return self.payload
 
 
 @dataclass(frozen=True, slots=True)
 class Summary:
-    """What a valid jobs file holds, by type and by team."""
+    """What a valid jobs file holds, by type and by team, and by the budget each
+    type's jobs draw on (`per_budget[key][type]`)."""
 
     total: int
     per_type: dict[JobType, int]
     per_team: dict[str, int]
+    per_budget: dict[LimitKey, dict[JobType, int]] = field(default_factory=dict)
 
 
 # Letters, digits and the unreserved marks of RFC 3986 only, so a team id is one
@@ -69,7 +92,7 @@ class Summary:
 _TEAM_ID = re.compile(r"[A-Za-z0-9._~-]+")
 # Control characters garble logs and the terminal; lone surrogates cannot be encoded.
 _UNSAFE_TEXT = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-_TYPES = "run-query, invite or avatar"
+_TYPES = "run-query, invite, avatar or request"
 
 
 class _BadRow(Exception):
@@ -105,11 +128,14 @@ def summarize(jobs: Iterable[Job]) -> Summary:
     """Count jobs per type and per team, types in order of first appearance."""
     per_type: Counter[JobType] = Counter()
     per_team: Counter[str] = Counter()
+    per_budget: dict[LimitKey, Counter[JobType]] = {}
     for job in jobs:
         per_type[job.type] += 1
+        per_budget.setdefault(job.key, Counter())[job.type] += 1
         if job.team_id is not None:
             per_team[job.team_id] += 1
-    return Summary(per_type.total(), dict(per_type), dict(per_team))
+    budgets = {key: dict(types) for key, types in per_budget.items()}
+    return Summary(per_type.total(), dict(per_type), dict(per_team), budgets)
 
 
 def scan(path: Path, *, check_duplicates: bool = True) -> Iterator[Job | Problem]:
@@ -147,10 +173,48 @@ def _job(
         job_id = _unique(_id(fields.get("id")), line, seen)
         kind = _type(fields.get("type"))
         payload = _payload(fields.get("payload"), text=text_payload)
+        if kind is JobType.REQUEST:
+            return _request(job_id, line, fields, payload)
+        _no_target(fields, kind)
         team = _team(fields.get("team_id")) if ENDPOINTS[kind].needs_team else None
     except _BadRow as exc:
         return Problem(line, str(exc), job_id)
     return Job(job_id, kind, team, payload, line)
+
+
+def _request(
+    job_id: str, line: int, fields: dict[str, Any], payload: dict[str, Any]
+) -> Job:
+    """A `request` row: its method and path (never out of the base URL), a body
+    only where the method has one, and the team its path names."""
+    try:
+        method = check_method(fields.get("method"))
+        target = check_path(fields.get("path"))
+    except BadTarget as exc:
+        raise _BadRow(str(exc)) from None
+    if payload and method not in WITH_BODY:
+        msg = (
+            f"a {method.value} request carries no payload: put its arguments in "
+            "the path's query string (?name=value), or leave payload empty"
+        )
+        raise _BadRow(msg)
+    team = None
+    if PLACEHOLDER in target:
+        team = _team(fields.get("team_id"), why=f"the path holds {PLACEHOLDER}")
+    return Job(job_id, JobType.REQUEST, team, payload, line, method, target)
+
+
+def _no_target(fields: dict[str, Any], kind: JobType) -> None:
+    """`method` and `path` belong to request jobs; another type's row holding
+    them would send to its own endpoint, not the one written."""
+    for name in ("method", "path"):
+        value = fields.get(name)
+        if value is not None and not (isinstance(value, str) and not value.strip()):
+            msg = (
+                f"{name} is for request jobs: {_a(kind.value)} job goes to its own "
+                "endpoint. Leave it empty, or make the job a request"
+            )
+            raise _BadRow(msg)
 
 
 def _id(value: Any) -> str:
@@ -194,9 +258,13 @@ def _type(value: Any) -> JobType:
         raise _BadRow(msg) from None
 
 
-def _team(value: Any) -> str:
+def _a(noun: str) -> str:
+    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
+
+
+def _team(value: Any, *, why: str = "run-query and invite jobs need a team") -> str:
     if value is None or (isinstance(value, str) and not value.strip()):
-        msg = "team_id is missing: run-query and invite jobs need a team"
+        msg = f"team_id is missing: {why}"
         raise _BadRow(msg)
     if not isinstance(value, str):
         msg = f"team_id must be a string, got {json_kind(value)}"

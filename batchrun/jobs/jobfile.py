@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 from batchrun.core import strict_json
 
 MAX_ROW = 16 * 2**20
-_COLUMNS = ("id", "type", "team_id", "payload")
+_COLUMNS = ("id", "type", "team_id", "payload", "method", "path")
 _REQUIRED = ("id", "type")
 _HEADER_HINT = "the first line must name the columns, e.g. id,type,team_id,payload"
 _JSON_KINDS = {type(None): "null", bool: "a boolean", int: "a number"}

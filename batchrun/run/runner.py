@@ -36,11 +36,12 @@ from batchrun.core.events import (
     RunStarted,
     Tally,
 )
-from batchrun.core.limits import LimitKey
+from batchrun.core.limits import LimitKey, Rule
 from batchrun.jobs.job import Job
 from batchrun.pacing.arrival import Trip
 from batchrun.pacing.learner import Learner
 from batchrun.pacing.pacer import Pacer
+from batchrun.pacing.slots import eta
 from batchrun.run.queues import Attempt, KeyQueue
 from batchrun.run.settings import IN_FLIGHT_CEILING, Settings, in_flight_cap
 from batchrun.run.settlement import Recorder, Settlement
@@ -55,8 +56,9 @@ class Sender(Protocol):
 class Runner:
     """Sends every job through the pacer and settles each outcome.
 
-    `concurrency` workers each take the next attempt of a key with work due, wait
-    for its slot, send it and settle the answer, then go again. At most one worker
+    `concurrency` workers each take the next attempt of a key with work due (the
+    key whose jobs take longest under its rule first), wait for its slot, send
+    it and settle the answer, then go again. At most one worker
     waits on a key's slot; the others take other keys or wait for a change (an
     answer, a retry falling due). A worker that gets its slot at once goes straight
     on to send: a free-running run never hands work between tasks.
@@ -99,7 +101,6 @@ class Runner:
         )
         self._tally = self._settlement.tally
         self._queues: list[tuple[LimitKey, KeyQueue]] = []
-        self._turn = 0
         self._in_flight = 0
         self._idle = 0
         self._changed = anyio.Event()
@@ -121,10 +122,11 @@ class Runner:
     ) -> Tally:
         """Send every job; return when all ended, or when `stop` was called."""
         self._tally.total = sum(totals.values())
-        self._queues = [
-            (key, KeyQueue(iter(key_jobs))) for key, key_jobs in jobs.items()
-        ]
         rules = dict(self._pacer.rules)
+        self._queues = sorted(
+            ((key, KeyQueue(iter(key_jobs))) for key, key_jobs in jobs.items()),
+            key=lambda item: -self._ideal(item[0], totals.get(item[0], 0), rules),
+        )
         used = {key: self._pacer.used(key) for key in totals if key in rules}
         at = self._clock.now()
         self._emit(RunStarted(at, totals, rules, self._settings.pace, used))
@@ -141,6 +143,15 @@ class Runner:
         self._emit(self._settlement.finished())
         return self._tally
 
+    def _ideal(
+        self, key: LimitKey, count: int, rules: Mapping[LimitKey, Rule]
+    ) -> float:
+        """How long `count` jobs of `key` take under its rule, at zero latency."""
+        rule = rules.get(key)
+        if rule is None or not count:
+            return 0.0
+        return eta(count, rule, now=0.0, pace=self._settings.pace)
+
     def stop(self) -> None:
         """Start no more requests; `run` returns once those in flight are answered."""
         self._stop_requested = True
@@ -156,15 +167,14 @@ class Runner:
         while not self._stop_requested:
             now = self._clock.now()
             soonest = math.inf
-            count = len(self._queues)
-            for step in range(count):
-                key, queue = self._queues[(self._turn + step) % count]
+            # Keys by their ideal time, longest first: the key that bounds the
+            # run gets its first window's sends out before the keys with slack.
+            for key, queue in self._queues:
                 due = None if queue.claimed else queue.due()
                 if due is not None and due <= now:
                     if self._hold(key):
                         soonest = math.nan  # held by the cap: until an answer
                         break
-                    self._turn = (self._turn + step + 1) % count
                     return await self._slot(key, queue)
                 if due is not None:
                     soonest = min(soonest, due)

@@ -11,9 +11,12 @@ are accepted exactly as the chosen `limiters` model (`counting`, sliding log by
 default) accepts them under the key's rule, or the global rule for a key without
 one. With the sliding log, at most COUNT requests are accepted within any half-open
 interval (t - W, t] of every window (COUNT, W) of the rule. Over-limit requests get
-the API's 429 body and a Retry-After, and do not count. With a `headers` style,
-every answer but a dropped one states the key's quotas after its request. Every
-request lands in `arrivals`.
+the API's 429 body and a Retry-After, and do not count. Any other path where the
+API's paths are (under `/teams/` or `/users/me/`) is answered as the three
+endpoints' are, under the global rule; a wrong method on one of the three (405)
+and a path outside the API (404) count against the global rule too. With a
+`headers` style, every answer but a dropped one states the key's quotas after
+its request. Every request lands in `arrivals`.
 
 A dropped connection starts an answer and then breaks it off. Over a socket,
 uvicorn closes the connection mid-answer and the client sees a protocol error
@@ -194,8 +197,8 @@ def create_app(
         Route(end.path, _endpoint(sandbox, end.key), methods=[end.method])
         for end in ENDPOINTS.values()
     ]
-    refuse = partial(_refuse, sandbox)
-    app = Starlette(routes=routes, exception_handlers={404: refuse, 405: refuse})
+    elsewhere = partial(_elsewhere, sandbox)
+    app = Starlette(routes=routes, exception_handlers={404: elsewhere, 405: elsewhere})
     app.state.sandbox = sandbox
     return app
 
@@ -211,9 +214,19 @@ def _endpoint(
     return endpoint
 
 
-async def _refuse(sandbox: Sandbox, request: Request, exc: Exception) -> Response:
-    """Unknown paths (404) and wrong methods (405), counted against `global`."""
+# Where the API's paths are (reporting-api-rate-limits.md, section 1).
+_API_PATHS = ("/teams/", "/users/me/")
+
+
+async def _elsewhere(sandbox: Sandbox, request: Request, exc: Exception) -> Response:
+    """Every other endpoint of the API, counted against `global`: any other path
+    under `/teams/` or `/users/me/` is answered as the three are, with an echo;
+    a wrong method on one of the three is a 405, and a path outside the API
+    (a base URL with a wrong prefix) a 404."""
     status = exc.status_code if isinstance(exc, HTTPException) else 404
+    if status == 404 and request.url.path.startswith(_API_PATHS):
+        serve = partial(_serve, sandbox, request, LimitKey.GLOBAL)
+        return await _answer(sandbox, request, LimitKey.GLOBAL, serve)
     headers = exc.headers if isinstance(exc, HTTPException) else None
     code = "NOT_FOUND" if status == 404 else "METHOD_NOT_ALLOWED"
     message = f"no {request.method} {request.url.path} here"
@@ -278,10 +291,19 @@ def _echo(sandbox: Sandbox, request: Request, key: LimitKey, raw: bytes) -> Resp
     data = {
         "request_id": sandbox.next_request_id(),
         "endpoint": key.value,
-        "team_id": request.path_params.get("team_id"),
+        "team_id": request.path_params.get("team_id") or _team(request.url.path),
+        "method": request.method,
+        "path": request.url.path,
+        "query": request.url.query,
         "received": received,
     }
     return JSONResponse({"success": True, "data": data})
+
+
+def _team(path: str) -> str | None:
+    """The team a path under `/teams/{team_id}/` names, as the server reads it."""
+    steps = path.split("/")
+    return steps[2] or None if len(steps) > 2 and steps[1] == "teams" else None
 
 
 def _error(

@@ -24,7 +24,6 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from batchrun.jobs.endpoints import ENDPOINTS
 from batchrun.store.results import ends_since
 from batchrun.store.state import JobState, RunStore
 
@@ -77,13 +76,14 @@ def reconcile(
         say(_told(changed, results))
 
 
-def _told(changed: dict[tuple[str, JobState], int], results: Path) -> str:
+def _told(changed: dict[tuple[str, bool, JobState], int], results: Path) -> str:
     by_state = {
-        s: sum(n for (_, st), n in changed.items() if st is s) for s in JobState
+        s: sum(n for (_, _, st), n in changed.items() if st is s) for s in JobState
     }
-    unsafe = {t.value for t, end in ENDPOINTS.items() if not end.safe_to_repeat}
-    invites = sum(n for (kind, _), n in changed.items() if kind in unsafe)
-    named = f", {invites} of them invites," if invites else ""
+    unsafe = sum(n for (_, flag, _), n in changed.items() if flag)
+    kinds = {kind for (kind, flag, _) in changed if flag}
+    what = "invites" if kinds == {"invite"} else "not safe to send twice"
+    named = f", {unsafe} of them {what}," if unsafe else ""
     kind = ", ".join(
         f"{by_state[s]} {s.value}"
         for s in (JobState.DONE, JobState.UNKNOWN, JobState.FAILED)

@@ -33,7 +33,8 @@ def take_in(
     (the first of them, and how many), duplicate ids included."""
     db.execute(
         "CREATE TEMP TABLE IF NOT EXISTS incoming (id TEXT, line INT, "
-        "type TEXT, key TEXT, team_id TEXT, payload TEXT, digest TEXT)"
+        "type TEXT, key TEXT, team_id TEXT, payload TEXT, digest TEXT, "
+        "method TEXT, path TEXT, unsafe INT)"
     )
     db.execute("CREATE INDEX IF NOT EXISTS incoming_id ON incoming (id)")
     db.execute("DELETE FROM incoming")
@@ -57,7 +58,7 @@ def _stage(
             if row.id is None:
                 continue
             # A bad row still claims its id: a later row with it is named.
-            batch.append((row.id, row.line, *(None,) * 5))
+            batch.append((row.id, row.line, *(None,) * 8))
         else:
             batch.append(staged(row))
         if len(batch) >= _BATCH:
@@ -67,7 +68,7 @@ def _stage(
 
 
 def _insert(db: Database, batch: list[tuple[object, ...]]) -> None:
-    db.executemany("INSERT INTO incoming VALUES (?, ?, ?, ?, ?, ?, ?)", batch)
+    db.executemany("INSERT INTO incoming VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", batch)
     batch.clear()
 
 
@@ -119,25 +120,48 @@ def merge(db: Database) -> None:
         "AND id NOT IN (SELECT id FROM incoming)"
     )
     db.execute(
-        "INSERT INTO jobs (id, line, type, key, team_id, payload, digest, state) "
-        "SELECT id, line, type, key, team_id, payload, digest, 'pending' "
+        "INSERT INTO jobs (id, line, type, key, team_id, payload, digest, method, "
+        "path, unsafe, state) SELECT id, line, type, key, team_id, payload, "
+        "digest, method, path, unsafe, 'pending' "
         "FROM incoming WHERE true ON CONFLICT (id) DO UPDATE SET "
         "line = excluded.line, type = excluded.type, key = excluded.key, "
         "team_id = excluded.team_id, payload = excluded.payload, "
-        "digest = excluded.digest"
+        "digest = excluded.digest, method = excluded.method, "
+        "path = excluded.path, unsafe = excluded.unsafe"
     )
     db.execute("DELETE FROM incoming")
 
 
 def identity(job: Job) -> tuple[object, ...]:
     """What `validate` stages of a job: all a check needs, no payload or digest."""
-    return (job.id, job.line, job.type.value, job.key.value, job.team_id, None, None)
+    return (
+        job.id,
+        job.line,
+        job.type.value,
+        job.key.value,
+        job.team_id,
+        None,
+        None,
+        *_target(job),
+    )
+
+
+def _target(job: Job) -> tuple[str | None, str | None, int]:
+    """A job's method and path (a request's; none for the typed endpoints), and
+    whether it is unsafe to send again after an ambiguous failure."""
+    method = None if job.method is None else job.method.value
+    return method, job.target, int(not job.endpoint.safe_to_repeat)
 
 
 def staged_row(job: Job) -> tuple[object, ...]:
     """A job as `incoming` holds it, with the digest that tells a changed row."""
     payload = json.dumps(job.payload, sort_keys=True, separators=(",", ":"))
-    content = json.dumps([job.type.value, job.team_id, payload])
+    fields: list[object] = [job.type.value, job.team_id, payload]
+    if job.method is not None:
+        # Only a request's: the digests of typed jobs stay those earlier builds
+        # stored, so their done rows are not taken for changed ones.
+        fields += [job.method.value, job.target]
+    content = json.dumps(fields)
     digest = hashlib.sha256(content.encode()).hexdigest()[:32]
     return (
         job.id,
@@ -147,4 +171,5 @@ def staged_row(job: Job) -> tuple[object, ...]:
         job.team_id,
         payload,
         digest,
+        *_target(job),
     )

@@ -45,6 +45,10 @@ class JobResult:
     error: str | None = None
     note: str | None = None
     finished_at: float = 0.0
+    # Only for a response kept as text: its Content-Type, and its whole size in
+    # bytes when only part of it is kept (a line leaves them out otherwise).
+    content_type: str | None = None
+    size: int | None = None
 
     @classmethod
     def of(
@@ -69,6 +73,8 @@ class JobResult:
             error=outcome.error,
             note=_noted(outcome.note, status),
             finished_at=at,
+            content_type=outcome.content_type,
+            size=outcome.size,
         )
 
 
@@ -79,6 +85,7 @@ def _noted(note: str | None, status: Status | None) -> str | None:
 
 
 _FIELDS = tuple(f.name for f in fields(JobResult))
+_OPTIONAL = frozenset(("content_type", "size"))
 
 
 def default_results_path(jobs_path: Path, *, sandbox: bool = False) -> Path:
@@ -231,6 +238,9 @@ class ResultsFile:
         """
         # Not dataclasses.asdict: that deep-copies the response body first.
         fields = {name: getattr(result, name) for name in _FIELDS}
+        for name in _OPTIONAL:
+            if fields[name] is None:
+                del fields[name]
         line = json.dumps(fields, ensure_ascii=False, default=str)
         try:
             self._file.write(line + "\n")

@@ -23,7 +23,7 @@ from typing import Self
 
 from batchrun.core.errors import JobsFileError
 from batchrun.core.limits import LimitKey
-from batchrun.jobs.endpoints import ENDPOINTS, JobType
+from batchrun.jobs.endpoints import JobType, Method
 from batchrun.jobs.job import Job, Summary, scan
 from batchrun.jobs.jobfile import Problem
 from batchrun.store import intake
@@ -41,6 +41,14 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (key, state, line);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+""",
+    # `request` jobs: their method and path; `unsafe`: not to be sent again after
+    # an ambiguous failure (invites before, now POST and PATCH requests too).
+    """
+ALTER TABLE jobs ADD COLUMN method TEXT;
+ALTER TABLE jobs ADD COLUMN path TEXT;
+ALTER TABLE jobs ADD COLUMN unsafe INTEGER NOT NULL DEFAULT 0;
+UPDATE jobs SET unsafe = 1 WHERE type = 'invite';
 """,
 )
 _PAGE = 500
@@ -146,21 +154,22 @@ class RunStore:
                 "SELECT team_id, count(*) FROM incoming WHERE team_id IS NOT NULL "
                 "GROUP BY team_id"
             )
+            per_budget = self._db.execute(
+                "SELECT key, type, count(*) FROM incoming WHERE type IS NOT NULL "
+                "GROUP BY key, type ORDER BY min(line)"
+            )
             self._db.execute("DELETE FROM incoming")
         types = {JobType(kind): n for kind, n in per_type}
-        return Summary(sum(types.values()), types, dict(per_team))
+        budgets: dict[LimitKey, dict[JobType, int]] = {}
+        for key, kind, n in per_budget:
+            budgets.setdefault(LimitKey(key), {})[JobType(kind)] = n
+        return Summary(sum(types.values()), types, dict(per_team), budgets)
 
     def recover(self, *, retry_failed: bool, retry_unknown: bool) -> None:
         """Settle what an earlier run left in flight, and requeue what is asked."""
-        unsafe = tuple(
-            t.value for t, end in ENDPOINTS.items() if not end.safe_to_repeat
-        )
-        marks = ",".join("?" * len(unsafe))
         with write_transaction(self._db):
             self._db.execute(
-                f"UPDATE jobs SET state = 'unknown' WHERE state = 'in_flight' "
-                f"AND type IN ({marks})",
-                unsafe,
+                "UPDATE jobs SET state = 'unknown' WHERE state = 'in_flight' AND unsafe"
             )
             self._db.execute(
                 "UPDATE jobs SET state = 'pending' WHERE state = 'in_flight'"
@@ -173,10 +182,11 @@ class RunStore:
                         (state,),
                     )
 
-    def settle(self, ends: Iterable[Ended]) -> dict[tuple[str, JobState], int]:
+    def settle(self, ends: Iterable[Ended]) -> dict[tuple[str, bool, JobState], int]:
         """Take the results file's word for jobs this store still has to send
         (pending or in flight) that it records as ended: each gets the state of
-        its last line in `ends`. Returns how many changed, by type and state.
+        its last line in `ends`. Returns how many changed, by type, whether
+        unsafe to send twice, and state.
 
         One transaction, staged in a temporary table a batch at a time.
         """
@@ -195,15 +205,15 @@ class RunStore:
                 )
             return self._settle_ended()
 
-    def _settle_ended(self) -> dict[tuple[str, JobState], int]:
+    def _settle_ended(self) -> dict[tuple[str, bool, JobState], int]:
         last = (
             "(SELECT * FROM ended WHERE seq IN "
             "(SELECT max(seq) FROM ended GROUP BY id)) e"
         )
         waiting = "jobs.state IN ('pending', 'in_flight')"
         changed = self._db.execute(
-            f"SELECT jobs.type, e.state, count(*) FROM jobs JOIN {last} "
-            f"ON jobs.id = e.id WHERE {waiting} GROUP BY 1, 2"
+            f"SELECT jobs.type, jobs.unsafe, e.state, count(*) FROM jobs "
+            f"JOIN {last} ON jobs.id = e.id WHERE {waiting} GROUP BY 1, 2, 3"
         )
         self._db.execute(
             f"UPDATE jobs SET state = e.state, attempts = e.attempts, "
@@ -211,22 +221,42 @@ class RunStore:
             f"WHERE jobs.id = e.id AND {waiting}"
         )
         self._db.execute("DELETE FROM ended")
-        return {(kind, JobState(state)): n for kind, state, n in changed}
+        return {
+            (kind, bool(unsafe), JobState(state)): n
+            for kind, unsafe, state, n in changed
+        }
 
     def pending(self, key: LimitKey) -> Iterator[Job]:
         """The key's pending jobs in file order, read a page at a time."""
         after = -1
         while True:
             page = self._db.execute(
-                "SELECT id, type, team_id, payload, line FROM jobs WHERE key = ? "
-                "AND state = 'pending' AND line > ? ORDER BY line LIMIT ?",
+                "SELECT id, type, team_id, payload, line, method, path FROM jobs "
+                "WHERE key = ? AND state = 'pending' AND line > ? ORDER BY line "
+                "LIMIT ?",
                 (key.value, after, _PAGE),
             )
-            for job_id, kind, team, payload, line in page:
-                yield Job(job_id, JobType(kind), team, json.loads(payload), line)
+            for job_id, kind, team, payload, line, method, path in page:
+                yield Job(
+                    job_id,
+                    JobType(kind),
+                    team,
+                    json.loads(payload),
+                    line,
+                    None if method is None else Method(method),
+                    path,
+                )
             if len(page) < _PAGE:
                 return
             after = page[-1][4]
+
+    def requests_left(self) -> dict[LimitKey, int]:
+        """How many request jobs of each key are pending or in flight."""
+        rows = self._db.execute(
+            "SELECT key, count(*) FROM jobs WHERE method IS NOT NULL "
+            "AND state IN ('pending', 'in_flight') GROUP BY key"
+        )
+        return {LimitKey(k): n for k, n in rows}
 
     def counts(self) -> dict[tuple[LimitKey, JobState], int]:
         """How many jobs of each key stand in each state."""
