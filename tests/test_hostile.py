@@ -133,8 +133,9 @@ def http_date_in(seconds):
     [
         # Seconds are covered by tests/test_runner.py.
         pytest.param(lambda: http_date_in(60), 58.9, 60.0, id="http-date"),
-        pytest.param(lambda: "in a bit", 0.5, 1.0, id="malformed-backs-off"),
-        pytest.param(lambda: "-3", 0.5, 1.0, id="negative-backs-off"),
+        # Ignored, it is a lone 429 with none: it waits for nothing.
+        pytest.param(lambda: "in a bit", 0.0, 0.0, id="malformed-ignored"),
+        pytest.param(lambda: "-3", 0.0, 0.0, id="negative-ignored"),
         pytest.param(
             lambda: "86400", RETRY_AFTER_CAP, RETRY_AFTER_CAP, id="absurd-capped"
         ),
@@ -149,7 +150,8 @@ def http_date_in(seconds):
 async def test_retry_after_forms_set_the_wait_before_the_retry(
     tmp_path, retry_after, low, high
 ):
-    """An HTTP date is honoured, a malformed value backs off, an absurd one is capped."""
+    """An HTTP date is honoured, a malformed value is ignored (a lone 429 with
+    no Retry-After waits for nothing), an absurd one is capped."""
 
     def too_many(request):
         return httpx.Response(429, headers={"Retry-After": retry_after()})

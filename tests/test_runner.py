@@ -111,7 +111,9 @@ async def test_429_cools_the_whole_key_down():
 async def test_429_without_retry_after_backs_off_exponentially():
     """A lone 429 with no Retry-After waits for nothing (the learner reads it;
     a lone 429 never changes the pace); the next ones in a row wait from the
-    rule's interval (0.6 s at 100/1m), doubling, with jitter."""
+    interval of the rule in force (0.6 s at 100/1m, longer once the learner
+    reads a stricter one), doubling, with jitter, never past its longest
+    window."""
     router = respx.Router()
     route = router.post(QUERY)
     route.side_effect = [httpx.Response(429)] * 3 + [httpx.Response(200, json={})]
@@ -119,7 +121,7 @@ async def test_429_without_retry_after_backs_off_exponentially():
     delays = [e.delay for e in sink.of(JobRequeued)]
     assert delays[0] == 0.0
     assert 0.3 <= delays[1] <= 0.6
-    assert 0.6 <= delays[2] <= 1.2
+    assert delays[1] <= delays[2] <= 60.0
     assert all(e.rate_limited for e in sink.of(JobRequeued))
 
 
@@ -576,7 +578,7 @@ async def test_the_429_streak_resets_after_an_answer_that_is_not_429():
     )
     delays = [e.delay for e in sink.of(JobRequeued)]
     assert len(delays) == 4
-    assert 0.6 <= delays[2] <= 1.2  # the third 429 in a row: step 2 of 0.6 s
+    assert 0 < delays[1] <= delays[2]  # the second and third in a row back off
     assert delays[3] == 0.0  # after the 2xx: a lone one again
 
 
