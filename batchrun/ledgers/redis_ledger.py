@@ -63,6 +63,19 @@ _EPOCH_TTL_MS = _LEARNED_TTL * 1000
 # `_RESERVE`'s reply when the caller saw another epoch: write the leases, ask again.
 _AGAIN = 3
 
+# Both scripts begin alike: ARGV[1] is the caller's now; ARGV[2] the server's
+# time, or '' to read Redis's own clock (`t`).
+_CLOCKS = """
+local now = tonumber(ARGV[1])
+local t
+if ARGV[2] == '' then
+  local time = redis.call('TIME')
+  t = tonumber(time[1]) + tonumber(time[2]) / 1000000
+else
+  t = tonumber(ARGV[2])
+end
+"""
+
 # KEYS: the client's epoch hash; for each answer, its key's open and done sets;
 # then, to reserve, the key's open set, done set and meta hash. ARGV: the caller's
 # now; the server time ('' = Redis's TIME; tests pass a virtual one); the epoch the
@@ -75,15 +88,7 @@ _AGAIN = 3
 # granted, it writes its leases again and asks again. `epoch` is the epoch's id;
 # `lost` ('' if none) when a loss of the history was noticed: every window of every
 # key counts as full then. Times go out as %.17g strings: Redis truncates Lua numbers.
-_RESERVE = """
-local now = tonumber(ARGV[1])
-local t
-if ARGV[2] == '' then
-  local time = redis.call('TIME')
-  t = tonumber(time[1]) + tonumber(time[2]) / 1000000
-else
-  t = tonumber(ARGV[2])
-end
+_RESERVE = _CLOCKS + """
 local function stamp(x) return string.format('%.17g', x) end
 local epoch, seen = KEYS[1], ARGV[3]
 local id = redis.call('HGET', epoch, 'id')
@@ -154,15 +159,7 @@ return reply(1, '')
 # KEYS: the open set of each lease. ARGV: the caller's now, the server time (as
 # `_RESERVE`), then (member, lease expiry on the caller's clock, TTL ms) per lease.
 # Writes again the leases of a host's requests in flight when the history was lost.
-_LEASES = """
-local now = tonumber(ARGV[1])
-local t
-if ARGV[2] == '' then
-  local time = redis.call('TIME')
-  t = tonumber(time[1]) + tonumber(time[2]) / 1000000
-else
-  t = tonumber(ARGV[2])
-end
+_LEASES = _CLOCKS + """
 for i = 1, #KEYS do
   local expires = tonumber(ARGV[3 * i + 1]) + (t - now)
   if expires > t then
