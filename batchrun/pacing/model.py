@@ -4,11 +4,12 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
 
     Candidates. A rule the server may enforce, no looser than the given rule G:
     G's windows and one window of some length and count, in some shape (a
-    sliding log, counting refusals or not; a fixed window at a phase, likewise;
-    a weighted counter at a phase; a leaky bucket at G's rate with some burst).
+    sliding log, counting refusals or not; a fixed window or a weighted counter
+    at a phase; a leaky bucket at G's rate with some burst).
     Lengths: G's, a tenth of its shortest, and the usual ones (1 s, 10 s, 1 m,
     5 m, 1 h, 1 d at the run's --time-scale) up to half the horizon. Phases:
-    four per length, any a Retry-After names, and the last few refusals'.
+    two per length, and those the last two refusals name (their own moments,
+    and where a Retry-After says the window ends).
 
     Replay. Each candidate replays the answers through the server model of
     `limiters` that the sandbox and the simulation use, once with every
@@ -28,9 +29,9 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
     a stray 429 or an outage, are set aside).
 
     Choice. With at most `TAU` refusals, or no more explicable, G. Else the
-    fastest such candidate of the first shape, in the order log, fixed window,
-    weighted counter, bucket, that has one; kept exactly, a weighted counter
-    evenly, a bucket as a bucket. What paces the key stays while it explains
+    fastest such candidate (as fast: a log, then a fixed window, a weighted
+    counter, a bucket); kept exactly, a weighted counter evenly, a bucket as
+    a bucket. What paces the key stays while it explains
     the answers and is no slower. A policy the server states joins G outright.
 
     Lifetime. A lesson (a choice other than G) lives `FIRST_LIFE` of its
@@ -79,16 +80,17 @@ GROWTH = 2
 # within one, at the cost of two 429s.
 LONGEST_LIFE = 86400.0
 # Phases tried for a fixed window or a weighted counter, as shares of its
-# length: four place a window's end within a quarter of where it is; a
-# Retry-After adds the phase it names.
-PHASES = (0.0, 0.25, 0.5, 0.75)
-# Window phases are also tried at the last this many refusals.
-RECENT = 3
+# length, besides those the refusals name (`phases_of`): two, as the refusals
+# place the others; each phase is a family replayed on every choice (CPU).
+PHASES = (0.0, 0.5)
+# Window phases are also tried at the last this many refusals (and where their
+# Retry-After says the window ends).
+RECENT = 2
 # A Retry-After in whole seconds may be rounded up by up to one.
 ROUNDING = 1.0
-# Shapes in the order they are tried: a later one only where no earlier one
-# explains the refusals. A log paced exactly holds under a fixed window too; a
-# phase or a burst is one more thing to fit, which two refusals fit too easily.
+# Shapes in the order they are preferred among candidates as fast: a log paced
+# exactly holds under a fixed window too; a phase or a burst is one more thing
+# to fit.
 SHAPES = (
     LimiterKind.SLIDING,
     LimiterKind.FIXED,
@@ -236,10 +238,10 @@ def families(
         origins = {share * seconds for share in PHASES} | {p % seconds for p in named}
         for refused in (False, True):
             found.append(Family(LimiterKind.SLIDING, given, seconds, 0.0, refused))
-            found += [
-                Family(LimiterKind.FIXED, given, seconds, origin, refused)
-                for origin in sorted(origins)
-            ]
+        found += [
+            Family(LimiterKind.FIXED, given, seconds, origin)
+            for origin in sorted(origins)
+        ]
         found += [
             Family(LimiterKind.WEIGHTED, given, seconds, origin)
             for origin in sorted(origins)
@@ -375,14 +377,12 @@ def choose(
     if len(explicable) <= TAU:
         return plain
     found = [c for j, low in standing if (c := fastest(j, low, explicable))]
-    for shape in SHAPES:
-        fits = [c for c in found if c.kind is shape]
-        if fits:
-            chosen = min(fits, key=lambda c: c.speed)
-            # G's own rule in another shape, kept the same way, is G.
-            same = (chosen.rule, chosen.pace) == (given, Pace.EXACT)
-            return plain if same else chosen
-    return plain
+    if not found:
+        return plain
+    chosen = min(found, key=lambda c: (c.speed, SHAPES.index(c.kind)))
+    # G's own rule in another shape, kept the same way, is G.
+    same = (chosen.rule, chosen.pace) == (given, Pace.EXACT)
+    return plain if same else chosen
 
 
 @dataclass(slots=True)
@@ -456,9 +456,10 @@ class KeyModel:
         if again is not None and explains(again.candidate, evidence):
             life = GROWTH * again.life
             return self.adopt(again.candidate, again.why, now, life=life)
-        phases = phases_of(evidence)
         told = [*evidence, *said(evidence)]
-        candidate = choose(self.given, told, self.lengths, phases)
+        if held != self.plain and explains(held, told):
+            return None  # the lesson in force explains the answers: it stays
+        candidate = choose(self.given, told, self.lengths, phases_of(evidence))
         if candidate == held or (
             candidate.speed <= held.speed and explains(held, told)
         ):
@@ -472,7 +473,7 @@ def phases_of(answers: Sequence[Answer]) -> list[float]:
     it ends, and at the last few refusals (a fixed window refuses at its end,
     a weighted counter at its start)."""
     refused = [a for a in answers if not a.accepted and not a.said][-RECENT:]
-    named = [a.latest + a.wait for a in answers if a.wait and not a.accepted]
+    named = [a.latest + a.wait for a in refused if a.wait]
     return [*named, *(a.sent for a in refused), *(a.latest for a in refused)]
 
 
