@@ -583,14 +583,19 @@ HEAD = (
 
 
 def print_summary(table: dict[str, dict[str, float]]) -> None:
-    """The summary as a Markdown table."""
-    print("| client, run | ratio median | p90 | worst | 429s median | p90 | worst |")
-    print("|---|---|---|---|---|---|---|")
+    """The summary as a Markdown table (a capped run's ratio is its worst)."""
+    print(
+        "| client, run | ratio median | p90 | worst | 429s median | p90 | worst "
+        "| over the CPU cap | unfinished |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, row in table.items():
+        ratios = [row["ratio median"], row["ratio p90"], row["ratio worst"]]
+        shown = " | ".join("capped" if math.isinf(r) else f"{r:.3f}" for r in ratios)
         print(
-            f"| {name} | {row['ratio median']:.3f} | {row['ratio p90']:.3f} "
-            f"| {row['ratio worst']:.3f} | {row['429 median']:g} "
-            f"| {row['429 p90']:g} | {row['429 worst']:g} |"
+            f"| {name} | {shown} | {row['429 median']:g} "
+            f"| {row['429 p90']:g} | {row['429 worst']:g} | {row['capped']:g} "
+            f"| {row['unfinished']:g} |"
         )
 
 
