@@ -745,7 +745,8 @@ def run_cases(args: argparse.Namespace) -> None:
         "script run 1 | script run 2 |\n|---|---|---|---|---|"
     )
     record: dict[str, Any] = {
-        "command": f"python -m bench.draws --cases --seeds {args.seeds}",
+        "command": f"python -m bench.draws --cases --seeds {args.seeds}"
+        + ("" if args.cpu_cap == CPU_CAP else f" --cpu-cap {args.cpu_cap:g}"),
         "commit": commit(),
     }
     for d in named_cases():
@@ -841,7 +842,8 @@ def run_draws(args: argparse.Namespace) -> None:
         print(f"- {r.seed}: {r.cpu:.1f} s")
     record = {
         "command": f"python -m bench.draws --draws {args.draws} --seed {args.seed}"
-        + ("" if args.jobs is None else f" --jobs {args.jobs}"),
+        + ("" if args.jobs is None else f" --jobs {args.jobs}")
+        + ("" if args.cpu_cap == CPU_CAP else f" --cpu-cap {args.cpu_cap:g}"),
         "commit": commit(),
         "batchrun": batchrun_commit(),
         "summary": table,
