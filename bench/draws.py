@@ -84,6 +84,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
+from types import FrameType
 from typing import Any, TypeVar
 
 from batchrun.core.limits import Rule, Window, parse_rule
@@ -161,16 +162,22 @@ class OverCap(Exception):
 
 
 @contextlib.contextmanager
-def cpu_cap(seconds: float) -> Iterator[None]:
-    """Raise `OverCap` inside the block once it has spent `seconds` of CPU."""
+def cpu_cap(seconds: float) -> Iterator[list[bool]]:
+    """Raise `OverCap` inside the block once it has spent `seconds` of CPU, and
+    again every 10 ms of CPU after, until it ends; the list it gives holds True
+    from then on. An exception raised in a `__del__` is ignored by Python, so the
+    signal raises none there and waits for the next tick."""
+    over: list[bool] = []
 
-    def stop(signum: int, frame: object) -> None:
-        raise OverCap
+    def stop(signum: int, frame: FrameType | None) -> None:
+        over[:] = [True]
+        if frame is None or frame.f_code.co_name != "__del__":
+            raise OverCap
 
     kept = signal.signal(signal.SIGPROF, stop)
-    signal.setitimer(signal.ITIMER_PROF, seconds)
+    signal.setitimer(signal.ITIMER_PROF, seconds, 0.01)
     try:
-        yield
+        yield over
     finally:
         signal.setitimer(signal.ITIMER_PROF, 0)
         signal.signal(signal.SIGPROF, kept)
@@ -189,8 +196,11 @@ def _over(exc: BaseException | None) -> bool:
 def capped(run: Callable[[], Simulated], seconds: float) -> Simulated | None:
     """`run()`, or None if it spent more than `seconds` of CPU."""
     try:
-        with cpu_cap(seconds):
-            return run()
+        with cpu_cap(seconds) as over:
+            done = run()
+        # An OverCap swallowed on the way (a finally, trio's own handling) still
+        # leaves the run over the cap.
+        return None if over else done
     except BaseException as exc:
         if _over(exc):
             return None
