@@ -60,9 +60,16 @@ class _Script:
         start = anyio.current_time()
         todo, sends = deque(jobs(self.count)), deque[float]()
         tally = Tally(total=self.count)
+        # One worker at a time waits for the next slot, first come first served
+        # (trio breaks ties between equal deadlines by memory address).
+        gate = anyio.Lock()
 
         async def slot() -> None:
             """Wait until one more send fits every window of the rule; take it."""
+            async with gate:
+                await fits()
+
+        async def fits() -> None:
             while True:
                 now = anyio.current_time()
                 waits = [

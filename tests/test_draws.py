@@ -87,8 +87,9 @@ def test_one_draw_reruns_alone_with_its_trace(capsys):
     assert "| 20001 |" in out
 
 
-def test_a_named_case_runs(capsys):
-    draws.main(["--cases", "--only-case", "weighted", "--seeds", "1"])
+def test_a_named_case_runs(tmp_path, capsys):
+    path = str(tmp_path / "cases.json")
+    draws.main(["--cases", "--only-case", "weighted", "--seeds", "1", "--json", path])
     assert "weighted" in capsys.readouterr().out
 
 
