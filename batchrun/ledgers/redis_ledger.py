@@ -88,7 +88,9 @@ end
 # granted, it writes its leases again and asks again. `epoch` is the epoch's id;
 # `lost` ('' if none) when a loss of the history was noticed: every window of every
 # key counts as full then. Times go out as %.17g strings: Redis truncates Lua numbers.
-_RESERVE = _CLOCKS + """
+_RESERVE = (
+    _CLOCKS
+    + """
 local function stamp(x) return string.format('%.17g', x) end
 local epoch, seen = KEYS[1], ARGV[3]
 local id = redis.call('HGET', epoch, 'id')
@@ -155,11 +157,14 @@ extend(done, ttl)
 extend(meta, ttl)
 return reply(1, '')
 """
+)
 
 # KEYS: the open set of each lease. ARGV: the caller's now, the server time (as
 # `_RESERVE`), then (member, lease expiry on the caller's clock, TTL ms) per lease.
 # Writes again the leases of a host's requests in flight when the history was lost.
-_LEASES = _CLOCKS + """
+_LEASES = (
+    _CLOCKS
+    + """
 for i = 1, #KEYS do
   local expires = tonumber(ARGV[3 * i + 1]) + (t - now)
   if expires > t then
@@ -170,6 +175,7 @@ for i = 1, #KEYS do
 end
 return #KEYS
 """
+)
 
 
 def redacted(url: str) -> str:
