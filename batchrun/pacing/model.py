@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from batchrun.core.limits import Pace, Rule, Window
 from batchrun.pacing.limiters import Limiter, LimiterKind, make_limiter
 
-# Refusals a choice may leave unexplained: one, so a lone 429 never changes the
+# The most refusals that change nothing: one, so a lone 429 never changes the
 # pace, and a second that agrees with it does.
 TAU = 1
 # Evidence counts within this many of G's longest windows: a sliding window needs
