@@ -165,13 +165,14 @@ class OverCap(Exception):
 def cpu_cap(seconds: float) -> Iterator[list[bool]]:
     """Raise `OverCap` inside the block once it has spent `seconds` of CPU, and
     again every 10 ms of CPU after, until it ends; the list it gives holds True
-    from then on. An exception raised in a `__del__` is ignored by Python, so the
-    signal raises none there and waits for the next tick."""
+    from then on. It raises only in the project's own code: raised in a
+    `__del__` or a garbage collector's callback (pytest's, say) it would be
+    ignored or reported as unraisable, so the signal waits for the next tick."""
     over: list[bool] = []
 
     def stop(signum: int, frame: FrameType | None) -> None:
         over[:] = [True]
-        if frame is None or frame.f_code.co_name != "__del__":
+        if frame is not None and _ours(frame.f_code.co_filename):
             raise OverCap
 
     kept = signal.signal(signal.SIGPROF, stop)
@@ -181,6 +182,11 @@ def cpu_cap(seconds: float) -> Iterator[list[bool]]:
     finally:
         signal.setitimer(signal.ITIMER_PROF, 0)
         signal.signal(signal.SIGPROF, kept)
+
+
+def _ours(path: str) -> bool:
+    """Whether code in `path` is the project's (not an installed library's)."""
+    return path.startswith(str(HERE.parent)) and "site-packages" not in path
 
 
 def _over(exc: BaseException | None) -> bool:
