@@ -21,7 +21,8 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
 
     Evidence. Answers within the horizon (`HORIZON` of G's longest window, at
     most `KEPT`); refusals only since the lesson in force expired. A refusal is
-    read once every request sent before it has its answer.
+    read once every request sent before it has its answer; a reading that
+    changed nothing is not made again before an acceptance.
 
     Count. Per shape, length and phase, by search (each is monotone in its
     count): the least count no acceptance rules out; then the largest that
@@ -411,6 +412,9 @@ class KeyModel:
     # The lesson that expired last, while a refusal may still confirm it again
     # (for one more of its lifetimes).
     expired: Lesson | None = None
+    # A reading that changed nothing is not made again before an acceptance
+    # (a server that refuses everything is read once, not at every 429).
+    read: bool = False
 
     @property
     def plain(self) -> Candidate:
@@ -440,6 +444,7 @@ class KeyModel:
     def add(self, answer: Answer, now: float) -> None:
         """Take one answer as evidence (within the horizon)."""
         self.answers.append(answer)
+        self.read = self.read and not answer.accepted
         horizon = now - HORIZON * max(*self.lengths, self.given.longest)
         if len(self.answers) > KEPT or self.answers[0].latest < horizon:
             self.answers = [a for a in self.answers if a.latest >= horizon][-KEPT:]
@@ -457,12 +462,13 @@ class KeyModel:
             life = GROWTH * again.life
             return self.adopt(again.candidate, again.why, now, life=life)
         told = [*evidence, *said(evidence)]
-        if held != self.plain and explains(held, told):
-            return None  # the lesson in force explains the answers: it stays
+        if self.read or (held != self.plain and explains(held, told)):
+            return None  # read already, or the lesson in force explains it
         candidate = choose(self.given, told, self.lengths, phases_of(evidence))
         if candidate == held or (
             candidate.speed <= held.speed and explains(held, told)
         ):
+            self.read = True
             return None  # what paces the key explains the answers: it stays
         refusals = sum(not a.accepted for a in evidence)
         return self.adopt(candidate, f"{refusals} requests refused", now)
