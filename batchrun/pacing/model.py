@@ -468,7 +468,9 @@ class KeyModel:
         if candidate == held or (
             candidate.speed <= held.speed and explains(held, told)
         ):
-            self.read = True
+            # Read (more than a lone 429), and no news: not again before an
+            # acceptance.
+            self.read = sum(not a.accepted for a in evidence) > TAU
             return None  # what paces the key explains the answers: it stays
         refusals = sum(not a.accepted for a in evidence)
         return self.adopt(candidate, f"{refusals} requests refused", now)
