@@ -47,7 +47,7 @@ def _serial_start(on: bool) -> Callable[[], None]:
     off, where it would hide what is measured; returns the undo."""
     kept = Learner.opens
     if not on:
-        Learner.opens = lambda self, key, now, reach: None  # type: ignore[method-assign]
+        Learner.opens = lambda self, key, now, reach, round_: None  # type: ignore[method-assign]
     return lambda: setattr(Learner, "opens", kept)
 
 

@@ -369,6 +369,21 @@ def test_a_probe_waits_until_the_last_one_has_surely_arrived():
     assert log.gated(windows, 1.004, 0.004) is None
 
 
+def test_as_many_probes_go_at_once_as_the_rule_fills_in_a_round():
+    """Three may be on their way at once: a fourth waits until the first has
+    surely arrived; answered ones, and ones surely arrived, hold none back."""
+    log = KeyLog()
+    first = log.started(1.0, probe=True)
+    log.started(1.01, probe=True)
+    log.started(1.02, probe=True)
+    assert log.gated([2.0], 1.02, 0.05, at_once=3) == pytest.approx(1.05)
+    assert log.gated([2.0], 1.02, 0.05, at_once=4) is None
+    assert log.gated([2.0], 1.051, 0.05, at_once=3) is None
+    log.answered(first, 1.03, False)
+    assert log.gated([2.0], 1.03, None, at_once=3) is None
+    assert log.gated([2.0], 1.03, None, at_once=2) == math.inf
+
+
 def test_no_gate_once_answered_or_within_what_the_server_accepted():
     log, entry = _log_with_probe()
     log.answered(entry, 1.1, False)

@@ -121,7 +121,7 @@ def test_slow_answers_cost_no_round_trip_per_window_once_traced(monkeypatch, lat
     arrival: traced, each window opens from the bounded arrivals, not from the
     answers, so the run ends sooner, with no 429 (serial start off, as the
     learner's proof of the count is not what this measures)."""
-    monkeypatch.setattr(Learner, "opens", lambda self, key, now, reach: None)
+    monkeypatch.setattr(Learner, "opens", lambda self, key, now, reach, round_: None)
     server = Server(LimiterKind.SLIDING, parse_rule("30/2s"))
 
     def run(traced: bool) -> Simulated:
@@ -178,11 +178,12 @@ def _slow_run(server: Server, traced: bool, latency: tuple[float, float]) -> Sim
 @pytest.mark.parametrize("latency", [(1e-4, 1e-4), (0.002, 0.01)], ids=["lan", "wan"])
 def test_probes_do_not_wait_for_slow_answers_once_traced(latency):
     """With no accepted record, requests past it are probes that reach the
-    server one at a time. Untraced, each waits for the last one's answer, so a
-    window never holds more than its length over 100 ms; traced, each waits
-    only until the last has surely arrived (twice the arrival bound after it
-    left), so the first window fills as fast as 8 requests in flight allow:
-    the right rule at 1.085 x on a LAN, with no 429."""
+    server a few at a time. Untraced, each waits for the last one's answer, so
+    a window never holds more than its length over 100 ms; traced, as many may
+    be on their way as the rule's rate fills until one has surely arrived
+    (twice the arrival bound after it left), so the first window fills as fast
+    as 8 requests in flight allow: the right rule at 1.085 x on a LAN, with
+    no 429."""
     server = Server(LimiterKind.SLIDING, parse_rule("30/2s"))
     answers, bounded = (_slow_run(server, t, latency) for t in (False, True))
     assert answers.tally.rate_limited == bounded.tally.rate_limited == 0
@@ -242,7 +243,7 @@ def test_no_server_window_is_exceeded_when_answers_vary_and_requests_queue(
     (the quickest exchange less D less its gap to the fourth quickest), no
     window the server keeps holds more than its count, so it refuses none.
     Probes are not gated, so windows fill as fast as the floor allows."""
-    monkeypatch.setattr(Learner, "opens", lambda self, key, now, reach: None)
+    monkeypatch.setattr(Learner, "opens", lambda self, key, now, reach, round_: None)
     rule = parse_rule(count)
     server = Server(LimiterKind.SLIDING, rule, work=work, work_spread=spread)
     network = Network(traced=True, connections=32, queue=queue, queued=queued)
@@ -269,7 +270,7 @@ def test_answers_of_0_2_to_0_8_s_keep_most_of_the_least_work(monkeypatch):
     of it off (about 0.6 s); the gap to the fourth quickest keeps most of the
     least work, so each window opens sooner, with no 429 (virtual clock, probes
     not gated, 32 in flight: 1.42-1.50 x before, 1.34-1.42 x after)."""
-    monkeypatch.setattr(Learner, "opens", lambda self, key, now, reach: None)
+    monkeypatch.setattr(Learner, "opens", lambda self, key, now, reach, round_: None)
     server = Server(LimiterKind.SLIDING, parse_rule("30/2s"), work=0.2, work_spread=0.6)
     ratios = []
     for seed in range(3):

@@ -7,6 +7,7 @@ pacer how to pace each key, and keeps each key's lesson and record in the ledger
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -187,10 +188,16 @@ class Learner:
         why = f"the server states {stated} in its rate-limit headers"
         self._pace(key, model.adopt(candidate, why, now))
 
-    def opens(self, key: LimitKey, now: float, reach: float | None) -> float | None:
+    def opens(
+        self, key: LimitKey, now: float, reach: float | None, round_: float | None
+    ) -> float | None:
         """The probe gate (`log.KeyLog.gated`) over the windows of the rule in
-        force and of the given rule."""
-        return self._keys[key].log.gated(self._lengths(key), now, reach)
+        force and of the given rule: as many probes on their way at once as
+        the rule's rate fills in a `round_` (the time one takes to surely
+        arrive), one at least."""
+        interval = self._pacer.rules[key].interval
+        at_once = 1 if round_ is None else max(1, math.ceil(round_ / interval))
+        return self._keys[key].log.gated(self._lengths(key), now, reach, at_once)
 
     def _lengths(self, key: LimitKey) -> tuple[float, ...]:
         rules = (self._pacer.rules[key], self._given[key])

@@ -38,8 +38,11 @@ class Gate(Protocol):
     may (`math.inf`: at an answer). `reach`: the network's bound on a request's
     way to the server from its send, if known."""
 
-    def opens(self, key: LimitKey, now: float, reach: float | None) -> float | None:
-        """When the next request of `key` may leave; None: now."""
+    def opens(
+        self, key: LimitKey, now: float, reach: float | None, round_: float | None
+    ) -> float | None:
+        """When the next request of `key` may leave; None: now. `round_`: how
+        long a request takes to surely arrive (`reach`, else its answer)."""
         ...
 
 
@@ -177,7 +180,9 @@ class Pacer:
             # From its send, a request reaches the server within two bounds:
             # one for a new connection's connect before it is written, one for
             # its way.
-            opens = self.gate.opens(key, now, None if bound is None else 2 * bound)
+            reach = None if bound is None else 2 * bound
+            answer = self.arrival.answer_time(key.value)
+            opens = self.gate.opens(key, now, reach, answer if reach is None else reach)
             if opens is not None:
                 return Wait(None if math.isinf(opens) else opens)
         grant = self.ledger.reserve(key.value, self._rules[key], self._paces[key], now)
