@@ -160,6 +160,57 @@ def test_a_lesson_the_server_confirms_again_lives_twice_as_long():
     assert (again.candidate, again.life) == (ten, 2 * FIRST_LIFE * 2.0)
 
 
+def test_a_lessons_life_counts_in_its_own_windows_not_in_gs():
+    """Told 15/2s+500/2m, a lesson of 20/10s lives two of its 10 s, not two of
+    G's 2 minutes; a shape alone (G's rule, weighted) lives two of G's
+    shortest."""
+    given = parse_rule("15/2s+500/2m")
+    model = KeyModel(given, lengths(given))
+    ten = Candidate(LimiterKind.SLIDING, parse_rule("15/2s+20/10s+500/2m"))
+    assert model.adopt(ten, "x", 0.0).life == FIRST_LIFE * 10.0
+    shape = Candidate(LimiterKind.WEIGHTED, given)
+    assert model.adopt(shape, "x", 0.0).life == FIRST_LIFE * 2.0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_no_lesson_is_about_a_window_longer_than_its_evidence(seed):
+    """Told 15/2s+500/2m and paced by the model's choice, with 10 % stray
+    429s from the start of a run: no lesson's own window is longer than the
+    answers span, or G's shortest. A longer one would explain any refusal, as
+    each request is a new peak of it (without the bound, 9 of the first 40
+    seeds learned 21/10s to 49/10s or 40/1m within 6 s)."""
+    given = parse_rule("15/2s+500/2m")
+    rng = random.Random(seed)
+    model = KeyModel(given, lengths(given))
+    sends: list[float] = []
+    now = 0.0
+    while now < 12.0:
+        chosen = model.current(now)
+        usage = Usage(0, sends, sends[-1] if sends else None)
+        now = max(now, earliest_slot(usage, chosen.rule) or now)
+        now += rng.uniform(0.001, 0.01)
+        sends.append(now)
+        accepted = rng.random() > 0.1
+        model.add(Answer(now, now + 0.005, accepted), now + 0.005)
+        lesson = None if accepted else model.decide(now + 0.005)
+        if lesson is not None:
+            span = max(now - model.answers[0].sent, given.shortest.seconds)
+            assert model.own(lesson.candidate) <= span, lesson.candidate
+
+
+def test_a_lesson_ends_when_the_answers_choose_g():
+    """A lesson slower than the answers show (a window of G accepted in full
+    since, refusals only past it) ends at the next reading: G paces again."""
+    model = KeyModel(GIVEN, LENGTHS)
+    model.adopt(Candidate(LimiterKind.SLIDING, parse_rule("5/2s")), "x", 0.0)
+    for answer in answered("30/2s", LimiterKind.SLIDING, [0.01 * n for n in range(34)]):
+        model.add(answer, answer.latest)
+    assert model.decide(0.5) is None
+    assert model.current(0.5) == model.plain
+    assert model.expired is not None
+    assert model.expired.expires == 0.5
+
+
 def test_the_evidence_keeps_to_its_horizon():
     """Answers older than the horizon leave the evidence."""
     model = KeyModel(GIVEN, LENGTHS)

@@ -218,9 +218,14 @@ class Learner:
             self._reports.append(said)
             return
         self._sink.emit(said)
-        wall = self._wall() - at
+        self._keep_lesson(key, lesson)
+        self._keep_record(key)
+
+    def _keep_lesson(self, key: LimitKey, lesson: Lesson) -> None:
+        """Keep `lesson` in the ledger, on the wall clock, with its expiry."""
+        wall = self._wall() - self._clock.now()
         saved = Kept(
-            candidate,
+            lesson.candidate,
             lesson.why,
             lesson.began + wall,
             lesson.expires + wall,
@@ -230,14 +235,15 @@ class Learner:
         self._pacer.ledger.remember(
             key.value, lesson_text(saved, given=given, time_scale=scale)
         )
-        self._keep_record(key)
 
     def _pace_plain(self, key: LimitKey) -> None:
-        """Pace `key` by its given rule again (its lesson expired), as joined
-        with what the server stated."""
+        """Pace `key` by its given rule again (its lesson ended), as joined
+        with what the server stated; the ledger keeps when it ended."""
         model = self._keys[key].model
         self._keys[key].paced = model.plain
         self._pacer.pace_by(key, model.given, self._ways[key])
+        if model.expired is not None:
+            self._keep_lesson(key, model.expired)
 
     def _keep_record(self, key: LimitKey) -> None:
         """Keep in the ledger what the server was seen to accept of `key`, when it

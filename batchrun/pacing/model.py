@@ -7,7 +7,9 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
     sliding log, counting refusals or not; a fixed window or a weighted counter
     at a phase; a leaky bucket at G's rate with some burst).
     Lengths: G's, a tenth of its shortest, and the usual ones (1 s, 10 s, 1 m,
-    5 m, 1 h, 1 d at the run's --time-scale) up to half the horizon. Phases:
+    5 m, 1 h, 1 d at the run's --time-scale) up to half the horizon, none
+    longer than the evidence spans or G's shortest window (each request is a
+    new peak of a longer one, so any refusal would fit it). Phases:
     two per length, and those the last two refusals name (their own moments,
     and where a Retry-After says the window ends).
 
@@ -35,8 +37,10 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
     a bucket. What paces the key stays while it explains
     the answers and is no slower. A policy the server states joins G outright.
 
-    Lifetime. A lesson (a choice other than G) lives `FIRST_LIFE` of its
-    longest windows. Then G paces the key again: past what the server was seen
+    Lifetime. A lesson (a choice other than G) lives `FIRST_LIFE` of the
+    longest of its own windows (those not G's), or of G's shortest if
+    longer. It ends then, or sooner when the answers choose G. Then G paces
+    the key again: past what the server was seen
     to accept (capped by the lesson, and by what any window held when a 429
     came), requests are probes, one at a time (`log.KeyLog.gated`). If the
     expired lesson explains the refusals that follow, it comes back for
@@ -434,12 +438,20 @@ class KeyModel:
         self, candidate: Candidate, why: str, now: float, *, life: float | None = None
     ) -> Lesson:
         """Pace by `candidate` from `now` for `life` (default: `FIRST_LIFE` of
-        its longest window)."""
-        life = FIRST_LIFE * candidate.rule.longest if life is None else life
+        the longest of its own windows)."""
+        life = FIRST_LIFE * self.own(candidate) if life is None else life
         life = min(life, LONGEST_LIFE)
         self.lesson = Lesson(candidate, why, now, now + life, life)
         self.expired = None
         return self.lesson
+
+    def own(self, candidate: Candidate) -> float:
+        """The longest window of `candidate` that G does not have, or G's
+        shortest if longer (a shorter window still paces within G's): what a
+        lesson is about, and what its lifetime counts in."""
+        given = self.given.windows
+        mine = [w.seconds for w in candidate.rule.windows if w not in given]
+        return max([*mine, self.given.shortest.seconds])
 
     def add(self, answer: Answer, now: float) -> None:
         """Take one answer as evidence (within the horizon)."""
@@ -464,7 +476,13 @@ class KeyModel:
         told = [*evidence, *said(evidence)]
         if self.read or (held != self.plain and explains(held, told)):
             return None  # read already, or the lesson in force explains it
-        candidate = choose(self.given, told, self.lengths, phases_of(evidence))
+        # No window longer than the evidence spans (or G's shortest): each
+        # request is a new peak of such a window, so any refusal would fit
+        # one (a stray 429 read as 25/1m, 12 s into a run).
+        span = now - min((a.sent for a in self.answers), default=now)
+        span = max(span, self.given.shortest.seconds)
+        testable = [seconds for seconds in self.lengths if seconds <= span]
+        candidate = choose(self.given, told, testable, phases_of(evidence))
         if candidate == held or (
             candidate.speed <= held.speed and explains(held, told)
         ):
@@ -473,6 +491,11 @@ class KeyModel:
             self.read = sum(not a.accepted for a in evidence) > TAU
             return None  # what paces the key explains the answers: it stays
         refusals = sum(not a.accepted for a in evidence)
+        if candidate == self.plain:
+            if self.lesson is not None and refusals > TAU:
+                self.lesson.expires = now  # the answers choose G: it ends
+                self.current(now)
+            return None
         return self.adopt(candidate, f"{refusals} requests refused", now)
 
 
