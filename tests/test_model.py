@@ -64,17 +64,17 @@ evidence = st.lists(
 def test_a_lesson_never_allows_more_than_the_given_rule(answers):
     """Whatever the answers, the candidate chosen holds to every window of G."""
     chosen = choose(GIVEN, answers, LENGTHS)
-    assert holds(chosen.rule, GIVEN)
+    assert chosen is None or holds(chosen.rule, GIVEN)
 
 
 @settings(max_examples=60, deadline=None)
 @given(evidence, st.floats(0, 20, allow_nan=False))
 def test_a_lone_429_never_changes_the_pace(accepted, moment):
-    """Acceptances and one refusal (TAU): the key is paced by G as given."""
+    """Acceptances and one refusal (TAU): nothing changes."""
     answers = [a for a in accepted if a.accepted][:40]
     answers.append(Answer(moment, moment + 0.01, accepted=False))
     assert TAU == 1
-    assert choose(GIVEN, answers, LENGTHS) == Candidate(LimiterKind.SLIDING, GIVEN)
+    assert choose(GIVEN, answers, LENGTHS) is None
 
 
 def test_two_refusals_a_stricter_log_explains_choose_it():
@@ -82,6 +82,7 @@ def test_two_refusals_a_stricter_log_explains_choose_it():
     explains both is a log of 10 per some window, never looser than G."""
     log = answered("10/2s", LimiterKind.SLIDING, [0.01 * n for n in range(12)])
     chosen = choose(GIVEN, log, LENGTHS)
+    assert chosen is not None
     assert chosen.kind is LimiterKind.SLIDING
     assert min(w.count for w in chosen.rule.windows) <= 10
     assert explains(chosen, log)
@@ -95,16 +96,17 @@ def test_a_stricter_sliding_server_is_explained_by_what_is_chosen(seed):
     sends = sorted(rng.uniform(0, 8) for _ in range(120))
     log = answered("10/2s", LimiterKind.SLIDING, sends)
     chosen = choose(GIVEN, log, LENGTHS)
+    assert chosen is not None
     assert explains(chosen, log)
     assert chosen.rule.interval >= 0.2 - 1e-9  # no faster than the server
 
 
 def test_refusals_that_no_candidate_explains_are_set_aside():
     """Refusals of requests sent while the window was all but empty (a stray
-    429, an outage), after acceptances at G's full count: G stays."""
+    429, an outage), after acceptances at G's full count: nothing changes."""
     full = [Answer(0.01 * n, 0.01 * n + 0.005, True) for n in range(30)]
     strays = [Answer(3.0 + n, 3.005 + n, False) for n in range(3)]
-    assert choose(GIVEN, full + strays, LENGTHS).rule == GIVEN
+    assert choose(GIVEN, full + strays, LENGTHS) is None
 
 
 def test_a_weighted_counter_is_kept_evenly():

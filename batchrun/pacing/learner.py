@@ -123,6 +123,16 @@ class Learner:
         log = self._keys[key].log
         return log.started(at, probe=log.beyond(self._lengths(key), at))
 
+    def later(self, key: LimitKey, entry: Sent) -> int:
+        """How many requests of `key` left after `entry`, or with it (which
+        reached the server first is not known)."""
+        count = 0
+        for other in reversed(self._keys[key].log.sent):
+            if other.start < entry.start:
+                break
+            count += other is not entry
+        return count
+
     def answered(
         self,
         key: LimitKey,
@@ -194,10 +204,13 @@ class Learner:
         """The probe gate (`log.KeyLog.gated`) over the windows of the rule in
         force and of the given rule: as many probes on their way at once as
         the rule's rate fills in a `round_` (the time one takes to surely
-        arrive), one at least."""
+        arrive), one at least; none while a refusal waits to be read."""
+        state, lengths = self._keys[key], self._lengths(key)
+        if state.unread is not None and state.log.beyond(lengths, now):
+            return math.inf  # a refusal not read yet: no probe before it is
         interval = self._pacer.rules[key].interval
         at_once = 1 if round_ is None else max(1, math.ceil(round_ / interval))
-        return self._keys[key].log.gated(self._lengths(key), now, reach, at_once)
+        return state.log.gated(lengths, now, reach, at_once)
 
     def _lengths(self, key: LimitKey) -> tuple[float, ...]:
         rules = (self._pacer.rules[key], self._given[key])

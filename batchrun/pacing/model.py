@@ -31,7 +31,8 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
     explains every refusal that some standing candidate explains (the others,
     a stray 429 or an outage, are set aside).
 
-    Choice. With at most `TAU` refusals, or no more explicable, G. Else the
+    Choice. With at most `TAU` refusals, or no more explicable, no change
+    (what paces the key stays). Else the
     fastest such candidate (as fast: a log, then a fixed window, a weighted
     counter, a bucket); kept exactly, a weighted counter evenly, a bucket as
     a bucket. What paces the key stays while it explains
@@ -39,7 +40,8 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
 
     Lifetime. A lesson (a choice other than G) lives `FIRST_LIFE` of the
     longest of its own windows (those not G's), or of G's shortest if
-    longer. It ends then, or sooner when the answers choose G. Then G paces
+    longer. It ends then, or sooner when more than `TAU` refusals come that
+    neither it nor any other candidate explains. Then G paces
     the key again: past what the server was seen
     to accept (capped by the lesson, and by what any window held when a 429
     came), requests are probes, one at a time (`log.KeyLog.gated`). If the
@@ -371,19 +373,21 @@ def choose(
     answers: Sequence[Answer],
     lengths: Iterable[float],
     phases: Iterable[float] = (),
-) -> Candidate:
-    """The candidate that paces the key (the module docstring's Choice)."""
+) -> Candidate | None:
+    """The candidate that paces the key (the module docstring's Choice); None
+    when the answers change nothing (at most `TAU` refusals, or no more
+    explicable): what paces the key stays."""
     plain = Candidate(LimiterKind.SLIDING, given)
     if sum(not a.accepted and not a.echo for a in answers) <= TAU:
-        return plain
+        return None
     judges = [Judge(f, answers) for f in families(given, lengths, phases)]
     standing = [(j, low) for j in judges if (low := least(j)) is not None]
     explicable = frozenset().union(*(j.explained(low) for j, low in standing))
     if len(explicable) <= TAU:
-        return plain
+        return None
     found = [c for j, low in standing if (c := fastest(j, low, explicable))]
     if not found:
-        return plain
+        return None
     chosen = min(found, key=lambda c: (c.speed, SHAPES.index(c.kind)))
     # G's own rule in another shape, kept the same way, is G.
     same = (chosen.rule, chosen.pace) == (given, Pace.EXACT)
@@ -483,20 +487,25 @@ class KeyModel:
         span = max(span, self.given.shortest.seconds)
         testable = [seconds for seconds in self.lengths if seconds <= span]
         candidate = choose(self.given, told, testable, phases_of(evidence))
-        if candidate == held or (
+        refusals = sum(not a.accepted for a in evidence)
+        real = sum(not a.accepted and not a.said for a in evidence)
+        if candidate in (None, self.plain) and held != self.plain and real > TAU:
+            self.lesson_ends(now)  # refused past it, and nothing slower explains
+            return None
+        if candidate in (None, held) or (
             candidate.speed <= held.speed and explains(held, told)
         ):
             # Read (more than a lone 429), and no news: not again before an
             # acceptance.
-            self.read = sum(not a.accepted for a in evidence) > TAU
-            return None  # what paces the key explains the answers: it stays
-        refusals = sum(not a.accepted for a in evidence)
-        if candidate == self.plain:
-            if self.lesson is not None and refusals > TAU:
-                self.lesson.expires = now  # the answers choose G: it ends
-                self.current(now)
-            return None
+            self.read = refusals > TAU
+            return None  # what paces the key stays
         return self.adopt(candidate, f"{refusals} requests refused", now)
+
+    def lesson_ends(self, now: float) -> None:
+        """The lesson in force ends at `now`, as if it expired."""
+        if self.lesson is not None:
+            self.lesson.expires = now
+            self.current(now)
 
 
 def phases_of(answers: Sequence[Answer]) -> list[float]:
