@@ -476,7 +476,9 @@ class KeyModel:
         again = self.expired
         if again is not None and explains(again.candidate, evidence):
             life = GROWTH * again.life
-            return self.adopt(again.candidate, again.why, now, life=life)
+            refused = sum(not a.accepted for a in evidence)
+            why = f"{refused} requests refused again"
+            return self.adopt(again.candidate, why, now, life=life)
         told = [*evidence, *said(evidence)]
         if self.read or (held != self.plain and explains(held, told)):
             return None  # read already, or the lesson in force explains it
