@@ -26,7 +26,7 @@ WINGS: list[tuple[str, list[list[str]]]] = [
         "core",
         [
             ["errors", "clock", "strict_json"],
-            ["durations"],
+            ["durations", "identity"],
             ["limits"],
             ["events"],
             ["responses"],
@@ -68,9 +68,9 @@ WINGS: list[tuple[str, list[list[str]]]] = [
     (
         "cli",
         [
-            ["config", "crontab", "board", "helps", "clients", "budget"],
+            ["config", "crontab", "board", "helps", "budget"],
             ["plain_log", "overview", "learned", "defaults", "metrics"],
-            ["progress", "targets", "metrics_file"],
+            ["progress", "metrics_file"],
             ["reports", "terminal"],
             ["arguments", "flags"],
             ["read_commands"],

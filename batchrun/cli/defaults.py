@@ -11,7 +11,7 @@ from typing import Any
 
 from batchrun.cli import config
 from batchrun.core.limits import LimitKey, Profile, limit_table, parse_override
-from batchrun.store.paths import StatePaths
+from batchrun.store.paths import user_state_folder
 
 # --concurrency's default, which `config` shows too: none, as the limits need
 # (`run.settings.in_flight_cap`).
@@ -29,7 +29,7 @@ def _shown_defaults() -> dict[str, str]:
         "profile": Profile.B.value,
         "concurrency": CONCURRENCY_SHOWN,
         "ledger": "SQLite in the state folder",
-        "state-dir": str(StatePaths.resolve(None, create=False).root),
+        "state-dir": str(user_state_folder()),
         "budget-key": "(base URL + token)",
         "halt-after": "(none: every job is tried)",
         "metrics-file": "(none)",

@@ -12,18 +12,9 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from batchrun.cli import (
-    arguments,
-    clients,
-    config,
-    defaults,
-    flags,
-    reports,
-    terminal,
-)
-from batchrun.core.errors import JobsFileError
+from batchrun.cli import arguments, config, defaults, flags, reports, terminal
+from batchrun.core.errors import JobsFileError, UsageError
 from batchrun.core.limits import Pace, Profile
-from batchrun.store.paths import StatePaths, client_fingerprint
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -67,11 +58,11 @@ def status(
 
     with terminal.reported():
         shown = arguments.shown_count(show)
-        paths = StatePaths.resolve(state_dir, create=False)
+        common = arguments.resolve(state_dir=state_dir, base_url=base_url, token=token)
         found = read_status(
             jobs_file,
-            paths,
-            clients.stores(base_url, token),
+            common.state,
+            common.identity.stores,
             ledger_url=ledger,
             shown=shown,
         )
@@ -115,40 +106,44 @@ def plan(
     as_json: flags.JsonFlag = False,
 ) -> None:
     """How long the jobs of JOBS_FILE not yet done take (nothing is sent)."""
-    from batchrun.cli import targets
     from batchrun.cli.overview import ended_badly
     from batchrun.cli.overview import plan as make_plan
 
     limit = flags.with_file_limits(ctx, limit)
     with terminal.reported():
-        targets.check_time_scale(
+        arguments.check_time_scale(
             time_scale, sandbox=base_url is None, base_url=base_url
         )
-        rules = arguments.rules(profile, limit, time_scale)
-        client = clients.client(base_url, token, budget_key) or client_fingerprint(
-            "", None
+        common = arguments.resolve(
+            state_dir=state_dir,
+            base_url=base_url,
+            token=token,
+            budget_key=budget_key,
+            ledger=ledger,
+            profile=profile,
+            limit=limit,
+            time_scale=time_scale,
         )
-        paths = StatePaths.resolve(state_dir, create=False)
-        names = clients.stores(base_url, token)
-        fallback = arguments.fallback_rules(profile, limit, time_scale)
+        fallback = common.limits.fallback
+        names = common.identity.stores
         plans = make_plan(
             jobs_file,
-            rules,
+            common.limits.rules,
             pace,
-            paths,
-            client,
-            ledger_url=ledger,
+            common.state,
+            common.identity.client,
+            ledger_url=common.ledger_url,
             fallback=fallback,
             names=names,
             time_scale=time_scale,
         )
-        ended = ended_badly(jobs_file, paths, names)
+        ended = ended_badly(jobs_file, common.state, names)
     if as_json:
         terminal.echo([json.dumps(reports.plan_json(jobs_file, plans), indent=2)])
         return
     lines = reports.plan_lines(plans) if plans else [reports.nothing_left(*ended)]
     if any(item.key in fallback for item in plans):
-        statement_a = arguments.rules(Profile.A, limit, time_scale)
+        statement_a = common.limits.under(Profile.A)
         lines.append(reports.auto_line(fallback, statement_a))
     terminal.echo(lines)
 
@@ -170,24 +165,44 @@ def limits_command(
 
     limit = flags.with_file_limits(ctx, limit)
     with terminal.reported():
-        client = clients.learning_client(base_url, token, budget_key)
-        rules = arguments.rules(profile, limit, 1.0)
+        common = arguments.resolve(
+            state_dir=state_dir,
+            base_url=base_url,
+            token=token,
+            budget_key=budget_key,
+            ledger=ledger,
+            profile=profile,
+            limit=limit,
+        )
+        client = _learning_client(common)
         asked = arguments.forgotten(forget)
-        paths = StatePaths.resolve(state_dir, create=bool(asked))
+        paths = common.state.made() if asked else common.state
         forgotten = (
             learned.forget(asked, paths, client, ledger_url=ledger) if asked else []
         )
         found = learned.limits(
-            rules,
+            common.limits.rules,
             paths,
             client,
             ledger_url=ledger,
-            fallback=arguments.fallback_rules(profile, limit),
+            fallback=common.limits.fallback,
         )
     if as_json:
         terminal.echo([json.dumps(reports.limits_json(found), indent=2)])
     else:
         terminal.echo(reports.limits_lines(found, asked, forgotten))
+
+
+def _learning_client(common: arguments.Common) -> str:
+    """The client whose limits `limits` shows: it needs a base URL or a
+    --budget-key."""
+    if not common.identity.named:
+        msg = (
+            "limits are learned per client: give its --base-url "
+            "(or BATCHRUN_BASE_URL) and its token, or its --budget-key"
+        )
+        raise UsageError(msg)
+    return common.identity.client
 
 
 def show(
@@ -203,9 +218,8 @@ def show(
     from batchrun.cli.overview import show as find
 
     with terminal.reported():
-        paths = StatePaths.resolve(state_dir, create=False)
-        names = clients.stores(base_url, token)
-        shown = find(jobs_file, job_id, paths, names, results)
+        common = arguments.resolve(state_dir=state_dir, base_url=base_url, token=token)
+        shown = find(jobs_file, job_id, common.state, common.identity.stores, results)
     if as_json:
         terminal.echo([json.dumps(reports.show_json(shown), indent=2)])
     else:
