@@ -28,6 +28,7 @@ WINGS = [
     "api",
     "store",
     "ledgers",
+    "query",
     "run",
     "sandbox",
     "cli",

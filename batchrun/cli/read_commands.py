@@ -1,6 +1,7 @@
 """The commands that send nothing: validate, status, plan, limits, show, cron-line
 and config. `commands` registers them on the Typer app, in the order `--help` lists
-them; each hands its flags to `arguments` and its findings to `reports`.
+them; each hands its flags to `arguments`, asks `query.read_model`, and hands
+what it found to `reports`.
 
 Modules that load httpx or Starlette are imported inside the commands that need
 them, so `validate` and `status` start fast (start-up matters under cron).
@@ -19,7 +20,7 @@ from batchrun.core.limits import Pace, Profile
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from batchrun.cli.overview import Status
+    from batchrun.query.read_model import Status
 
 
 def validate(jobs_file: flags.JobsArg, as_json: flags.JsonFlag = False) -> None:
@@ -54,7 +55,7 @@ def status(
 
     Also the answers by HTTP status code, with their latency.
     """
-    from batchrun.cli.overview import status as read_status
+    from batchrun.query.read_model import status as read_status
 
     with terminal.reported():
         shown = arguments.shown_count(show)
@@ -76,8 +77,8 @@ def status(
 
 def _export_failed(jobs_file: Path, found: Status, dest: Path) -> None:
     """--failed-as-jobs: the latest run's failed jobs, as a jobs file at `dest`."""
-    from batchrun.cli.overview import failed_ids
     from batchrun.jobs.extract import extract
+    from batchrun.query.read_model import failed_ids
 
     copied = extract(jobs_file, dest, failed_ids(found))
     terminal.to_stderr(
@@ -106,8 +107,8 @@ def plan(
     as_json: flags.JsonFlag = False,
 ) -> None:
     """How long the jobs of JOBS_FILE not yet done take (nothing is sent)."""
-    from batchrun.cli.overview import ended_badly
-    from batchrun.cli.overview import plan as make_plan
+    from batchrun.query.read_model import ended_badly
+    from batchrun.query.read_model import plan as make_plan
 
     limit = flags.with_file_limits(ctx, limit)
     with terminal.reported():
@@ -161,7 +162,8 @@ def limits_command(
     as_json: flags.ScriptJsonFlag = False,
 ) -> None:
     """The rule each key is paced by for a client, and what was learned of it."""
-    from batchrun.cli import learned
+    from batchrun.query.read_model import forget as forget_learned
+    from batchrun.query.read_model import limits as learned_limits
 
     limit = flags.with_file_limits(ctx, limit)
     with terminal.reported():
@@ -178,9 +180,9 @@ def limits_command(
         asked = arguments.forgotten(forget)
         paths = common.state.made() if asked else common.state
         forgotten = (
-            learned.forget(asked, paths, client, ledger_url=ledger) if asked else []
+            forget_learned(asked, paths, client, ledger_url=ledger) if asked else []
         )
-        found = learned.limits(
+        found = learned_limits(
             common.limits.rules,
             paths,
             client,
@@ -215,7 +217,7 @@ def show(
     as_json: flags.JsonFlag = False,
 ) -> None:
     """One job of JOBS_FILE's latest run: its state, attempts, error and response."""
-    from batchrun.cli.overview import show as find
+    from batchrun.query.read_model import show as find
 
     with terminal.reported():
         common = arguments.resolve(state_dir=state_dir, base_url=base_url, token=token)
