@@ -79,7 +79,7 @@ class Limits:
         return fallbacks(self.profile, self.overrides, self.time_scale)
 
 
-def read_limits(
+def _read_limits(
     profile: Profile, limits: Sequence[str] | None, time_scale: float = 1.0
 ) -> Limits:
     """--profile and the --limit texts as one `Limits`.
@@ -126,7 +126,7 @@ def resolve(
     Raises:
         UsageError: a bad --limit or --time-scale, or a bad --budget-key.
     """
-    limits = read_limits(profile, limit, time_scale)
+    limits = _read_limits(profile, limit, time_scale)
     identity = Identity(
         base_url=SANDBOX_URL if sandbox else base_url,
         token=token,
@@ -205,15 +205,15 @@ def submission(
     )
     server = _server(given, common.limits)
     state = common.state.made()
-    results = results_path(given.jobs_file, given.results, sandbox=given.sandbox)
+    results = _results_path(given.jobs_file, given.results, sandbox=given.sandbox)
     jobs_file = given.jobs_file
     if str(jobs_file) == "-":
         jobs_file = stdin(results, state)
     return Submission(
         jobs_file=jobs_file,
-        target=target(given, common.identity, server, warn),
+        target=_target(given, common.identity, server, warn),
         rules=common.limits.rules,
-        settings=settings(given, common.limits),
+        settings=_settings(given, common.limits),
         results=results,
         state=state.sandbox() if given.sandbox else state,
         deadline=None if given.deadline is None else durations.parse(given.deadline),
@@ -226,15 +226,15 @@ def submission(
             results,
             metrics,
             not given.no_color,
-            verbosity(given.quiet, given.verbose),
+            _verbosity(given.quiet, given.verbose),
         ),
-        run_id=round_name(given.run_id),
+        run_id=_round_name(given.run_id),
         halt=halt,
         ended=None if metrics is None else metrics.close,
     )
 
 
-def settings(given: SubmitOptions, limits: Limits) -> Settings:
+def _settings(given: SubmitOptions, limits: Limits) -> Settings:
     """The runner's settings from submit's flags (backoff scaled with the windows)."""
     from batchrun.run.settings import Settings
 
@@ -250,7 +250,7 @@ def settings(given: SubmitOptions, limits: Limits) -> Settings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Server:
+class _Server:
     """What `submit` says about the in-process sandbox: whether to use it, the
     rules it enforces (the client's, with `--server-limit` on top) and how."""
 
@@ -278,11 +278,11 @@ class Server:
             raise UsageError(msg)
 
 
-def _server(given: SubmitOptions, limits: Limits) -> Server:
+def _server(given: SubmitOptions, limits: Limits) -> _Server:
     """The sandbox `submit` asks for: the client's rules with each
     `--server-limit` in place of its key's."""
     server = [_server_override(text) for text in given.server_limit or []]
-    return Server(
+    return _Server(
         sandbox=given.sandbox,
         rules=limit_table(
             profile=limits.profile,
@@ -297,10 +297,10 @@ def _server(given: SubmitOptions, limits: Limits) -> Server:
     )
 
 
-def target(
+def _target(
     given: SubmitOptions,
     identity: Identity,
-    server: Server,
+    server: _Server,
     warn: Callable[[str], None],
 ) -> Target:
     """Where submit sends: the in-process sandbox, or the checked --base-url
@@ -319,7 +319,7 @@ def target(
 
 
 def _sandbox_target(
-    server: Server, identity: Identity, timeout: float, ca_bundle: Path | None
+    server: _Server, identity: Identity, timeout: float, ca_bundle: Path | None
 ) -> Target:
     """The sandbox served in process, through an ASGI transport."""
     from batchrun.api.client import asgi_transport
@@ -404,7 +404,7 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def results_path(
+def _results_path(
     jobs_file: Path, results: Path | None, *, sandbox: bool = False
 ) -> Path:
     """--results, else beside the jobs file (a `--sandbox` run's apart); a file,
@@ -428,7 +428,7 @@ def results_path(
     return results
 
 
-def round_name(run_id: str | None) -> str | None:
+def _round_name(run_id: str | None) -> str | None:
     """--run-id with its %-codes filled from today's date (strftime)."""
     if run_id is None:
         return None
@@ -456,10 +456,10 @@ def served_rules(
     if profile is Profile.AUTO:
         msg = "the sandbox enforces one statement: --profile a or b, not auto"
         raise UsageError(msg)
-    return read_limits(profile, limits, time_scale).rules
+    return _read_limits(profile, limits, time_scale).rules
 
 
-def verbosity(quiet: bool, verbose: bool) -> int:
+def _verbosity(quiet: bool, verbose: bool) -> int:
     """-1 for --quiet, 1 for --verbose, else 0; both at once is a usage error."""
     if quiet and verbose:
         msg = "--quiet and --verbose ask for opposite things: give one"

@@ -40,7 +40,7 @@ _FEW = 5
 
 
 @dataclass(frozen=True, slots=True)
-class Budget:
+class _Budget:
     """Where a client's budget in use, and what was learned of its limits, are
     read: its ledger."""
 
@@ -55,8 +55,8 @@ class Budget:
 
 
 @contextmanager
-def opened(
-    budget: Budget, now: float | None = None, *, read_only: bool = True
+def _opened(
+    budget: _Budget, now: float | None = None, *, read_only: bool = True
 ) -> Iterator[Ledger]:
     """The client's ledger, read at `now` (default: the time it is opened)."""
     at = MachineClock().now() if now is None else now
@@ -75,7 +75,7 @@ def opened(
 
 
 @dataclass(frozen=True, slots=True)
-class InForce:
+class _InForce:
     """The rule a run of a key would pace by, evenly or not, and, if it was
     learned of the server, why and its lifetime (`kept`)."""
 
@@ -85,18 +85,18 @@ class InForce:
     kept: Kept | None = None
 
 
-def in_force(key: LimitKey, rule: Rule, text: str | None, budget: Budget) -> InForce:
+def _in_force(key: LimitKey, rule: Rule, text: str | None, budget: _Budget) -> _InForce:
     """The rule a run of `key` would pace by: what was learned of it (`text`, as
     kept) while it lives, if learned under this very rule; else `rule` (or the
     safer one --profile auto starts from)."""
     now = wall_time()
     kept = read_lesson(text, given=rule, time_scale=budget.time_scale, now=now)
     if kept is None or kept.expired(now):
-        return InForce(budget.fallback.get(key, rule))
+        return _InForce(budget.fallback.get(key, rule))
     candidate = kept.candidate
     spread = candidate.pace is Pace.SPREAD
     why = f"learned {learned_when(kept)}: {kept.why}"
-    return InForce(candidate.rule, spread, why, kept)
+    return _InForce(candidate.rule, spread, why, kept)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +193,7 @@ def status(
         k: s.get(JobState.PENDING, 0) + s.get(JobState.IN_FLIGHT, 0)
         for k, s in states.items()
     }
-    budget = Budget(paths, client, ledger_url, fallback)
+    budget = _Budget(paths, client, ledger_url, fallback)
     keys = _with_requests(_plans(pending, rules, pace, budget), requests)
     return Status(found, states, failures, keys, activity, responses, reasons)
 
@@ -289,7 +289,7 @@ def plan(
     unsettled = [job for job in jobs if job.id not in settled]
     left = Counter(job.key for job in unsettled)
     requests = Counter(job.key for job in unsettled if job.method is not None)
-    budget = Budget(paths, client, ledger_url, fallback or {}, time_scale)
+    budget = _Budget(paths, client, ledger_url, fallback or {}, time_scale)
     return _with_requests(_plans(dict(left), rules, pace, budget), requests)
 
 
@@ -312,19 +312,19 @@ def _plans(
     left: dict[LimitKey, int],
     rules: dict[LimitKey, Rule],
     pace: Pace,
-    budget: Budget,
+    budget: _Budget,
 ) -> list[KeyPlan]:
     now = MachineClock().now()
-    with opened(budget, now) as ledger:
+    with _opened(budget, now) as ledger:
         plans = []
         for key, n in sorted((k, n) for k, n in left.items() if n and k in rules):
-            force = in_force(key, rules[key], ledger.recall(key.value), budget)
+            force = _in_force(key, rules[key], ledger.recall(key.value), budget)
             plans.append(_plan(key, n, force, pace, ledger, now))
         return plans
 
 
 def _plan(
-    key: LimitKey, jobs: int, force: InForce, pace: Pace, ledger: Ledger, now: float
+    key: LimitKey, jobs: int, force: _InForce, pace: Pace, ledger: Ledger, now: float
 ) -> KeyPlan:
     rule = force.rule
     pace = Pace.SPREAD if force.spread else pace
@@ -376,12 +376,12 @@ def limits(
 ) -> list[KeyLimit]:
     """Each key's limit for `client`, as the next run would pace it (or plan it,
     under --profile auto until the server settles which statement holds)."""
-    budget = Budget(paths, client, ledger_url, fallback or {})
+    budget = _Budget(paths, client, ledger_url, fallback or {})
     rules = {key: rules[key] for key in LimitKey if key in rules}
     found = []
-    with opened(budget) as ledger:
+    with _opened(budget) as ledger:
         for key, rule in rules.items():
-            force = in_force(key, rule, ledger.recall(key.value), budget)
+            force = _in_force(key, rule, ledger.recall(key.value), budget)
             until = None if force.kept is None else force.kept.expires
             why = force.evidence or None
             found.append(KeyLimit(key, rule, force.rule, force.spread, why, until))
@@ -395,7 +395,7 @@ def forget(
     server was seen to accept: the next run starts from the rule given; return
     the keys that had anything learned."""
     forgotten = []
-    with opened(Budget(paths, client, ledger_url), read_only=False) as ledger:
+    with _opened(_Budget(paths, client, ledger_url), read_only=False) as ledger:
         for key in keys:
             had = False
             for name in (key.value, f"{key.value}{RECORD_SUFFIX}"):
