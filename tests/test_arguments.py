@@ -85,3 +85,12 @@ def test_sandbox_flags_without_sandbox_are_refused(tmp_path):
     )
     with pytest.raises(UsageError, match="--server-limit"):
         arguments.submission(given, stdin=lambda *_: tmp_path, warn=WARNINGS.append)
+
+
+def test_resolving_the_shared_options_makes_no_folder(tmp_path):
+    """`status`, `plan` and `show` resolve the state folder without making it:
+    only a command that writes calls `made`."""
+    common = arguments.resolve(state_dir=tmp_path / "state", base_url="http://x")
+    assert common.state.root == tmp_path / "state"
+    assert not common.state.root.exists()
+    assert common.state.made().root.is_dir()
