@@ -22,6 +22,7 @@ import httpx
 
 from batchrun.core.clock import MachineClock
 from batchrun.core.events import JobFinished, JobRequeued, JobSent
+from batchrun.core.identity import Identity
 from batchrun.core.limits import LimitKey, Rule
 from batchrun.jobs.endpoints import JobType
 from batchrun.jobs.job import Job
@@ -120,7 +121,7 @@ async def drive_batchrun(
             results = stack.enter_context(ResultsFile(Path(folder) / "results.jsonl"))
             recorder = Journal(store, results)
             source = store.pending(LimitKey.RUN_QUERY)
-        target = Target(base_url=base_url, token=None, timeout=30.0)
+        target = Target(identity=Identity(base_url=base_url), timeout=30.0)
         async with open_run(
             target,
             rules=rules,

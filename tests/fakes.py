@@ -10,6 +10,7 @@ import httpx
 
 from batchrun.core.clock import LoopClock
 from batchrun.core.events import Event
+from batchrun.core.identity import Identity
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.run.settings import Settings
 from batchrun.run.wiring import Target, open_run
@@ -66,8 +67,7 @@ def make_runner(
     """An async context of a Runner (`wiring.open_run`) over a respx router,
     on the test's (virtual) clock."""
     target = Target(
-        base_url=BASE,
-        token=token,
+        identity=Identity(base_url=BASE, token=token),
         timeout=timeout,
         transport=httpx.MockTransport(router.async_handler),
     )

@@ -343,7 +343,7 @@ def test_token_comes_from_the_environment(tmp_path):
 )
 def test_plain_http_to_a_remote_host_warns(url, warned):
     """http:// to a host that is not loopback warns that the token travels in clear."""
-    from batchrun.cli.targets import check_base_url
+    from batchrun.cli.arguments import check_base_url
 
     said: list[str] = []
     check_base_url(url, said.append)

@@ -254,7 +254,7 @@ def test_a_run_refused_for_anothers_lock_leaves_the_metrics_file(tmp_path):
     metrics.write_text("# the other run's\n")
     path = jobs_file(tmp_path)
     # A --sandbox run's (FAST's) lock is in the sandbox's state folder.
-    state = StatePaths.resolve(tmp_path / "state").sandbox()
+    state = StatePaths(tmp_path / "state").made().sandbox()
     with RunLock(state.make_run_folder(path), path):
         result = runner.invoke(
             app,

@@ -19,6 +19,7 @@ import trio.testing
 from batchrun.api.client import asgi_transport
 from batchrun.core.clock import MachineClock, boot_id
 from batchrun.core.events import Status
+from batchrun.core.identity import Identity
 from batchrun.core.limits import LimitKey, limit_table, parse_override, parse_rule
 from batchrun.jobs.endpoints import JobType
 from batchrun.jobs.job import Job
@@ -74,7 +75,8 @@ def server() -> tuple[Sandbox, Target]:
     table = limit_table(overrides=[parse_override(f"run-query={RULE}")])
     app = create_app(rules=table, clock=anyio.current_time)
     transport = Latency(asgi_transport(app), 0.05)
-    target = Target(base_url="http://sb", token=None, timeout=30.0, transport=transport)
+    where = Identity(base_url="http://sb")
+    target = Target(identity=where, timeout=30.0, transport=transport)
     return app.state.sandbox, target
 
 

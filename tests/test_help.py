@@ -9,7 +9,6 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
-from batchrun.cli import helps
 from batchrun.cli.commands import app
 
 runner = CliRunner()
@@ -75,7 +74,6 @@ def test_metrics_extra_survives_rich_markup():
     shown = " ".join(_words(_help("submit")))
     assert "'.[metrics]'." in shown
     assert "\\[" not in shown
-    assert "[metrics]" in helps.METRICS_FILE.replace("\\[", "[")
 
 
 def test_top_level_summaries_are_one_line_each():

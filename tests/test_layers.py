@@ -1,10 +1,10 @@
-"""The house map: imports only go down, between wings and inside each wing.
+"""The house map: imports only go down between wings, and no module is in a cycle.
 
-`WINGS` lists batchrun's subpackages from the bottom up, and each wing's modules
-from the bottom up, as docs/design/layout.md draws them. A module may import a module
-of a lower wing, or of a lower layer of its own wing; never its own layer, never
-upward (function-level and type-checking imports included). So there is no
-cycle anywhere. A new module must be placed here to pass.
+`WINGS` lists batchrun's subpackages from the bottom up, as docs/design/layout.md
+draws them. A module may import modules of lower wings and of its own wing, never
+of a higher one (function-level and type-checking imports included); inside a
+wing, the imports form no cycle. The layers of a wing are read from its imports
+(`layers`), not declared, so a new module needs no edit here.
 
 `bench/` has a map of its own, checked the same way.
 """
@@ -12,6 +12,7 @@ cycle anywhere. A new module must be placed here to pass.
 from __future__ import annotations
 
 import ast
+import graphlib
 import re
 from pathlib import Path
 
@@ -19,76 +20,25 @@ import pytest
 
 ROOT = Path(__file__).parent.parent
 PACKAGE = ROOT / "batchrun"
-# wing: its modules in layers, bottom first; a module may import only those of
-# the layers before its own (and of lower wings).
-WINGS: list[tuple[str, list[list[str]]]] = [
-    (
-        "core",
-        [
-            ["errors", "clock", "strict_json"],
-            ["durations"],
-            ["limits"],
-            ["events"],
-            ["responses"],
-        ],
-    ),
-    (
-        "pacing",
-        [
-            ["slots", "limiters", "arrival", "cooling", "log"],
-            ["ledger", "model"],
-            ["kept", "pacer"],
-            ["learner"],
-        ],
-    ),
-    ("jobs", [["endpoints", "jobfile"], ["target"], ["job", "extract"]]),
-    ("api", [["fields", "trace"], ["hints"], ["outcome"], ["breaker", "client"]]),
-    (
-        "store",
-        [
-            ["walfiles", "paths"],
-            ["database"],
-            ["generation", "runlock", "results", "intake"],
-            ["state"],
-            ["runs", "crosscheck", "stamp"],
-        ],
-    ),
-    ("ledgers", [["sqlite_ledger", "redis_ledger"], ["shared_ledger"]]),
-    (
-        "run",
-        [
-            ["journal", "queues", "settings", "view", "exit_code", "halt"],
-            ["settlement"],
-            ["runner"],
-            ["wiring", "supervisor"],
-            ["submission"],
-        ],
-    ),
-    ("sandbox", [["faults", "policy_headers", "serving"], ["app"]]),
-    (
-        "cli",
-        [
-            ["config", "crontab", "board", "helps", "clients", "budget"],
-            ["plain_log", "overview", "learned", "defaults", "metrics"],
-            ["progress", "targets", "metrics_file"],
-            ["reports", "terminal"],
-            ["arguments", "flags"],
-            ["read_commands"],
-            ["commands"],
-        ],
-    ),
+# The wings, bottom first: a module may import only its own wing and lower ones.
+WINGS = [
+    "core",
+    "pacing",
+    "jobs",
+    "api",
+    "store",
+    "ledgers",
+    "query",
+    "run",
+    "sandbox",
+    "cli",
 ]
 # The package's own two files sit above every wing.
 TOP = ["__init__", "__main__"]
 
-WING_ORDER = {wing: i for i, (wing, _) in enumerate(WINGS)}
-ORDER: dict[str, tuple[int, int]] = {
-    f"{wing}.{module}": (w, layer)
-    for w, (wing, layers) in enumerate(WINGS)
-    for layer, modules in enumerate(layers)
-    for module in modules
+WING_ORDER = {wing: i for i, wing in enumerate(WINGS)} | {
+    name: len(WINGS) for name in TOP
 }
-ORDER |= {name: (len(WINGS), 0) for name in TOP}
 
 # bench/: the same rule, one flat package.
 BENCH = [
@@ -159,9 +109,43 @@ def _modules() -> set[str]:
     }
 
 
-def test_every_module_has_a_place_in_the_map():
-    """Each module of the package is in WINGS, and WINGS names no missing one."""
-    assert _modules() == set(ORDER)
+def _path(module: str) -> Path:
+    return PACKAGE / f"{module.replace('.', '/')}.py"
+
+
+def _wing_graph(wing: str) -> dict[str, set[str]]:
+    """Each module of `wing` and the modules of `wing` it imports."""
+    own = {m for m in _modules() if m.split(".")[0] == wing}
+    return {m: {name for name in imported(_path(m)) if name in own} for m in own}
+
+
+def layers(wing: str) -> list[list[str]]:
+    """A wing's modules in layers, bottom first, as its imports put them: a
+    module's layer is one above the highest it imports (names in each sorted).
+
+    Raises:
+        graphlib.CycleError: when modules of the wing import each other round.
+    """
+    return _layered(_wing_graph(wing))
+
+
+def _layered(graph: dict[str, set[str]]) -> list[list[str]]:
+    order = graphlib.TopologicalSorter(graph)
+    order.prepare()
+    found = []
+    while order.is_active():
+        ready = sorted(order.get_ready())
+        found.append([m.split(".", 1)[1] for m in ready])
+        order.done(*ready)
+    return found
+
+
+def test_every_module_is_in_a_wing():
+    """Each module of the package is in one of WINGS, or at the top."""
+    stray = {m for m in _modules() if m.split(".")[0] not in WING_ORDER}
+    assert not stray, f"modules outside every wing: {sorted(stray)}"
+    folders = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert folders == set(WINGS)
 
 
 def _declared(wing: str) -> set[str]:
@@ -174,58 +158,50 @@ def _declared(wing: str) -> set[str]:
     if said.group(1).startswith("nothing"):
         return set()
     if said.group(1).startswith("every lower wing"):
-        return {w for w, _ in WINGS[: WING_ORDER[wing]]}
+        return set(WINGS[: WING_ORDER[wing]])
     return {name.strip() for name in said.group(1).split(",")}
 
 
-@pytest.mark.parametrize("wing", [w for w, _ in WINGS])
+@pytest.mark.parametrize("wing", WINGS)
 def test_every_wing_says_what_it_holds_and_may_import(wing):
     """A wing's `__init__.py` is a docstring, and its "May import" is the truth:
     the wing imports no other wing than those it names."""
     declared = _declared(wing)
     used = set()
-    for module in ORDER:
+    for module in _modules():
         if module.startswith(wing + "."):
-            path = PACKAGE / f"{module.replace('.', '/')}.py"
-            used |= {name.split(".")[0] for name in imported(path)}
-    used = (used & set(WING_ORDER)) - {wing}
+            used |= {name.split(".")[0] for name in imported(_path(module))}
+    used = (used & set(WINGS)) - {wing}
     assert used <= declared, f"{wing} imports {sorted(used - declared)} unsaid"
-
-
-def _place(name: str) -> tuple[int, int] | None:
-    """Where an imported name sits: a module, or a whole wing (its top)."""
-    if name in ORDER:
-        return ORDER[name]
-    if name in WING_ORDER:
-        return (WING_ORDER[name], 99)
-    return None
-
-
-@pytest.mark.parametrize("module", sorted(ORDER))
-def test_imports_only_go_down(module):
-    """A module imports only modules of lower wings or lower layers of its wing."""
-    path = PACKAGE / f"{module.replace('.', '/')}.py"
-    wing, layer = ORDER[module]
-    upward = set()
-    for name in imported(path):
-        place = _place(name)
-        if place is None or place[0] > wing or (place[0] == wing and place[1] >= layer):
-            upward.add(name)
-    assert not upward, f"{module} imports {sorted(upward)}, which are not below it"
 
 
 def test_wings_import_only_lower_wings():
     """At wing level: every arrow between two wings points down, so the wings
-    themselves form no cycle."""
+    themselves form no cycle (and no wing imports the package's top files)."""
     arrows = set()
-    for module in ORDER:
+    for module in _modules():
         own = module.split(".")[0]
-        for name in imported(PACKAGE / f"{module.replace('.', '/')}.py"):
+        for name in imported(_path(module)):
             other = name.split(".")[0]
             if other in WING_ORDER and own in WING_ORDER and other != own:
                 arrows.add((own, other))
     upward = sorted((a, b) for a, b in arrows if WING_ORDER[b] > WING_ORDER[a])
     assert not upward, f"wings import upward: {upward}"
+
+
+@pytest.mark.parametrize("wing", WINGS)
+def test_no_cycle_inside_a_wing(wing):
+    """Inside a wing, modules import each other without a cycle, so each has a
+    layer (`layers`) and the map of docs/design/layout.md can draw it."""
+    assert sum(map(len, layers(wing))) == len(_wing_graph(wing))
+
+
+def test_the_cycle_check_sees_a_cycle():
+    """Layering refuses two modules that import each other, and puts a module
+    above the one it imports."""
+    assert _layered({"w.a": {"w.b"}, "w.b": set()}) == [["b"], ["a"]]
+    with pytest.raises(graphlib.CycleError):
+        _layered({"w.a": {"w.b"}, "w.b": {"w.a"}})
 
 
 def test_bench_imports_only_go_down():

@@ -11,11 +11,12 @@ from typer.testing import CliRunner
 from batchrun.cli.commands import app
 from batchrun.core.clock import MachineClock
 from batchrun.core.events import Status
+from batchrun.core.identity import client_fingerprint
 from batchrun.core.limits import Pace, parse_rule
 from batchrun.jobs.job import scan
 from batchrun.ledgers.sqlite_ledger import SqliteLedger
 from batchrun.pacing.slots import Grant
-from batchrun.store.paths import StatePaths, client_fingerprint
+from batchrun.store.paths import StatePaths
 from batchrun.store.results import JobResult
 from batchrun.store.state import RunStore
 
@@ -66,7 +67,7 @@ def test_plan_spread_spaces_by_the_binding_interval(tmp_path):
 
 def test_plan_counts_the_ledger_in_use_now(tmp_path):
     """15 queries sent by another run a moment ago hold 15/1m: the next 15 wait 1 m."""
-    paths = StatePaths.resolve(tmp_path / "state")
+    paths = StatePaths(tmp_path / "state").made()
     client = client_fingerprint(URL, "tok")
     ledger = SqliteLedger(paths.ledger, client=client, hold=30, now=MachineClock().now)
     rule = parse_rule("15/1m+500/1h")
@@ -98,7 +99,7 @@ def test_plan_counts_the_ledger_in_use_now(tmp_path):
 def test_plan_skips_jobs_already_done(tmp_path):
     """Done jobs of an earlier run are not planned again."""
     path = jobs_file(tmp_path, 20)
-    paths = StatePaths.resolve(tmp_path / "state")
+    paths = StatePaths(tmp_path / "state").made()
     client = client_fingerprint(URL, None)
     with RunStore(paths.run_store(path, client)) as store:
         store.sync(scan(path), path=str(path), restart=False)
@@ -114,7 +115,7 @@ def test_plan_skips_jobs_already_done(tmp_path):
 def test_status_reports_states_failures_and_eta(tmp_path):
     """status --json: counts per endpoint and state, failures, and the ETA left."""
     path = jobs_file(tmp_path, 20, 2)
-    paths = StatePaths.resolve(tmp_path / "state")
+    paths = StatePaths(tmp_path / "state").made()
     with RunStore(paths.run_store(path, client_fingerprint(URL, None))) as store:
         store.sync(scan(path), path=str(path), restart=False)
         store.set_meta("rules", "run-query=2/1m,invite=15/5m")
@@ -162,7 +163,7 @@ def test_status_of_a_missing_file_exits_2(tmp_path):
 def test_status_text_lists_states_and_failures(tmp_path):
     """status without --json prints a line per endpoint and per failure reason."""
     path = jobs_file(tmp_path, 2)
-    paths = StatePaths.resolve(tmp_path / "state")
+    paths = StatePaths(tmp_path / "state").made()
     with RunStore(paths.run_store(path, client_fingerprint(URL, None))) as store:
         store.sync(scan(path), path=str(path), restart=False)
         store.set_meta("rules", "run-query=2/1m")
@@ -186,7 +187,7 @@ def test_status_says_which_jobs_left_of_a_budget_are_requests(tmp_path):
         "q0,run-query,t,,,\n"
         "q1,run-query,t,,,\n"
     )
-    paths = StatePaths.resolve(tmp_path / "state")
+    paths = StatePaths(tmp_path / "state").made()
     with RunStore(paths.run_store(path, client_fingerprint(URL, None))) as store:
         store.sync(scan(path), path=str(path), restart=False)
         store.set_meta("rules", "run-query=2/1m,global=120/1m")
@@ -240,7 +241,7 @@ def cli(tmp_path, *args):
 
 def test_plan_paces_by_a_learned_rule_and_says_so(tmp_path):
     """15 queries at a learned 5/1m take 2 m, not the 0 ms of 15/1m."""
-    learned_ledger(StatePaths.resolve(tmp_path / "state"))
+    learned_ledger(StatePaths(tmp_path / "state").made())
     result = cli(tmp_path, "plan", str(jobs_file(tmp_path, 15)))
     assert result.stdout.startswith(
         "15 run-query jobs at 5/1m+500/1h (learned): 2 m 0 s"
@@ -248,7 +249,7 @@ def test_plan_paces_by_a_learned_rule_and_says_so(tmp_path):
 
 
 def test_plan_with_a_limit_given_ignores_what_was_learned(tmp_path):
-    learned_ledger(StatePaths.resolve(tmp_path / "state"))
+    learned_ledger(StatePaths(tmp_path / "state").made())
     path = str(jobs_file(tmp_path, 15))
     result = cli(tmp_path, "plan", path, "--limit", "run-query=15/1m")
     assert result.stdout.startswith("15 run-query jobs at 15/1m: 0 ms"), result.stdout
@@ -256,7 +257,7 @@ def test_plan_with_a_limit_given_ignores_what_was_learned(tmp_path):
 
 def test_status_shows_the_learned_rule_of_the_rule_the_run_was_given(tmp_path):
     path = jobs_file(tmp_path, 15)
-    paths = StatePaths.resolve(tmp_path / "state")
+    paths = StatePaths(tmp_path / "state").made()
     learned_ledger(paths)
     with RunStore(paths.run_store(path, client_fingerprint(URL, "tok"))) as store:
         store.sync(scan(path), path=str(path), restart=False)
@@ -271,7 +272,7 @@ def test_status_shows_the_learned_rule_of_the_rule_the_run_was_given(tmp_path):
 
 
 def test_limits_shows_what_was_learned_and_forgets_it(tmp_path):
-    learned_ledger(StatePaths.resolve(tmp_path / "state"))
+    learned_ledger(StatePaths(tmp_path / "state").made())
     shown = cli(tmp_path, "limits")
     assert shown.exit_code == 0, shown.stderr
     assert "run-query: 5/1m+500/1h (given 15/1m+500/1h)" in shown.stdout
@@ -298,7 +299,7 @@ def test_limits_shows_what_was_learned_and_forgets_it(tmp_path):
 def test_limits_says_until_when_a_lesson_is_kept(tmp_path):
     """A lesson lives for a time: `limits` says until when, then runs try the
     given rule again; an expired one is not shown as in force."""
-    paths = StatePaths.resolve(tmp_path / "state")
+    paths = StatePaths(tmp_path / "state").made()
     learned_ledger(paths)
     shown = cli(tmp_path, "limits").stdout
     assert "  kept until " in shown
@@ -320,7 +321,7 @@ def test_limits_needs_a_client_and_a_known_key(tmp_path):
 
 
 def test_a_damaged_learned_text_is_ignored(tmp_path):
-    learned_ledger(StatePaths.resolve(tmp_path / "state"), text="{not json")
+    learned_ledger(StatePaths(tmp_path / "state").made(), text="{not json")
     shown = cli(tmp_path, "limits")
     assert "run-query: 15/1m+500/1h\n" in shown.stdout
 
@@ -339,7 +340,7 @@ def test_auto_plans_by_b_until_the_server_settled_it(tmp_path):
         "given": [[30, 60.0]],
         "why": "16 accepted within 1m",
     }
-    learned_ledger(StatePaths.resolve(tmp_path / "state"), text=json.dumps(a_holds))
+    learned_ledger(StatePaths(tmp_path / "state").made(), text=json.dumps(a_holds))
     after = cli(tmp_path, "plan", path, "--profile", "auto")
     assert after.stdout.startswith("30 run-query jobs at 30/1m (learned): 0 ms")
 
@@ -348,7 +349,7 @@ def ran(tmp_path):
     """A run of 2 queries, stored as `submit` leaves it: q0 failed, q1 pending; the
     results file holds q0 twice, the later line the one that counts."""
     path = jobs_file(tmp_path, 2)
-    paths = StatePaths.resolve(tmp_path / "state")
+    paths = StatePaths(tmp_path / "state").made()
     with RunStore(paths.run_store(path, client_fingerprint(URL, None))) as store:
         store.sync(scan(path), path=str(path), restart=False)
         store.finished(
@@ -416,7 +417,7 @@ def test_show_of_a_job_not_there_exits_2(tmp_path, job_id, message):
 def test_status_tells_unknown_from_failed_with_the_way_out(tmp_path):
     """An unknown invite is listed as unknown, with its reason and --retry-unknown."""
     path = jobs_file(tmp_path, 1, 2)
-    paths = StatePaths.resolve(tmp_path / "state")
+    paths = StatePaths(tmp_path / "state").made()
     with RunStore(paths.run_store(path, client_fingerprint(URL, None))) as store:
         store.sync(scan(path), path=str(path), restart=False)
         store.set_meta("rules", "run-query=2/1m,invite=15/5m")
@@ -436,7 +437,7 @@ def test_status_tells_unknown_from_failed_with_the_way_out(tmp_path):
 def failed_run(tmp_path, failed):
     """A run of `failed` + 1 queries, `failed` of them failed."""
     path = jobs_file(tmp_path, failed + 1)
-    paths = StatePaths.resolve(tmp_path / "state")
+    paths = StatePaths(tmp_path / "state").made()
     store_path = paths.run_store(path, client_fingerprint(URL, None))
     with RunStore(store_path) as store:
         store.sync(scan(path), path=str(path), restart=False)
@@ -543,7 +544,7 @@ def test_status_groups_failures_by_reason(tmp_path):
     the message 20 times; --json gives the same as `reasons`."""
     path = jobs_file(tmp_path, 23)
     long = "HTTP 401 Unauthorized;" + " the token is missing, wrong or expired" * 3
-    paths = StatePaths.resolve(tmp_path / "state")
+    paths = StatePaths(tmp_path / "state").made()
     with RunStore(paths.run_store(path, client_fingerprint(URL, None))) as store:
         store.sync(scan(path), path=str(path), restart=False)
         store.set_meta("rules", "run-query=2/1m")
@@ -570,7 +571,7 @@ def test_plan_takes_a_time_scale_for_a_scaled_demo(tmp_path):
     sent a moment ago hold 15/2s: `plan --time-scale 30` says so in scaled terms
     (in use now: 15 of 15/2s; the next 15 wait about 2 s), not 15 of 15/1m."""
     loopback = "http://127.0.0.1:8765"
-    paths = StatePaths.resolve(tmp_path / "state")
+    paths = StatePaths(tmp_path / "state").made()
     client = client_fingerprint(loopback, None)
     ledger = SqliteLedger(paths.ledger, client=client, hold=30, now=MachineClock().now)
     rule = parse_rule("15/1m+500/1h").scaled(30)
@@ -617,7 +618,7 @@ def test_plan_with_only_failed_jobs_left_names_retry_failed(tmp_path):
     """Every job ended, 3 failed and 1 unknown: plan names the flags that send
     them, rather than "Nothing to send." alone."""
     path = jobs_file(tmp_path, 5, 1)
-    paths = StatePaths.resolve(tmp_path / "state")
+    paths = StatePaths(tmp_path / "state").made()
     with RunStore(paths.run_store(path, client_fingerprint(URL, None))) as store:
         store.sync(scan(path), path=str(path), restart=False)
         store.finished(JobResult("q0", "run-query", Status.DONE, 1, 200))

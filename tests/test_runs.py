@@ -11,7 +11,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from batchrun.cli.commands import app
-from batchrun.store.paths import StatePaths, client_fingerprint
+from batchrun.core.identity import client_fingerprint
+from batchrun.store.paths import StatePaths
 from tests.test_cli import jobs_file
 
 runner = CliRunner()

@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from batchrun.cli.commands import app
+from batchrun.core.identity import client_fingerprint
 from batchrun.core.limits import LimitKey, Pace, limit_table, parse_override, parse_rule
 from batchrun.ledgers.redis_ledger import RedisLedger
 from batchrun.ledgers.shared_ledger import open_shared_ledger
@@ -20,7 +21,7 @@ from batchrun.ledgers.sqlite_ledger import SqliteLedger
 from batchrun.pacing.slots import Grant
 from batchrun.sandbox.app import create_app
 from batchrun.sandbox.serving import running
-from batchrun.store.paths import StatePaths, client_fingerprint
+from batchrun.store.paths import StatePaths
 from tests.conftest import REDIS_PASSWORD, RedisServer, redis_process
 from tests.oracles import max_in_window
 
@@ -38,7 +39,7 @@ def query_jobs(tmp_path, count=3):
 
 def test_no_url_is_the_sqlite_file_and_a_redis_url_is_redis(tmp_path, redis_url):
     """The default stays SQLite in the state folder; a redis:// URL opens Redis."""
-    state = StatePaths.resolve(tmp_path)
+    state = StatePaths(tmp_path).made()
     for url, kind in ((None, SqliteLedger), (redis_url, RedisLedger)):
         ledger = open_shared_ledger(url, state=state, client="c", hold=1, now=time.time)
         assert isinstance(ledger, kind)

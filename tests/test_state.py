@@ -11,6 +11,7 @@ import pytest
 
 from batchrun.core.errors import JobsFileError, RunLocked, StateError
 from batchrun.core.events import Status
+from batchrun.core.identity import client_fingerprint
 from batchrun.core.limits import LimitKey, Pace, parse_rule
 from batchrun.jobs.endpoints import JobType, Method
 from batchrun.jobs.job import Job, scan
@@ -18,7 +19,7 @@ from batchrun.jobs.jobfile import Problem
 from batchrun.ledgers.sqlite_ledger import SqliteLedger
 from batchrun.pacing.slots import Grant, Wait
 from batchrun.run.journal import Journal
-from batchrun.store.paths import StatePaths, client_fingerprint
+from batchrun.store.paths import StatePaths
 from batchrun.store.results import JobResult, ResultsFile
 from batchrun.store.runlock import RunLock
 from batchrun.store.state import JobState, RunStore, check_jobs_file
@@ -138,7 +139,7 @@ def test_pending_pages_through_many_jobs(store):
 
 def test_state_folder_is_private(tmp_path):
     """State folders are 0700 and stores 0600."""
-    paths = StatePaths.resolve(tmp_path / "s")
+    paths = StatePaths(tmp_path / "s").made()
     db = paths.run_store(tmp_path / "jobs.csv", "c1")
     RunStore(db).close()
     for folder in (paths.root, paths.root / "runs", db.parent):

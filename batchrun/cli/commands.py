@@ -2,9 +2,10 @@
 
 `submit` and `sandbox` are here; the commands that send nothing are in
 `read_commands`, registered here in the order `--help` lists them. The flags are
-declared in `flags`, and what their strings mean is `arguments`'. Every
-`BatchrunError` is caught once, in `terminal.reported`, printed on stderr without a
-traceback, and turned into its exit code. Modules that load httpx or Starlette are
+declared in `flags`; what they mean is `arguments`', which `submit` hands its
+flags as one `SubmitOptions`. Every `BatchrunError` is caught once, in
+`terminal.reported`, printed on stderr without a traceback, and turned into its
+exit code. Modules that load httpx or Starlette are
 imported inside the commands that need them, so `--help`, `validate` and `status`
 start fast (start-up matters under cron).
 """
@@ -67,15 +68,45 @@ def submit(
     server_burst: flags.ServerBurstOpt = None,
 ) -> None:
     """Send every job of JOBS_FILE inside the rate limits; run it again to resume."""
-    # Every flag, by its name in `arguments.submission`, which checks them all.
-    given = dict(locals(), limit=flags.with_file_limits(ctx, limit))
-    del given["ctx"]
+    given = arguments.SubmitOptions(
+        jobs_file=jobs_file,
+        base_url=base_url,
+        token=token,
+        profile=profile,
+        limit=flags.with_file_limits(ctx, limit),
+        pace=pace,
+        concurrency=concurrency,
+        max_attempts=max_attempts,
+        timeout=timeout,
+        results=results,
+        sandbox=sandbox,
+        time_scale=time_scale,
+        state_dir=state_dir,
+        ledger=ledger,
+        ca_bundle=ca_bundle,
+        deadline=deadline,
+        retry_failed=retry_failed,
+        retry_unknown=retry_unknown,
+        restart=restart,
+        run_id=run_id,
+        no_color=no_color,
+        quiet=quiet,
+        verbose=verbose,
+        halt_after=halt_after,
+        metrics_file=metrics_file,
+        budget_key=budget_key,
+        inject=inject,
+        server_limit=server_limit,
+        server_counting=server_counting,
+        server_headers=server_headers,
+        server_burst=server_burst,
+    )
     from batchrun.run.submission import submit
 
     say = terminal.log_for(jobs_file)
     with terminal.reported(say):
         job = arguments.submission(
-            **given, stdin=terminal.from_stdin, warn=terminal.warning
+            given, stdin=terminal.from_stdin, warn=terminal.warning
         )
         flags.done(submit(job, say=say))
 

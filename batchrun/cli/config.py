@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchrun.core.errors import UsageError
+from batchrun.core.identity import check_budget_key
 from batchrun.core.limits import Profile, parse_override
 from batchrun.run.halt import HaltPolicy
-from batchrun.store.paths import check_budget_key, user_config_file
+from batchrun.store.paths import user_config_file
 
 PROJECT_FILE = "batchrun.toml"
 # The variables that stand in for a flag, and so win over a file.

@@ -9,9 +9,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from batchrun.cli import config
-from batchrun.core.limits import LimitKey, Profile, limit_table, parse_override
-from batchrun.store.paths import StatePaths
+from batchrun.cli import arguments, config
+from batchrun.core.limits import LimitKey, Profile
 
 # --concurrency's default, which `config` shows too: none, as the limits need
 # (`run.settings.in_flight_cap`).
@@ -29,7 +28,7 @@ def _shown_defaults() -> dict[str, str]:
         "profile": Profile.B.value,
         "concurrency": CONCURRENCY_SHOWN,
         "ledger": "SQLite in the state folder",
-        "state-dir": str(StatePaths.resolve(None, create=False).root),
+        "state-dir": str(arguments.resolve(state_dir=None).state.root),
         "budget-key": "(base URL + token)",
         "halt-after": "(none: every job is tried)",
         "metrics-file": "(none)",
@@ -38,10 +37,10 @@ def _shown_defaults() -> dict[str, str]:
 
 def limits_in_force(found: config.Config, profile: Profile) -> list[config.InForce]:
     """Each key's rule with no --limit, and where it came from."""
-    table = limit_table(
-        profile=profile,
-        overrides=[parse_override(text) for text in found.limit_flags()],
+    given = arguments.resolve(
+        state_dir=None, profile=profile, limit=found.limit_flags()
     )
+    table = given.limits.rules
     return [
         config.InForce(key.value, str(table[key]), _limit_source(found, key, profile))
         for key in LimitKey

@@ -2,6 +2,9 @@
 help texts, checks of defaults, help panels), and the two calls a command makes of
 it (`done`, and `Context`'s type). The only module that imports typer; what the
 flags' strings mean is `arguments`'.
+
+Each flag is declared once, its help text in the same module, so a new flag is
+one edit here.
 """
 
 from __future__ import annotations
@@ -15,10 +18,100 @@ import typer
 import typer.core
 
 from batchrun import __version__
-from batchrun.cli import config, helps
+from batchrun.cli import config
 from batchrun.core.limits import Pace, Profile
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.sandbox.policy_headers import HeaderStyle
+
+# The help texts that take more than a line.
+_PROFILE = (
+    "run-query limit: b = 15/1m+500/1h (the stricter, default), a = 30/1m; auto = a "
+    "until the server shows it is b (at most one 429 to find out)."
+)
+
+_SANDBOX_PROFILE = (
+    "The run-query limit the sandbox enforces: b = 15/1m+500/1h (default), a = 30/1m."
+)
+
+_INJECT = (
+    "Sandbox faults: 429=0.05, 5xx=0.1, drop=0.05, slow=0.1, slow-seconds=2, seed=7 "
+    "(repeatable)."
+)
+
+_SERVER_BURST = (
+    "With --sandbox and --server-counting leaky: its burst, as `batchrun sandbox "
+    "--burst`."
+)
+
+_SERVER_LIMIT = (
+    "With --sandbox: the sandbox enforces this rule for KEY instead of the client's, "
+    "e.g. run-query=10/1m, to watch the client learn it (repeatable)."
+)
+
+_SERVER_COUNTING = (
+    "With --sandbox: how it counts: sliding (the default), fixed, weighted or leaky, "
+    "as `batchrun sandbox --counting`."
+)
+
+_SERVER_HEADERS = (
+    "With --sandbox: the rate-limit headers it states: none (the default), ietf, "
+    "draft7 or x-ratelimit, as `batchrun sandbox --headers`."
+)
+
+_LEDGER = (
+    "Where the client's budget lives: redis://[:PASSWORD@]HOST:PORT/DB (rediss:// for"
+    " TLS) shares it across machines. Default: SQLite in the state folder (this "
+    "machine)."
+)
+
+_RETRY_UNKNOWN = (
+    "Resend invites left unknown (a timeout, a 5xx, or a run that died mid-request: "
+    "the server may have processed them)."
+)
+
+_RUN_ID = (
+    "Name this round; a new name sends every job again (a new night). %-codes take "
+    "today's date: --run-id %F is one round a day."
+)
+
+_COUNTING = (
+    "How the sandbox counts: sliding (a log, exact), fixed (aligned windows), "
+    "weighted (a sliding-window estimate from two fixed counts), leaky (nginx "
+    "limit_req: one request per WINDOW/COUNT, and --burst more at once)."
+)
+
+_BURST = (
+    "With --counting leaky: requests the bucket lets through at once beyond the first"
+    " (nginx's limit_req burst=B nodelay)."
+)
+
+_HEADERS = (
+    "Rate-limit headers the sandbox states on every answer: none (only a 429's "
+    "Retry-After), ietf (RateLimit-Policy and RateLimit, draft 08 on), draft7 "
+    "(express-rate-limit's RateLimit: limit=, remaining=, reset=), x-ratelimit "
+    "(X-RateLimit-Limit, -Remaining and -Reset)."
+)
+
+_BUDGET_KEY = (
+    "Name the client's budget in the ledger: rotated or sibling tokens of one quota "
+    "that give the same NAME share it. Default: base URL + token."
+)
+
+_HALT_AFTER = (
+    "Stop starting jobs once N jobs of this run failed, or P% of those ended (from "
+    "20 on); finish those in flight, exit 1, the rest left for a resume."
+)
+
+_METRICS_FILE = (
+    "Write the run as Prometheus text (node_exporter's textfile collector: name it "
+    "*.prom) once a minute and at its end. Needs the metrics extra: from a "
+    "checkout, pip install '.\\[metrics]'."
+)
+
+_FAILED = (
+    "Write the failed jobs of the latest run to PATH as a jobs file of the same "
+    "format and columns, to fix and submit again."
+)
 
 
 def _no_bool(params: list[Any]) -> list[Any]:
@@ -125,7 +218,7 @@ ProfileOpt = Annotated[
         "--profile",
         metavar="a|b|auto",
         parser=_choices("--profile", Profile),
-        help=helps.PROFILE,
+        help=_PROFILE,
         rich_help_panel="Limits",
     ),
 ]
@@ -136,7 +229,7 @@ SandboxProfileOpt = Annotated[
         "--profile",
         metavar="a|b",
         parser=_choices("--profile", Profile, allowed=(Profile.A, Profile.B)),
-        help=helps.SANDBOX_PROFILE,
+        help=_SANDBOX_PROFILE,
         rich_help_panel="Limits",
     ),
 ]
@@ -162,7 +255,7 @@ InjectOpt = Annotated[
     typer.Option(
         "--inject",
         metavar="FAULT=RATE",
-        help=helps.INJECT,
+        help=_INJECT,
         rich_help_panel="Sandbox faults",
     ),
 ]
@@ -173,7 +266,7 @@ SubmitInjectOpt = Annotated[
     typer.Option(
         "--inject",
         metavar="FAULT=RATE",
-        help=helps.INJECT,
+        help=_INJECT,
         rich_help_panel=_WITH_SANDBOX,
     ),
 ]
@@ -184,17 +277,17 @@ CountingOpt = Annotated[
         "--counting",
         metavar="KIND",
         parser=_choices("--counting", LimiterKind),
-        help=helps.COUNTING,
+        help=_COUNTING,
     ),
 ]
-BurstOpt = Annotated[int, typer.Option("--burst", min=0, help=helps.BURST)]
+BurstOpt = Annotated[int, typer.Option("--burst", min=0, help=_BURST)]
 ServerBurstOpt = Annotated[
     int | None,
     typer.Option(
         "--server-burst",
         min=0,
         show_default=False,
-        help=helps.SERVER_BURST,
+        help=_SERVER_BURST,
         rich_help_panel=_WITH_SANDBOX,
     ),
 ]
@@ -204,7 +297,7 @@ HeadersOpt = Annotated[
         "--headers",
         metavar="STYLE",
         parser=_choices("--headers", HeaderStyle),
-        help=helps.HEADERS,
+        help=_HEADERS,
     ),
 ]
 ServerLimitOpt = Annotated[
@@ -212,7 +305,7 @@ ServerLimitOpt = Annotated[
     typer.Option(
         "--server-limit",
         metavar="KEY=RULE",
-        help=helps.SERVER_LIMIT,
+        help=_SERVER_LIMIT,
         rich_help_panel=_WITH_SANDBOX,
     ),
 ]
@@ -223,7 +316,7 @@ ServerCountingOpt = Annotated[
         metavar="KIND",
         parser=_choices("--server-counting", LimiterKind),
         show_default=False,
-        help=helps.SERVER_COUNTING,
+        help=_SERVER_COUNTING,
         rich_help_panel=_WITH_SANDBOX,
     ),
 ]
@@ -234,7 +327,7 @@ ServerHeadersOpt = Annotated[
         metavar="STYLE",
         parser=_choices("--server-headers", HeaderStyle),
         show_default=False,
-        help=helps.SERVER_HEADERS,
+        help=_SERVER_HEADERS,
         rich_help_panel=_WITH_SANDBOX,
     ),
 ]
@@ -253,7 +346,7 @@ LedgerOpt = Annotated[
         envvar="BATCHRUN_LEDGER_URL",
         metavar="URL",
         show_default=False,
-        help=helps.LEDGER,
+        help=_LEDGER,
         rich_help_panel="State",
     ),
 ]
@@ -351,7 +444,7 @@ RetryUnknownFlag = Annotated[
     bool,
     _switch(
         "--retry-unknown",
-        help=helps.RETRY_UNKNOWN,
+        help=_RETRY_UNKNOWN,
         panel="Run control",
     ),
 ]
@@ -368,7 +461,7 @@ RunIdOpt = Annotated[
     typer.Option(
         "--run-id",
         metavar="ID",
-        help=helps.RUN_ID,
+        help=_RUN_ID,
         rich_help_panel="Run control",
     ),
 ]
@@ -451,15 +544,15 @@ def _named(flag: str, metavar: str, text: str, panel: str | None = None) -> Any:
 
 
 BudgetKeyOpt = Annotated[
-    str | None, _named("--budget-key", "NAME", helps.BUDGET_KEY, "State")
+    str | None, _named("--budget-key", "NAME", _BUDGET_KEY, "State")
 ]
 HaltAfterOpt = Annotated[
-    str | None, _named("--halt-after", "N|P%", helps.HALT_AFTER, "Run control")
+    str | None, _named("--halt-after", "N|P%", _HALT_AFTER, "Run control")
 ]
 MetricsFileOpt = Annotated[
-    Path | None, _named("--metrics-file", "PATH", helps.METRICS_FILE, "Output")
+    Path | None, _named("--metrics-file", "PATH", _METRICS_FILE, "Output")
 ]
-FailedOpt = Annotated[Path | None, _named("--failed-as-jobs", "PATH", helps.FAILED)]
+FailedOpt = Annotated[Path | None, _named("--failed-as-jobs", "PATH", _FAILED)]
 
 
 def with_file_limits(ctx: Context, limit: list[str] | None) -> list[str]:

@@ -1,6 +1,7 @@
 """The commands that send nothing: validate, status, plan, limits, show, cron-line
 and config. `commands` registers them on the Typer app, in the order `--help` lists
-them; each hands its flags to `arguments` and its findings to `reports`.
+them; each hands its flags to `arguments`, asks `query.read_model`, and hands
+what it found to `reports`.
 
 Modules that load httpx or Starlette are imported inside the commands that need
 them, so `validate` and `status` start fast (start-up matters under cron).
@@ -12,23 +13,14 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from batchrun.cli import (
-    arguments,
-    clients,
-    config,
-    defaults,
-    flags,
-    reports,
-    terminal,
-)
-from batchrun.core.errors import JobsFileError
+from batchrun.cli import arguments, config, defaults, flags, reports, terminal
+from batchrun.core.errors import JobsFileError, UsageError
 from batchrun.core.limits import Pace, Profile
-from batchrun.store.paths import StatePaths, client_fingerprint
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from batchrun.cli.overview import Status
+    from batchrun.query.read_model import Status
 
 
 def validate(jobs_file: flags.JobsArg, as_json: flags.JsonFlag = False) -> None:
@@ -63,15 +55,15 @@ def status(
 
     Also the answers by HTTP status code, with their latency.
     """
-    from batchrun.cli.overview import status as read_status
+    from batchrun.query.read_model import status as read_status
 
     with terminal.reported():
         shown = arguments.shown_count(show)
-        paths = StatePaths.resolve(state_dir, create=False)
+        common = arguments.resolve(state_dir=state_dir, base_url=base_url, token=token)
         found = read_status(
             jobs_file,
-            paths,
-            clients.stores(base_url, token),
+            common.state,
+            common.identity.stores,
             ledger_url=ledger,
             shown=shown,
         )
@@ -85,8 +77,8 @@ def status(
 
 def _export_failed(jobs_file: Path, found: Status, dest: Path) -> None:
     """--failed-as-jobs: the latest run's failed jobs, as a jobs file at `dest`."""
-    from batchrun.cli.overview import failed_ids
     from batchrun.jobs.extract import extract
+    from batchrun.query.read_model import failed_ids
 
     copied = extract(jobs_file, dest, failed_ids(found))
     terminal.to_stderr(
@@ -115,40 +107,44 @@ def plan(
     as_json: flags.JsonFlag = False,
 ) -> None:
     """How long the jobs of JOBS_FILE not yet done take (nothing is sent)."""
-    from batchrun.cli import targets
-    from batchrun.cli.overview import ended_badly
-    from batchrun.cli.overview import plan as make_plan
+    from batchrun.query.read_model import ended_badly
+    from batchrun.query.read_model import plan as make_plan
 
     limit = flags.with_file_limits(ctx, limit)
     with terminal.reported():
-        targets.check_time_scale(
+        arguments.check_time_scale(
             time_scale, sandbox=base_url is None, base_url=base_url
         )
-        rules = arguments.rules(profile, limit, time_scale)
-        client = clients.client(base_url, token, budget_key) or client_fingerprint(
-            "", None
+        common = arguments.resolve(
+            state_dir=state_dir,
+            base_url=base_url,
+            token=token,
+            budget_key=budget_key,
+            ledger=ledger,
+            profile=profile,
+            limit=limit,
+            time_scale=time_scale,
         )
-        paths = StatePaths.resolve(state_dir, create=False)
-        names = clients.stores(base_url, token)
-        fallback = arguments.fallback_rules(profile, limit, time_scale)
+        fallback = common.limits.fallback
+        names = common.identity.stores
         plans = make_plan(
             jobs_file,
-            rules,
+            common.limits.rules,
             pace,
-            paths,
-            client,
-            ledger_url=ledger,
+            common.state,
+            common.identity.client,
+            ledger_url=common.ledger_url,
             fallback=fallback,
             names=names,
             time_scale=time_scale,
         )
-        ended = ended_badly(jobs_file, paths, names)
+        ended = ended_badly(jobs_file, common.state, names)
     if as_json:
         terminal.echo([json.dumps(reports.plan_json(jobs_file, plans), indent=2)])
         return
     lines = reports.plan_lines(plans) if plans else [reports.nothing_left(*ended)]
     if any(item.key in fallback for item in plans):
-        statement_a = arguments.rules(Profile.A, limit, time_scale)
+        statement_a = common.limits.under(Profile.A)
         lines.append(reports.auto_line(fallback, statement_a))
     terminal.echo(lines)
 
@@ -166,28 +162,49 @@ def limits_command(
     as_json: flags.ScriptJsonFlag = False,
 ) -> None:
     """The rule each key is paced by for a client, and what was learned of it."""
-    from batchrun.cli import learned
+    from batchrun.query.read_model import forget as forget_learned
+    from batchrun.query.read_model import limits as learned_limits
 
     limit = flags.with_file_limits(ctx, limit)
     with terminal.reported():
-        client = clients.learning_client(base_url, token, budget_key)
-        rules = arguments.rules(profile, limit, 1.0)
-        asked = arguments.forgotten(forget)
-        paths = StatePaths.resolve(state_dir, create=bool(asked))
-        forgotten = (
-            learned.forget(asked, paths, client, ledger_url=ledger) if asked else []
+        common = arguments.resolve(
+            state_dir=state_dir,
+            base_url=base_url,
+            token=token,
+            budget_key=budget_key,
+            ledger=ledger,
+            profile=profile,
+            limit=limit,
         )
-        found = learned.limits(
-            rules,
+        client = _learning_client(common)
+        asked = arguments.forgotten(forget)
+        paths = common.state.made() if asked else common.state
+        forgotten = (
+            forget_learned(asked, paths, client, ledger_url=ledger) if asked else []
+        )
+        found = learned_limits(
+            common.limits.rules,
             paths,
             client,
             ledger_url=ledger,
-            fallback=arguments.fallback_rules(profile, limit),
+            fallback=common.limits.fallback,
         )
     if as_json:
         terminal.echo([json.dumps(reports.limits_json(found), indent=2)])
     else:
         terminal.echo(reports.limits_lines(found, asked, forgotten))
+
+
+def _learning_client(common: arguments.Common) -> str:
+    """The client whose limits `limits` shows: it needs a base URL or a
+    --budget-key."""
+    if not common.identity.named:
+        msg = (
+            "limits are learned per client: give its --base-url "
+            "(or BATCHRUN_BASE_URL) and its token, or its --budget-key"
+        )
+        raise UsageError(msg)
+    return common.identity.client
 
 
 def show(
@@ -200,12 +217,11 @@ def show(
     as_json: flags.JsonFlag = False,
 ) -> None:
     """One job of JOBS_FILE's latest run: its state, attempts, error and response."""
-    from batchrun.cli.overview import show as find
+    from batchrun.query.read_model import show as find
 
     with terminal.reported():
-        paths = StatePaths.resolve(state_dir, create=False)
-        names = clients.stores(base_url, token)
-        shown = find(jobs_file, job_id, paths, names, results)
+        common = arguments.resolve(state_dir=state_dir, base_url=base_url, token=token)
+        shown = find(jobs_file, job_id, common.state, common.identity.stores, results)
     if as_json:
         terminal.echo([json.dumps(reports.show_json(shown), indent=2)])
     else:

@@ -1,7 +1,7 @@
 """What `validate`, `status`, `plan` and `config` print: lines, or JSON for scripts.
 
-Pure rendering of values computed elsewhere (`jobs.Summary`, `overview.Status`,
-`overview.KeyPlan`); the CLI only echoes what these return.
+Pure rendering of values computed elsewhere (`jobs.Summary`, `read_model.Status`,
+`read_model.KeyPlan`); the CLI only echoes what these return.
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ from batchrun.core import durations
 from batchrun.core.responses import PERCENTILES, Responses
 
 if TYPE_CHECKING:
-    # Types only: `status` and `plan` import overview when they run, so that
+    # Types only: `status` and `plan` import the read model when they run, so that
     # `--help` and `validate` do not load SQLite.
     from batchrun.cli.config import InForce
-    from batchrun.cli.learned import KeyLimit
-    from batchrun.cli.overview import KeyPlan, Shown, Status
     from batchrun.core.errors import JobsFileError
     from batchrun.core.limits import LimitKey, Rule
     from batchrun.jobs.job import Summary
+    from batchrun.query.read_model import KeyLimit, KeyPlan, Shown, Status
     from batchrun.store.state import Failure, Reason
 
 _TEAMS_SHOWN = 10

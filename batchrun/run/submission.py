@@ -241,17 +241,17 @@ def _store(job: Submission, say: Callable[[str], None]) -> Iterator[RunStore]:
         job.state,
         job.jobs_file,
         base_url=target.base_url,
-        client=target.client,
+        client=target.identity.client,
         say=say,
     )
     fresh = not path.exists()
-    if not job.restart and not target.is_sandbox:
+    if not job.restart and not target.identity.is_sandbox:
         runs.refuse_a_lost_store(path, job.jobs_file, job.results, job.state.root)
     with RunStore(path) as store:
         runs.mark(store, marker_of(path))
         runs.record(store, job.jobs_file, base_url=target.base_url)
-        store.set_meta("client", target.client)
-        if fresh and target.is_sandbox:
+        store.set_meta("client", target.identity.client)
+        if fresh and target.identity.is_sandbox:
             # The results of a sandbox run kept by no store (an older batchrun's):
             # the jobs they record as ended are not sent again.
             crosscheck.seen(store, job.results, 0)
@@ -270,12 +270,12 @@ class _Notes:
 
 
 def _ledger(job: Submission, notes: _Notes) -> Ledger:
-    if job.target.is_sandbox and job.ledger_url is None:
+    if job.target.identity.is_sandbox and job.ledger_url is None:
         return MemoryLedger()
     return open_shared_ledger(
         job.ledger_url,
         state=job.state,
-        client=job.target.client,
+        client=job.target.identity.client,
         hold=job.target.timeout,
         now=MachineClock().now,
         notice=notes,

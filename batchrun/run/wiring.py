@@ -6,46 +6,45 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from batchrun.api.client import Client
 from batchrun.core.clock import Clock
 from batchrun.core.events import EventSink
+from batchrun.core.identity import Identity
 from batchrun.core.limits import LimitKey, Rule
 from batchrun.pacing.ledger import Ledger
 from batchrun.pacing.pacer import Pacer
 from batchrun.run.runner import Runner
 from batchrun.run.settings import Settings, connections
 from batchrun.run.settlement import Recorder
-from batchrun.store.paths import budget_fingerprint, client_fingerprint
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Target:
-    """Where requests go: a base URL, or the in-process sandbox (`transport`)."""
+    """Where requests go: the client's base URL, through `transport` if given
+    (the in-process sandbox, a test double), else over the network.
 
-    base_url: str
-    # Kept out of repr, so no message that shows a Target can show the token.
-    token: str | None = field(repr=False)
+    Raises:
+        ValueError: an identity with no base URL (a target sends somewhere).
+    """
+
+    identity: Identity
     timeout: float
     transport: Any = None
     ca_bundle: Path | None = None
-    # --budget-key: the budget's name, shared by every token that gives it.
-    budget_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.identity.base_url is None:
+            msg = "a Target needs its identity's base URL"
+            raise ValueError(msg)
 
     @property
-    def client(self) -> str:
-        """Whose budget the requests draw on: the budget key's, else the base
-        URL's and token's."""
-        if self.budget_key is not None:
-            return budget_fingerprint(self.budget_key)
-        return client_fingerprint(self.base_url, self.token)
-
-    @property
-    def is_sandbox(self) -> bool:
-        return self.transport is not None
+    def base_url(self) -> str:
+        """The identity's base URL (checked when built)."""
+        return self.identity.base_url or ""
 
 
 @contextlib.asynccontextmanager
@@ -68,7 +67,7 @@ async def open_run(
     """
     client = Client(
         base_url=target.base_url,
-        token=target.token,
+        token=target.identity.token,
         scope=scope,
         timeout=target.timeout,
         connections=connections(settings),

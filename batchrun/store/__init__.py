@@ -1,5 +1,5 @@
 """What a run keeps on disk: the SQLite files and their migrations, the state
-folder's paths and the client fingerprint, the per-file lock, the results file, the
+folder's paths, the per-file lock, the results file, the
 run store of jobs and their states, and which run store a jobs file uses.
 
 May import: core, jobs, api.

@@ -2,10 +2,10 @@
 and the API's base URL, kept across a renewed token, followed across a move.
 
 A run is what was sent of one jobs file to one API. Its store is named by the
-file's path and the base URL (`paths.api_fingerprint`), not the token: the budget
-is the client's (base URL and token), but a renewed token is the same client, so a
-token rotated between two runs resumes the run. The store records its base URL and
-its file's path.
+file's path and the base URL (`core.identity.api_fingerprint`), not the token:
+the budget is the client's (base URL and token), but a renewed token is the same
+client, so a token rotated between two runs resumes the run. The store records
+its base URL and its file's path.
 
 A file moved (or renamed) is recognised by its jobs. When its path has no store
 yet, a store of the same API whose file no longer exists, and which holds some of
@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from batchrun.core.errors import BatchrunError, StateError, UsageError
+from batchrun.core.identity import api_fingerprint
 from batchrun.core.limits import LimitKey
 from batchrun.jobs.job import Job, scan
 from batchrun.store.generation import (
@@ -40,7 +41,7 @@ from batchrun.store.generation import (
     read_marker,
     write_marker,
 )
-from batchrun.store.paths import StatePaths, api_fingerprint
+from batchrun.store.paths import StatePaths
 from batchrun.store.runlock import RunLock
 from batchrun.store.state import JobState, RunStore
 

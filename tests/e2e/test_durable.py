@@ -200,7 +200,7 @@ def test_two_processes_of_one_client_share_one_budget(tmp_path):
 def test_locked_file_exits_3(tmp_path):
     """A second submit of a file another run holds exits 3 at once."""
     path = jobs_file(tmp_path, queries=1, invites=0)
-    state = StatePaths.resolve(tmp_path / "state").sandbox()
+    state = StatePaths(tmp_path / "state").made().sandbox()
     folder = state.make_run_folder(path)
     with RunLock(folder, path):
         result = CliRunner().invoke(

@@ -1,25 +1,32 @@
-"""What `status` and `plan` report: a run's standing, and how long what is left takes.
+"""What the read commands report, read from the run stores and the client's ledger.
 
-Both read the run store and the client's ledger; neither sends anything. Durations
-come from the limits (`slots.eta` over the jobs left and the ledger's recent use),
-the same rule the pacer grants by.
+The read model of `status` (where a jobs file's latest run stands), `plan` (how
+long what is left takes), `show` (one job) and `limits` (each key's rule for a
+client, and what was learned of its server; `--forget` forgets it). Each opens a
+run store read-only and the client's ledger (SQLite in the state folder, or
+Redis) to read, to write only for `limits --forget`; nothing is sent, and the
+command line only renders what these return. Durations come from the limits
+(`slots.eta` over the jobs left and the ledger's recent use), the same rule the
+pacer grants by.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from batchrun.cli.budget import Budget, InForce, in_force, opened
-from batchrun.core.clock import MachineClock
+from batchrun.core.clock import MachineClock, wall_time
 from batchrun.core.errors import UsageError
 from batchrun.core.limits import LimitKey, Pace, Rule, read_table
 from batchrun.core.responses import Responses
 from batchrun.jobs.job import read_jobs
+from batchrun.ledgers.shared_ledger import open_shared_ledger
+from batchrun.pacing.kept import RECORD_SUFFIX, Kept, learned_when, read_lesson
 from batchrun.pacing.ledger import Ledger
 from batchrun.pacing.slots import eta
 from batchrun.store.paths import StatePaths
@@ -29,7 +36,67 @@ from batchrun.store.state import Failure, JobRecord, JobState, Reason, RunStore
 
 _SETTLED = {JobState.DONE, JobState.FAILED, JobState.UNKNOWN}
 # How many ids `status` names for each reason jobs failed (--show less or all).
-FEW = 5
+_FEW = 5
+
+
+@dataclass(frozen=True, slots=True)
+class _Budget:
+    """Where a client's budget in use, and what was learned of its limits, are
+    read: its ledger."""
+
+    paths: StatePaths
+    client: str
+    ledger_url: str | None = field(repr=False)  # may hold a password
+    # --profile auto: the rule a key is planned by until the server settles it.
+    fallback: dict[LimitKey, Rule] = field(default_factory=dict)
+    # --time-scale: the windows the rules were divided by (lessons are kept
+    # unscaled, and read back scaled alike).
+    time_scale: float = 1.0
+
+
+@contextmanager
+def _opened(
+    budget: _Budget, now: float | None = None, *, read_only: bool = True
+) -> Iterator[Ledger]:
+    """The client's ledger, read at `now` (default: the time it is opened)."""
+    at = MachineClock().now() if now is None else now
+    ledger = open_shared_ledger(
+        budget.ledger_url,
+        state=budget.paths,
+        client=budget.client,
+        hold=0.0,
+        now=lambda: at,
+        read_only=read_only,
+    )
+    try:
+        yield ledger
+    finally:
+        ledger.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _InForce:
+    """The rule a run of a key would pace by, evenly or not, and, if it was
+    learned of the server, why and its lifetime (`kept`)."""
+
+    rule: Rule
+    spread: bool = False
+    evidence: str = ""
+    kept: Kept | None = None
+
+
+def _in_force(key: LimitKey, rule: Rule, text: str | None, budget: _Budget) -> _InForce:
+    """The rule a run of `key` would pace by: what was learned of it (`text`, as
+    kept) while it lives, if learned under this very rule; else `rule` (or the
+    safer one --profile auto starts from)."""
+    now = wall_time()
+    kept = read_lesson(text, given=rule, time_scale=budget.time_scale, now=now)
+    if kept is None or kept.expired(now):
+        return _InForce(budget.fallback.get(key, rule))
+    candidate = kept.candidate
+    spread = candidate.pace is Pace.SPREAD
+    why = f"learned {learned_when(kept)}: {kept.why}"
+    return _InForce(candidate.rule, spread, why, kept)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +185,7 @@ def status(
         pace = Pace(store.get_meta("pace") or Pace.EXACT)
         fallback = read_table(store.get_meta("fallback") or "{}")
         failures = store.failures(shown)
-        reasons = store.reasons(None if shown is None else min(shown, FEW))
+        reasons = store.reasons(None if shown is None else min(shown, _FEW))
         activity = _activity(found, store)
         responses = _responses(store.get_meta("responses"))
         requests = store.requests_left()
@@ -126,7 +193,7 @@ def status(
         k: s.get(JobState.PENDING, 0) + s.get(JobState.IN_FLIGHT, 0)
         for k, s in states.items()
     }
-    budget = Budget(paths, client, ledger_url, fallback)
+    budget = _Budget(paths, client, ledger_url, fallback)
     keys = _with_requests(_plans(pending, rules, pace, budget), requests)
     return Status(found, states, failures, keys, activity, responses, reasons)
 
@@ -222,7 +289,7 @@ def plan(
     unsettled = [job for job in jobs if job.id not in settled]
     left = Counter(job.key for job in unsettled)
     requests = Counter(job.key for job in unsettled if job.method is not None)
-    budget = Budget(paths, client, ledger_url, fallback or {}, time_scale)
+    budget = _Budget(paths, client, ledger_url, fallback or {}, time_scale)
     return _with_requests(_plans(dict(left), rules, pace, budget), requests)
 
 
@@ -245,19 +312,19 @@ def _plans(
     left: dict[LimitKey, int],
     rules: dict[LimitKey, Rule],
     pace: Pace,
-    budget: Budget,
+    budget: _Budget,
 ) -> list[KeyPlan]:
     now = MachineClock().now()
-    with opened(budget, now) as ledger:
+    with _opened(budget, now) as ledger:
         plans = []
         for key, n in sorted((k, n) for k, n in left.items() if n and k in rules):
-            force = in_force(key, rules[key], ledger.recall(key.value), budget)
+            force = _in_force(key, rules[key], ledger.recall(key.value), budget)
             plans.append(_plan(key, n, force, pace, ledger, now))
         return plans
 
 
 def _plan(
-    key: LimitKey, jobs: int, force: InForce, pace: Pace, ledger: Ledger, now: float
+    key: LimitKey, jobs: int, force: _InForce, pace: Pace, ledger: Ledger, now: float
 ) -> KeyPlan:
     rule = force.rule
     pace = Pace.SPREAD if force.spread else pace
@@ -283,3 +350,58 @@ def _store_path(
         return next((path for path in found if path.exists()), None)
     stores = sorted(folder.glob("*.db"), key=lambda p: p.stat().st_mtime)
     return stores[-1] if stores else None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLimit:
+    """One key's limit for a client: the rule given (profile or --limit), the rule
+    a run paces by, and, if that was learned from the server, why and until
+    when it is kept (wall clock: then runs try faster rules again)."""
+
+    key: LimitKey
+    given: Rule
+    rule: Rule
+    spread: bool
+    learned: str | None
+    until: float | None = None
+
+
+def limits(
+    rules: dict[LimitKey, Rule],
+    paths: StatePaths,
+    client: str,
+    *,
+    ledger_url: str | None = None,
+    fallback: dict[LimitKey, Rule] | None = None,
+) -> list[KeyLimit]:
+    """Each key's limit for `client`, as the next run would pace it (or plan it,
+    under --profile auto until the server settles which statement holds)."""
+    budget = _Budget(paths, client, ledger_url, fallback or {})
+    rules = {key: rules[key] for key in LimitKey if key in rules}
+    found = []
+    with _opened(budget) as ledger:
+        for key, rule in rules.items():
+            force = _in_force(key, rule, ledger.recall(key.value), budget)
+            until = None if force.kept is None else force.kept.expires
+            why = force.evidence or None
+            found.append(KeyLimit(key, rule, force.rule, force.spread, why, until))
+    return found
+
+
+def forget(
+    keys: list[LimitKey], paths: StatePaths, client: str, *, ledger_url: str | None
+) -> list[LimitKey]:
+    """Forget what was learned of `keys`' limits for `client`, and what the
+    server was seen to accept: the next run starts from the rule given; return
+    the keys that had anything learned."""
+    forgotten = []
+    with _opened(_Budget(paths, client, ledger_url), read_only=False) as ledger:
+        for key in keys:
+            had = False
+            for name in (key.value, f"{key.value}{RECORD_SUFFIX}"):
+                if ledger.recall(name) not in (None, "{}"):
+                    ledger.remember(name, "{}")
+                    had = had or name == key.value
+            if had:
+                forgotten.append(key)
+    return forgotten
