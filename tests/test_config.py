@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 
 from batchrun.cli import config
 from batchrun.cli.commands import app
-from batchrun.core.errors import UsageError
+from batchrun.core.errors import Exit, UsageError
+from batchrun.run.exit_code import Ending
 
 runner = CliRunner()
 TOKEN = "tok-3f9a-SECRET"
@@ -221,7 +222,7 @@ def submitted(monkeypatch, *args):
 
     def fake_submit(job, say):
         caught.append(job)
-        return 0
+        return Ending(Exit.OK)
 
     monkeypatch.setattr(submission, "submit", fake_submit)
     result = runner.invoke(app, ["submit", "jobs.csv", *args])

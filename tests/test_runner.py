@@ -24,6 +24,7 @@ from batchrun.core.limits import LimitKey, parse_rule
 from batchrun.jobs.endpoints import JobType, Method
 from batchrun.jobs.job import Job
 from batchrun.pacing.ledger import MemoryLedger
+from batchrun.run.exit_code import Cause
 from batchrun.run.journal import Journal
 from batchrun.store.results import ResultsFile
 from batchrun.store.state import RunStore
@@ -228,6 +229,7 @@ async def test_a_fault_every_request_meets_leaves_its_jobs_to_send(answer):
     ) as runner:
         tally = await runner.run({LimitKey.RUN_QUERY: jobs}, {LimitKey.RUN_QUERY: 8})
     assert runner.breaker.tripped is not None
+    assert runner.stopped.reason(Cause.BREAKER) == runner.breaker.tripped
     assert recorder.results == []
     assert (tally.done, tally.failed, tally.unknown) == (0, 0, 0)
     assert TRIP_AFTER <= route.call_count < TRIP_AFTER + 3
@@ -525,8 +527,9 @@ async def test_a_ledger_lost_mid_run_stops_starting_requests():
         tally = await runner.run({LimitKey.RUN_QUERY: jobs}, {LimitKey.RUN_QUERY: 6})
     assert tally == Tally(done=2, total=6)
     assert len(sink.of(JobSent)) == 2
-    assert runner.halted is not None
-    assert "redis://h:6379/0" in runner.halted.message
+    assert runner.stopped is not None
+    assert runner.stopped.cause is Cause.LEDGER_LOST
+    assert "redis://h:6379/0" in runner.stopped.reason(Cause.LEDGER_LOST)
 
 
 async def test_transient_backoff_is_capped():

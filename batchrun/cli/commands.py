@@ -13,25 +13,15 @@ start fast (start-up matters under cron).
 from __future__ import annotations
 
 from batchrun.cli import arguments, config, defaults, flags, read_commands, terminal
+from batchrun.core.errors import Exit, code_of
 from batchrun.core.limits import Pace, Profile
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.sandbox.policy_headers import HeaderStyle
 
 app = flags.app
 
-# Shown under `submit --help`; README's table says the same at more length.
-_EXIT_CODES = (
-    "Exit codes: 0 all done; 1 some jobs failed or are unknown; 2 bad usage or jobs "
-    "file, nothing sent; 3 another run holds this file; 74 state folder or ledger "
-    "unusable; 69 stopped early, every request failing the same way (the token, "
-    "TLS, a proxy, or the server unreachable); 75 stopped early (deadline, ledger "
-    "lost), resume by running again; 130 Ctrl-C; 143 SIGTERM. A signal's code "
-    "wins, then 69, then 1, then 75. --halt-after stops with 1, the jobs left for "
-    "a resume."
-)
 
-
-@app.command(cls=flags.Command, epilog=_EXIT_CODES)
+@app.command(cls=flags.Command, epilog=terminal.exit_codes_epilog())
 def submit(
     ctx: flags.Context,
     jobs_file: flags.JobsArg,
@@ -108,7 +98,7 @@ def submit(
         job = arguments.submission(
             given, stdin=terminal.from_stdin, warn=terminal.warning
         )
-        flags.done(submit(job, say=say))
+        flags.done(terminal.said_ending(submit(job, say=say), say))
 
 
 # The commands that send nothing, in the order `--help` lists them.
@@ -165,14 +155,11 @@ def main() -> None:
     """The `batchrun` entry point."""
     try:
         app()
-    except KeyboardInterrupt:
-        terminal.interrupted()
-    except BaseExceptionGroup as group:
-        # Out of a run's task group: a Ctrl-C alone is a stop, anything else a bug.
-        if group.split(KeyboardInterrupt)[1] is None:
+    except (KeyboardInterrupt, BaseExceptionGroup, Exception) as exc:
+        # Also out of a run's task group: a Ctrl-C alone is a stop, anything else
+        # a bug (a BatchrunError was reported by `terminal.reported`).
+        if code_of(exc) is Exit.INTERRUPTED:
             terminal.interrupted()
-        terminal.internal_error(group)
-    except Exception as exc:
         terminal.internal_error(exc)
 
 

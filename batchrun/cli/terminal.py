@@ -1,9 +1,10 @@
 """What reaches the terminal: lines on stdout, messages on stderr (stamped off a
-terminal), the jobs piped on stdin, and the exit code of every error.
+terminal), the jobs piped on stdin, the exit code of every error, and what each
+exit code means (`MEANINGS`, the words for `errors.Exit`'s table).
 
 Every `BatchrunError` is caught once, in `reported`, printed on stderr without a
 traceback, and turned into its exit code; anything else is a bug (`internal_error`,
-exit 70).
+`Exit.INTERNAL`). How a run ended is said by `said_ending`.
 """
 
 from __future__ import annotations
@@ -13,23 +14,28 @@ import shutil
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from batchrun.core.errors import (
-    EXIT_INTERNAL,
-    EXIT_INTERRUPTED,
+    PRECEDENCE,
     BatchrunError,
-    StateError,
+    Exit,
     UsageError,
+    foremost,
+    leaves,
 )
 from batchrun.store.paths import StatePaths
+
+if TYPE_CHECKING:
+    from batchrun.run.exit_code import Ending
 
 
 def interrupted() -> NoReturn:
     to_stderr("Interrupted.")
-    sys.exit(EXIT_INTERRUPTED)
+    sys.exit(Exit.INTERRUPTED)
 
 
 def internal_error(exc: BaseException) -> NoReturn:
@@ -38,17 +44,10 @@ def internal_error(exc: BaseException) -> NoReturn:
     if os.environ.get("BATCHRUN_DEBUG"):
         raise exc
     # No traceback: its frames could hold the token. BATCHRUN_DEBUG=1 shows it.
-    for leaf in _leaves(exc):
+    for leaf in leaves(exc):
         to_stderr(f"batchrun: internal error: {type(leaf).__name__}: {leaf}")
     to_stderr("Please report this (rerun with BATCHRUN_DEBUG=1 for details).")
-    sys.exit(EXIT_INTERNAL)
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    """The exceptions an ExceptionGroup holds, however nested; else `exc` alone."""
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
-    return [exc]
+    sys.exit(Exit.INTERNAL)
 
 
 def echo(lines: list[str]) -> None:
@@ -128,8 +127,120 @@ def reported(say: Callable[[str], None] = to_stderr) -> Iterator[None]:
     try:
         yield
     except* BatchrunError as group:
-        errors = [leaf for leaf in _leaves(group) if isinstance(leaf, BatchrunError)]
-        # A state problem says most about what to do; else the first one raised.
-        exc = min(errors, key=lambda e: not isinstance(e, StateError))
+        exc = foremost([e for e in leaves(group) if isinstance(e, BatchrunError)])
         say(f"{exc.label}{exc.message}")
         raise SystemExit(exc.exit_code) from None
+
+
+def said_ending(end: Ending, say: Callable[[str], None]) -> int:
+    """Say what a submission left undone (jobs unknown, jobs left and why), and
+    return its exit code."""
+    from batchrun.run.exit_code import Cause
+
+    if end.unknown:
+        say(
+            f"{end.unknown} invite(s) may or may not have been sent (a timeout, a "
+            "server error or a run that died mid-request): check them, then "
+            "--retry-unknown to resend."
+        )
+    if end.left:
+        stop = end.stop
+        halted = None if stop is None else stop.reason(Cause.HALT)
+        why = "" if halted is None else f"Halted: {halted}. "
+        # After the breaker, whose message names the cause and its fix.
+        fix = stop is not None and stop.cause is Cause.BREAKER
+        then = (
+            "once that is fixed, run the same command to send them"
+            if fix
+            else ("run the same command to resume")
+        )
+        say(f"{why}Stopped early with {end.left} job(s) left: {then}.")
+    return end.code
+
+
+@dataclass(frozen=True, slots=True)
+class Meaning:
+    """What an exit code means, as `submit --help` (`brief`), the README's table
+    (`meaning`) and the troubleshooting page's heading say (None: not there)."""
+
+    brief: str | None
+    meaning: str
+    heading: str | None
+
+
+# Every exit code's meaning, in the order `submit --help` lists them.
+MEANINGS: dict[Exit, Meaning] = {
+    Exit.OK: Meaning("all done", "every job done", None),
+    Exit.FAILED: Meaning(
+        "some jobs failed or are unknown",
+        "some jobs failed or are unknown (the results file and `status` say why)",
+        "some jobs failed or are unknown",
+    ),
+    Exit.USAGE: Meaning(
+        "bad usage or jobs file, nothing sent",
+        "bad usage or a bad jobs file: nothing was sent",
+        "bad usage or a bad jobs file",
+    ),
+    Exit.LOCKED: Meaning(
+        "another run holds this file",
+        "another run is already working on this jobs file",
+        "another run is working on this file",
+    ),
+    Exit.STATE: Meaning(
+        "state folder or ledger unusable",
+        "the state folder or the ledger cannot be read or written (damaged, full, "
+        "no permission, Redis unreachable)",
+        "the state folder or the ledger cannot be used",
+    ),
+    Exit.UNAVAILABLE: Meaning(
+        "stopped early, every request failing the same way (the token, TLS, a "
+        "proxy, or the server unreachable)",
+        "stopped early: 5 requests in a row met the same fault (the token refused, "
+        "TLS, a proxy, the server unreachable); the jobs are left: fix it, run again",
+        "stopped early, every request failing the same way",
+    ),
+    Exit.INTERNAL: Meaning(
+        None,
+        "an internal error: a bug in batchrun, please report it (`BATCHRUN_DEBUG=1` "
+        "shows the traceback)",
+        "an internal error",
+    ),
+    Exit.STOPPED: Meaning(
+        "stopped early (deadline, ledger lost), resume by running again",
+        "stopped early (deadline, Redis ledger lost) with jobs left and none failed: "
+        "run again to resume",
+        "stopped early with jobs left",
+    ),
+    Exit.INTERRUPTED: Meaning(
+        "Ctrl-C",
+        "stopped by Ctrl-C (SIGINT): requests in flight finished; run again to resume",
+        "stopped by a signal",
+    ),
+    Exit.TERMINATED: Meaning(
+        "SIGTERM", "stopped by SIGTERM: likewise", "stopped by a signal"
+    ),
+}
+
+
+def precedence() -> str:
+    """Which code wins when several apply, from `errors.PRECEDENCE`: "a signal's
+    code wins, then 69, then 1, then 75"."""
+    signals, *rest = reversed(PRECEDENCE[1:])
+    assert set(signals) == {Exit.INTERRUPTED, Exit.TERMINATED}
+    return "a signal's code wins, " + ", ".join(
+        f"then {code}" for tier in rest for code in tier
+    )
+
+
+def exit_codes_epilog() -> str:
+    """The exit codes as `submit --help` ends with them."""
+    listed = "; ".join(
+        f"{code} {meaning.brief}"
+        for code, meaning in MEANINGS.items()
+        if meaning.brief is not None
+    )
+    wins = precedence()
+    return (
+        f"Exit codes: {listed}. {wins[0].upper()}{wins[1:]}. --halt-after stops "
+        f"with {Exit.FAILED}, the jobs left for a resume."
+    )

@@ -1,41 +1,69 @@
-"""The one exception tree of batchrun, each error carrying its process exit code.
+"""The one exception tree of batchrun, each error carrying its process exit code,
+and the one table of exit codes (`Exit`) with the order they win in.
 
-    BatchrunError            exit 1
-    ├── UsageError           exit 2  (a bad flag, limit rule or setting)
-    ├── JobsFileError        exit 2  (a jobs file with bad rows; nothing was sent)
-    ├── RunLocked            exit 3  (another run holds this jobs file)
-    ├── StateError           exit 74 (the state folder or the ledger cannot be used)
-    │   ├── DiskFull         exit 74 (no space left: mid-run, the run stops, 75)
-    │   └── LedgerLost       exit 74 (the ledger went away mid-run: the run stops, 75)
-    └── StoppedEarly         exit 75 (deadline, ledger lost), 130 (Ctrl-C) or
-                             143 (SIGTERM), jobs left to resume
+    BatchrunError            FAILED
+    ├── UsageError           USAGE  (a bad flag, limit rule or setting)
+    ├── JobsFileError        USAGE  (a jobs file with bad rows; nothing was sent)
+    ├── RunLocked            LOCKED (another run holds this jobs file)
+    └── StateError           STATE  (the state folder or the ledger cannot be used)
+        ├── DiskFull         STATE  (no space left: mid-run, the run stops first)
+        └── LedgerLost       STATE  (the ledger went away: mid-run, a stop, STOPPED)
 
-`cli.py` converts these to a message on stderr and the exit code, once, at the edge,
-also when one comes out of a run's task group inside an ExceptionGroup. Any other
-exception is a bug: exit 70.
+A run that stops early (a deadline, a signal, `--halt-after`, the circuit breaker)
+raises nothing: it ends with the code `run/exit_code` gives its stop. The command
+line turns an error into a message on stderr and its exit code, once, at the edge,
+also when one comes out of a run's task group inside an ExceptionGroup (`code_of`,
+`foremost`). Any other exception is a bug: `Exit.INTERNAL`. What each code means, in
+words, is `cli/terminal`'s to say.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import IntEnum
 
-EXIT_OK = 0
-EXIT_SOME_FAILED = 1
-EXIT_INTERNAL = 70  # EX_SOFTWARE from sysexits.h: a bug, never "jobs failed".
-# EX_UNAVAILABLE from sysexits.h: every request failed the same way (401/403, or
-# the server unreachable), so the circuit breaker stopped the run.
-EXIT_UNAVAILABLE = 69
-EXIT_STOPPED = 75  # EX_TEMPFAIL from sysexits.h: "try again later".
-# 128 + the signal's number, as a shell reports a process the signal killed, so
-# that a shell loop around batchrun stops on Ctrl-C as it would around `sleep`.
-EXIT_INTERRUPTED = 130
-EXIT_TERMINATED = 143
+
+class Exit(IntEnum):
+    """Every exit code batchrun ends with; sysexits.h's where one fits."""
+
+    OK = 0
+    # Some jobs failed or are unknown; also a BatchrunError with no code of its own.
+    FAILED = 1
+    USAGE = 2
+    LOCKED = 3
+    # EX_UNAVAILABLE: every request failed the same way (401/403, or the server
+    # unreachable), so the circuit breaker stopped the run.
+    UNAVAILABLE = 69
+    INTERNAL = 70  # EX_SOFTWARE: a bug, never "jobs failed".
+    STATE = 74  # EX_IOERR: the state folder or the ledger cannot be used.
+    STOPPED = 75  # EX_TEMPFAIL: "try again later", the jobs left for a resume.
+    # 128 + the signal's number, as a shell reports a process the signal killed, so
+    # that a shell loop around batchrun stops on Ctrl-C as it would around `sleep`.
+    INTERRUPTED = 130
+    TERMINATED = 143
+
+
+# Which code a run ends with when several apply, the last group winning: a
+# signal's (so that a shell loop stops), then the breaker's, then failures (never
+# hidden by a stop), then a stop's with jobs left. Codes not here are errors'.
+PRECEDENCE: tuple[tuple[Exit, ...], ...] = (
+    (Exit.OK,),
+    (Exit.STOPPED,),
+    (Exit.FAILED,),
+    (Exit.UNAVAILABLE,),
+    (Exit.INTERRUPTED, Exit.TERMINATED),
+)
+
+
+def rank(code: Exit) -> int:
+    """Where `code` stands in `PRECEDENCE` (higher wins); an error's code, 0."""
+    return next((n for n, tier in enumerate(PRECEDENCE) if code in tier), 0)
 
 
 class BatchrunError(Exception):
     """Base of every error batchrun reports to its user."""
 
-    exit_code = 1
+    exit_code: int = Exit.FAILED
     # How the CLI introduces the message on stderr.
     label = "Error: "
 
@@ -47,7 +75,7 @@ class BatchrunError(Exception):
 class UsageError(BatchrunError):
     """Raised when a flag, a limit rule or a setting is malformed."""
 
-    exit_code = 2
+    exit_code = Exit.USAGE
 
 
 class JobsFileError(BatchrunError):
@@ -56,7 +84,7 @@ class JobsFileError(BatchrunError):
     `problems` holds `(line, reason)` pairs; line 0 means the file as a whole.
     """
 
-    exit_code = 2
+    exit_code = Exit.USAGE
     shown = 20
 
     def __init__(
@@ -95,21 +123,21 @@ class JobsFileError(BatchrunError):
 class RunLocked(BatchrunError):
     """Raised when another live process is already working on the same jobs file."""
 
-    exit_code = 3
+    exit_code = Exit.LOCKED
 
 
 class StateError(BatchrunError):
     """Raised when the state folder or the ledger cannot be read or written."""
 
-    exit_code = 74  # EX_IOERR from sysexits.h.
+    exit_code = Exit.STATE
 
 
 class DiskFull(StateError):
     """Raised when a state file cannot be written because the disk is full.
 
-    Mid-run, the runner turns it into a stop, like a deadline: no new requests,
-    those in flight finished and recorded where possible, exit 75, so that a
-    rerun after space is freed resumes.
+    Mid-run, the runner stops first, as at a deadline: no new requests, those in
+    flight finished and recorded where possible; then `Exit.STATE`, and a rerun
+    after space is freed resumes.
     """
 
 
@@ -117,16 +145,31 @@ class LedgerLost(StateError):
     """Raised when a shared ledger that worked stops answering during a run.
 
     The runner turns it into a stop: no new requests, those in flight finished,
-    exit 75, so that a rerun resumes once the ledger is back.
+    `Exit.STOPPED`, so that a rerun resumes once the ledger is back.
     """
 
 
-class StoppedEarly(BatchrunError):
-    """Raised when a run stops on a deadline or signal with jobs left to resume."""
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions an ExceptionGroup holds, however nested; else `exc` alone."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
+    return [exc]
 
-    exit_code = EXIT_STOPPED
-    label = ""  # not an error: the next run resumes
 
-    def __init__(self, message: str, *, exit_code: int = EXIT_STOPPED) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
+def foremost(errors: Sequence[BatchrunError]) -> BatchrunError:
+    """The error a command reports of several raised together (in a run's task
+    group): a state problem says most about what to do; else the first raised."""
+    return min(errors, key=lambda e: not isinstance(e, StateError))
+
+
+def code_of(exc: BaseException) -> Exit:
+    """The exit code the command line ends with when `exc` escapes a command:
+    a BatchrunError's own (of a group's, the `foremost`), 130 for Ctrl-C alone,
+    else 70 (a bug)."""
+    found = leaves(exc)
+    if all(isinstance(leaf, KeyboardInterrupt) for leaf in found):
+        return Exit.INTERRUPTED
+    errors = [leaf for leaf in found if isinstance(leaf, BatchrunError)]
+    if len(errors) < len(found):
+        return Exit.INTERNAL
+    return Exit(foremost(errors).exit_code)

@@ -1,94 +1,128 @@
-"""The exit code a submission ends with, from the store's counts and how the run
-stopped (CONTRACT.md section 4).
+"""How a run stopped (`Stop`) and the exit code a submission ends with (`exit_code`,
+`ending`), from the stop and the store's counts.
 
-A signal's (130 for SIGINT, 143 for SIGTERM) wins, so that a shell loop stops;
-then 69 if the circuit breaker stopped the run (every request failed the same
-way: the token refused, TLS, a proxy, or the server unreachable; the jobs are
-left, and the message says to fix that and run again); then 1 if any job failed
-or is unknown, even with jobs left; then 75 if jobs are left (deadline, ledger
-lost); else 0.
+Whatever stops a run before every job ended is one `Stop`: the causes met, in the
+order they came, each with its reason. The supervisor adds a deadline, a signal
+and `--halt-after`'s halt; the runner adds the circuit breaker and a state file
+it cannot use (the ledger lost, a full disk). The code follows `errors.PRECEDENCE`:
+a signal's wins (the first of two), then the breaker's, then failures, then a stop
+with jobs left. What each part means to a user is `cli`'s to say.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
 
-from batchrun.core.errors import (
-    EXIT_INTERNAL,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_SOME_FAILED,
-    EXIT_STOPPED,
-    EXIT_UNAVAILABLE,
-    BatchrunError,
-    StateError,
-    StoppedEarly,
-)
+from batchrun.core.errors import Exit, LedgerLost, StateError, rank
 from batchrun.store.state import JobState, RunStore
 
-_RESUME = "run the same command to resume."
-# After the breaker, whose message names the cause and its fix.
-_FIX_THEN_RESUME = "once that is fixed, run the same command to send them."
+
+class Cause(StrEnum):
+    """What stopped a run before every job ended."""
+
+    DEADLINE = "deadline"
+    SIGINT = "sigint"
+    SIGTERM = "sigterm"
+    # --halt-after: too many jobs of the run failed.
+    HALT = "halt"
+    # The circuit breaker: every request failed the same way.
+    BREAKER = "breaker"
+    # The shared ledger stopped answering: a stop to resume once it is back.
+    LEDGER_LOST = "ledger lost"
+    # A state file could not be written (a full disk): the run ends with the error.
+    STATE = "state"
 
 
-def exit_code(
-    store: RunStore,
-    *,
-    stop: int | None,
-    say: Callable[[str], None],
-    halted: str | None = None,
-) -> int:
-    """The exit code, saying what is left and why; `halted` is why `--halt-after`
-    stopped the run, if it did.
+# The code each cause alone ends a run with.
+_CODE = {
+    Cause.DEADLINE: Exit.STOPPED,
+    Cause.SIGINT: Exit.INTERRUPTED,
+    Cause.SIGTERM: Exit.TERMINATED,
+    Cause.HALT: Exit.FAILED,
+    Cause.BREAKER: Exit.UNAVAILABLE,
+    Cause.LEDGER_LOST: Exit.STOPPED,
+    Cause.STATE: Exit.STATE,
+}
 
-    Raises:
-        StoppedEarly: when jobs are left and none failed (75), or after a signal.
-    """
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Why a run stopped early: each cause met, first come first, with its reason
+    ("" for none), and the state error that stopped it, if one did (only the
+    first: the ledger lost or a state file unwritable, not both)."""
+
+    causes: tuple[tuple[Cause, str], ...]
+    error: StateError | None = None
+
+    @classmethod
+    def of(cls, cause: Cause, why: str = "") -> Stop:
+        return cls(((cause, why),))
+
+    @classmethod
+    def failing(cls, error: StateError) -> Stop:
+        """A stop because a state file or the ledger cannot be used."""
+        cause = Cause.LEDGER_LOST if isinstance(error, LedgerLost) else Cause.STATE
+        return cls(((cause, error.message),), error)
+
+    def then(self, later: Stop) -> Stop:
+        """This stop and `later`'s causes after it: the first reason of each cause
+        kept, and the first state error."""
+        if self.error is not None and later.error is not None:
+            later = Stop(tuple(c for c in later.causes if c[0] not in _FAILING))
+        seen = {cause for cause, _ in self.causes}
+        added = tuple(c for c in later.causes if c[0] not in seen)
+        return Stop(self.causes + added, self.error or later.error)
+
+    def reason(self, cause: Cause) -> str | None:
+        """Why `cause` stopped the run; None when it did not."""
+        return next((why for met, why in self.causes if met is cause), None)
+
+    @property
+    def cause(self) -> Cause:
+        """The cause whose code the run ends with: by `errors.PRECEDENCE`, the
+        first of a tie."""
+        return max((met for met, _ in self.causes), key=lambda c: rank(_CODE[c]))
+
+    @property
+    def code(self) -> Exit:
+        """The code the stop alone ends a run with."""
+        return _CODE[self.cause]
+
+
+_FAILING = (Cause.LEDGER_LOST, Cause.STATE)
+
+
+def exit_code(stop: Stop | None, *, failed: int, left: int) -> Exit:
+    """The code a run ends with, stopped by `stop` (None: it was not) with
+    `failed` jobs failed or unknown and `left` to send: of the stop's, 1 if any
+    failed, 75 if any are left and 0, the one `errors.PRECEDENCE` puts last."""
+    codes = [
+        Exit.OK,
+        *([] if stop is None else [stop.code]),
+        *([Exit.FAILED] if failed else []),
+        *([Exit.STOPPED] if left else []),
+    ]
+    return max(codes, key=rank)
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How a submission ended: its exit code, why it stopped early (None: it did
+    not), and the jobs left to send and unknown in its store."""
+
+    code: Exit
+    stop: Stop | None = None
+    left: int = 0
+    unknown: int = 0
+
+
+def ending(store: RunStore, stop: Stop | None) -> Ending:
+    """How a run stopped by `stop` ended, by the store's counts."""
     counts = store.counts()
     by_state = {s: sum(n for (_, st), n in counts.items() if st is s) for s in JobState}
     left = by_state[JobState.PENDING] + by_state[JobState.IN_FLIGHT]
-    if by_state[JobState.UNKNOWN]:
-        say(
-            f"{by_state[JobState.UNKNOWN]} invite(s) may or may not have been sent "
-            "(a timeout, a server error or a run that died mid-request): check "
-            "them, then --retry-unknown to resend."
-        )
-    failed = by_state[JobState.FAILED] + by_state[JobState.UNKNOWN]
-    code = _code(stop, failed=failed, left=left)
-    if left:
-        then = _FIX_THEN_RESUME if stop == EXIT_UNAVAILABLE else _RESUME
-        why = "" if halted is None else f"Halted: {halted}. "
-        message = f"{why}Stopped early with {left} job(s) left: {then}"
-        if code != EXIT_SOME_FAILED:
-            raise StoppedEarly(message, exit_code=code)
-        say(message)
-    return code
-
-
-def _code(stop: int | None, *, failed: int, left: int) -> int:
-    """A signal's code first, then the breaker's, then failures (never hidden by a
-    stop), then a stop."""
-    if stop is not None and stop != EXIT_STOPPED:
-        return stop
-    if failed:
-        return EXIT_SOME_FAILED
-    return EXIT_STOPPED if stop is not None or left else EXIT_OK
-
-
-def code_of(exc: BaseException) -> int:
-    """The exit code the command line ends with when a submission raises `exc`:
-    a BatchrunError's own (of a group's, a StateError's first), 130 for Ctrl-C,
-    else 70 (a bug)."""
-    leaves = _leaves(exc)
-    if all(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
-        return EXIT_INTERRUPTED
-    errors = [leaf for leaf in leaves if isinstance(leaf, BatchrunError)]
-    if len(errors) < len(leaves):
-        return EXIT_INTERNAL
-    return min(errors, key=lambda e: not isinstance(e, StateError)).exit_code
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
-    return [exc]
+    unknown = by_state[JobState.UNKNOWN]
+    failed = by_state[JobState.FAILED] + unknown
+    code = exit_code(stop, failed=failed, left=left)
+    return Ending(code, stop, left=left, unknown=unknown)

@@ -8,8 +8,8 @@ waits for the key's pacer slot, and sends. Outcomes are settled as they come
 Every job sent is released back to the pacer, whatever happens to its request.
 A ledger lost mid-run (`LedgerLost` from a slot), or a state file that cannot be
 written (`StateError`, e.g. a full disk, from a slot or the recorder) stops the run
-as `stop` does: no new requests, those in flight answered and recorded where
-possible; `halted` says why.
+as `stop` does, and so does the circuit breaker: no new requests, those in flight
+answered and recorded where possible; `stopped` says why.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from batchrun.pacing.learner import Learner
 from batchrun.pacing.log import Sent
 from batchrun.pacing.pacer import Pacer
 from batchrun.pacing.slots import eta
+from batchrun.run.exit_code import Cause, Stop
 from batchrun.run.queues import Attempt, KeyQueue
 from batchrun.run.settings import IN_FLIGHT_CEILING, Settings, in_flight_cap
 from batchrun.run.settlement import Recorder, Settlement
@@ -114,8 +115,9 @@ class Runner:
         # Since when a key had a request due and room in its limit, but the cap
         # on requests in flight held it back (None: not now).
         self._capped_since: float | None = None
-        # Why the run stopped on its own: the ledger lost, a state file unwritable.
-        self.halted: StateError | None = None
+        # Why the run stopped early: told by `stop`, or its own (the ledger lost,
+        # a state file unwritable, the breaker); None while it has not.
+        self.stopped: Stop | None = None
         self.breaker = Breaker()
 
     async def run(
@@ -153,8 +155,11 @@ class Runner:
             return 0.0
         return eta(count, rule, now=0.0, pace=self._settings.pace)
 
-    def stop(self) -> None:
-        """Start no more requests; `run` returns once those in flight are answered."""
+    def stop(self, why: Stop | None = None) -> None:
+        """Start no more requests; `run` returns once those in flight are answered.
+        `why` joins the causes of `stopped` (none given: as a deadline)."""
+        why = why or Stop.of(Cause.DEADLINE)
+        self.stopped = why if self.stopped is None else self.stopped.then(why)
         self._stop_requested = True
         for scope in self._waits:
             scope.cancel()
@@ -232,7 +237,7 @@ class Runner:
                     ticket = await self._pacer.acquire(key)
                 except StateError as lost:
                     # No budget to draw on: send nothing more; answers still come.
-                    self._halt(lost)
+                    self.stop(Stop.failing(lost))
                     return None
                 attempt = queue.pop(self._clock.now())
                 self._in_flight += 1
@@ -243,11 +248,6 @@ class Runner:
             self._claiming -= 1
             if self._idle:
                 self._notify()  # the key is free for another worker
-
-    def _halt(self, why: StateError) -> None:
-        if self.halted is None:
-            self.halted = why
-        self.stop()
 
     def _claimed(self) -> bool:
         return any(queue.claimed for _, queue in self._queues)
@@ -285,7 +285,7 @@ class Runner:
             # Not recorded as in flight, so not sent: the store still has it to send.
             self._pacer.release(key, ticket, sent=False)
             self._in_flight -= 1
-            self._halt(exc)
+            self.stop(Stop.failing(exc))
             return
         sent = self._learner.sent(key, attempt.sent_at)
         self._emit(JobSent(self._clock.now(), key, attempt.job.id, attempt.attempts))
@@ -304,15 +304,16 @@ class Runner:
         self._learner.answered(
             key, sent, now, refused=refused, wait=wait, by=by, spent=spent
         )
-        if self.breaker.answered(outcome) is not None:
-            self.stop()
+        tripped = self.breaker.answered(outcome)
+        if tripped is not None:
+            self.stop(Stop.of(Cause.BREAKER, tripped))
         held = self.breaker.tripped is not None
         try:
             self._settlement.settle(key, queue, attempt, outcome, held=held)
         except StateError as exc:
             # The answer could not be recorded: the store still says in flight,
             # so the next run resends the job if safe, else leaves it unknown.
-            self._halt(exc)
+            self.stop(Stop.failing(exc))
         self._heed(key, sent, outcome.hints)
         if self._idle:
             self._notify()  # an answer may free a slot, or end the run

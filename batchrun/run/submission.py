@@ -3,7 +3,8 @@
     RunLock ─▶ RunStore.sync (validate and import in one streaming pass; exit 2 on
     any bad row, nothing sent) ─▶ recover (what a killed run left in flight)
     ─▶ Runner over the store's pending jobs, paced by the client's shared ledger
-    ─▶ exit code from the store's counts (`exit_code`).
+    ─▶ how it ended: the exit code from the stop and the store's counts
+    (`exit_code.ending`), which the command line says.
 
 SIGINT, SIGTERM and `--deadline` stop starting requests and wait for those in
 flight (`supervisor`); either way the store stays consistent. The caller gives
@@ -21,13 +22,13 @@ from pathlib import Path
 import anyio
 
 from batchrun.core.clock import MachineClock, wall_time
-from batchrun.core.errors import EXIT_INTERNAL, JobsFileError, RunLocked
+from batchrun.core.errors import Exit, JobsFileError, RunLocked, code_of
 from batchrun.core.events import Tee
 from batchrun.core.limits import LimitKey, Rule, table_text
 from batchrun.core.responses import Responses
 from batchrun.ledgers.shared_ledger import open_shared_ledger
 from batchrun.pacing.ledger import Ledger, MemoryLedger
-from batchrun.run.exit_code import code_of, exit_code
+from batchrun.run.exit_code import Ending, Stop, ending
 from batchrun.run.halt import HaltPolicy, HaltWatch
 from batchrun.run.journal import Journal
 from batchrun.run.settings import Settings
@@ -72,27 +73,23 @@ class Submission:
     ended: Callable[[int], None] | None = field(default=None, repr=False)
 
 
-def submit(job: Submission, *, say: Callable[[str], None]) -> int:
-    """Run one submission; return its exit code (CONTRACT.md section 4), and
-    tell `job.ended` what it is.
-
-    Raises:
-        StoppedEarly: when jobs are left after a deadline, a lost ledger or a
-            signal, and none failed (exit 75), or after a signal (130, 143).
-    """
-    code = EXIT_INTERNAL
+def submit(job: Submission, *, say: Callable[[str], None]) -> Ending:
+    """Run one submission; return how it ended, with its exit code (CONTRACT.md
+    section 4), and tell `job.ended` the code, also when it raises."""
+    code: int = Exit.INTERNAL
     try:
-        code = _submit(job, say)
+        end = _submit(job, say)
+        code = end.code
     except BaseException as exc:
         code = code_of(exc)
         raise
     finally:
         if job.ended is not None and code != RunLocked.exit_code:
             job.ended(code)
-    return code
+    return end
 
 
-def _submit(job: Submission, say: Callable[[str], None]) -> int:
+def _submit(job: Submission, say: Callable[[str], None]) -> Ending:
     """Lock the jobs file and run it; a file that cannot be taken in (missing,
     unreadable, a bad row) leaves no run folder, run store or ledger behind."""
     _readable(job.jobs_file)
@@ -107,7 +104,7 @@ def _submit(job: Submission, say: Callable[[str], None]) -> int:
             raise
 
 
-def _locked(job: Submission, say: Callable[[str], None]) -> int:
+def _locked(job: Submission, say: Callable[[str], None]) -> Ending:
     with _store(job, say) as store:
         restart = runs.starts_over(
             store, restart=job.restart, run_id=job.run_id, say=say
@@ -167,8 +164,7 @@ def _prepare(
     _announce(store, job, say)
 
 
-def _send(store: RunStore, job: Submission, ledger: Ledger, notes: _Notes) -> int:
-    say = notes.to
+def _send(store: RunStore, job: Submission, ledger: Ledger, notes: _Notes) -> Ending:
     halt = None if job.halt is None else HaltWatch(job.halt)
     if pending_counts(store):
         with ResultsFile(job.results) as results:
@@ -178,8 +174,7 @@ def _send(store: RunStore, job: Submission, ledger: Ledger, notes: _Notes) -> in
         _compact(store, job.results)
     else:
         stop = None
-    why = None if halt is None else halt.reason
-    return exit_code(store, stop=stop, say=say, halted=why)
+    return ending(store, stop)
 
 
 def _ended(store: RunStore) -> int:
@@ -202,7 +197,7 @@ async def _run(
     journal: Journal,
     halt: HaltWatch | None,
     notes: _Notes,
-) -> int | None:
+) -> Stop | None:
     clock = MachineClock()
     say = notes.to
     total = runs.totals(store)

@@ -11,15 +11,8 @@ from collections.abc import Callable
 
 import anyio
 
-from batchrun.core.errors import (
-    EXIT_INTERRUPTED,
-    EXIT_SOME_FAILED,
-    EXIT_STOPPED,
-    EXIT_TERMINATED,
-    EXIT_UNAVAILABLE,
-    LedgerLost,
-)
 from batchrun.core.limits import LimitKey
+from batchrun.run.exit_code import Cause, Stop
 from batchrun.run.halt import HaltWatch
 from batchrun.run.runner import Runner
 from batchrun.run.view import QUIET, ProgressSink
@@ -33,37 +26,29 @@ def pending_counts(store: RunStore) -> dict[LimitKey, int]:
     return dict(sorted(pending.items()))
 
 
-def _rank(code: int | None) -> int:
-    """Which stop's code a run ends with: a signal's over a halt's (1, some jobs
-    failed) over the deadline's (75)."""
-    return {None: 0, EXIT_STOPPED: 1, EXIT_SOME_FAILED: 2}.get(code, 3)
-
-
 async def supervise(
     runner: Runner,
     store: RunStore,
     deadline: float | None,
     sink: ProgressSink,
     halt: HaltWatch | None = None,
-) -> int | None:
-    """Run until done, a deadline, a halt (`--halt-after`) or a signal; the exit
-    code it stopped early with."""
+) -> Stop | None:
+    """Run until done, a deadline, a halt (`--halt-after`) or a signal; why it
+    stopped early (the runner's own stops too), None if it did not."""
     say = sink.note
     pending = pending_counts(store)
     sources = {key: store.pending(key) for key in pending}
-    stopped: int | None = None
+    said = False
 
-    def stop(why: str, code: int) -> None:
-        nonlocal stopped
-        if stopped is None:
-            say(f"{why}: starting no new requests, waiting for those in flight.")
-        # A signal after the deadline still stops a shell loop around batchrun.
-        if _rank(code) > _rank(stopped):
-            stopped = code
-        runner.stop()
+    def stop(text: str, cause: Cause, why: str = "") -> None:
+        nonlocal said
+        if not said:
+            said = True
+            say(f"{text}: starting no new requests, waiting for those in flight.")
+        runner.stop(Stop.of(cause, why))
 
     if halt is not None:
-        halt.stop = lambda why: stop(f"Halted: {why}", EXIT_SOME_FAILED)
+        halt.stop = lambda why: stop(f"Halted: {why}", Cause.HALT, why)
 
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(_on_signals, stop, tasks.cancel_scope, say)
@@ -72,33 +57,33 @@ async def supervise(
             tasks.start_soon(_after, deadline, stop)
         await runner.run(sources, pending)
         tasks.cancel_scope.cancel()
-    return _ended(runner, stopped, say)
+    return _ended(runner.stopped, say)
 
 
-def _ended(
-    runner: Runner, stopped: int | None, say: Callable[[str], None]
-) -> int | None:
-    """The exit code a run that stopped early with `stopped` ends with, once the
-    breaker and a lost ledger have had their say; a halted state raises."""
-    if runner.breaker.tripped is not None:
-        say(f"Circuit breaker: {runner.breaker.tripped}")
-        return EXIT_UNAVAILABLE if _rank(stopped) < _rank(EXIT_INTERRUPTED) else stopped
-    halted = runner.halted
-    if isinstance(halted, LedgerLost):
-        lost = halted.message
+def _ended(stopped: Stop | None, say: Callable[[str], None]) -> Stop | None:
+    """Say what the runner's own stop was, once those in flight have ended: the
+    breaker, or a lost ledger; a state file that could not be written raises,
+    unless the breaker stopped the run."""
+    if stopped is None:
+        return None
+    breaker = stopped.reason(Cause.BREAKER)
+    lost = stopped.reason(Cause.LEDGER_LOST)
+    if breaker is not None:
+        say(f"Circuit breaker: {breaker}")
+    elif lost is not None:
         say(f"Ledger lost: {lost}\nStarted no new requests; those in flight ended.")
-        return stopped or EXIT_STOPPED
-    if halted is not None:
+    elif stopped.error is not None:
         msg = (
-            f"{halted.message}\nThe run stopped: it started no new requests, and "
-            "those in flight ended and were recorded where the state folder allowed."
+            f"{stopped.error.message}\nThe run stopped: it started no new requests, "
+            "and those in flight ended and were recorded where the state folder "
+            "allowed."
         )
-        raise type(halted)(msg)
+        raise type(stopped.error)(msg)
     return stopped
 
 
 async def _on_signals(
-    stop: Callable[[str, int], None],
+    stop: Callable[[str, Cause], None],
     everything: anyio.CancelScope,
     say: Callable[[str], None],
 ) -> None:
@@ -113,9 +98,9 @@ async def _on_signals(
                 everything.cancel()
                 return
             if signum == signal.SIGINT:
-                stop("Ctrl-C (again to stop at once)", EXIT_INTERRUPTED)
+                stop("Ctrl-C (again to stop at once)", Cause.SIGINT)
             else:
-                stop("SIGTERM (Ctrl-C to stop at once)", EXIT_TERMINATED)
+                stop("SIGTERM (Ctrl-C to stop at once)", Cause.SIGTERM)
 
 
 async def _heartbeat(tick: Callable[[], None]) -> None:
@@ -125,6 +110,6 @@ async def _heartbeat(tick: Callable[[], None]) -> None:
         tick()
 
 
-async def _after(seconds: float, stop: Callable[[str, int], None]) -> None:
+async def _after(seconds: float, stop: Callable[[str, Cause], None]) -> None:
     await anyio.sleep(seconds)
-    stop("Deadline reached", EXIT_STOPPED)
+    stop("Deadline reached", Cause.DEADLINE)
