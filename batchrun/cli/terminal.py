@@ -39,8 +39,8 @@ def interrupted() -> NoReturn:
 
 
 def internal_error(exc: BaseException) -> NoReturn:
-    """Report a bug in one line per exception and exit 70 (never 1, which means
-    "some jobs failed")."""
+    """Report a bug in one line per exception and exit `Exit.INTERNAL` (never
+    `Exit.FAILED`, which means "some jobs failed")."""
     if os.environ.get("BATCHRUN_DEBUG"):
         raise exc
     # No traceback: its frames could hold the token. BATCHRUN_DEBUG=1 shows it.
@@ -123,7 +123,7 @@ _WARNING = "Warning: "
 def reported(say: Callable[[str], None] = to_stderr) -> Iterator[None]:
     """Print a BatchrunError's message on stderr and exit with its code, also one
     raised in a run's task group (inside an ExceptionGroup). A group that holds
-    another exception too goes on to `main`, which reports a bug (exit 70)."""
+    another exception too goes on to `main`, which reports a bug."""
     try:
         yield
     except* BatchrunError as group:
@@ -223,8 +223,7 @@ MEANINGS: dict[Exit, Meaning] = {
 
 
 def precedence() -> str:
-    """Which code wins when several apply, from `errors.PRECEDENCE`: "a signal's
-    code wins, then 69, then 1, then 75"."""
+    """Which code wins when several apply, in words, from `errors.PRECEDENCE`."""
     signals, *rest = reversed(PRECEDENCE[1:])
     assert set(signals) == {Exit.INTERRUPTED, Exit.TERMINATED}
     return "a signal's code wins, " + ", ".join(

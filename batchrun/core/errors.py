@@ -164,8 +164,8 @@ def foremost(errors: Sequence[BatchrunError]) -> BatchrunError:
 
 def code_of(exc: BaseException) -> Exit:
     """The exit code the command line ends with when `exc` escapes a command:
-    a BatchrunError's own (of a group's, the `foremost`), 130 for Ctrl-C alone,
-    else 70 (a bug)."""
+    a BatchrunError's own (of a group's, the `foremost`), `INTERRUPTED` for
+    Ctrl-C alone, else `INTERNAL` (a bug)."""
     found = leaves(exc)
     if all(isinstance(leaf, KeyboardInterrupt) for leaf in found):
         return Exit.INTERRUPTED

@@ -34,7 +34,7 @@ def open_shared_ledger(
     marker beside the SQLite ledger, so that a later run notices a loss too.
 
     Raises:
-        StateError: the ledger cannot be reached or used (exit 74).
+        StateError: the ledger cannot be reached or used.
         UsageError: `url` is not a redis:// or rediss:// URL.
     """
     if url is None:

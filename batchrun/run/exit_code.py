@@ -95,8 +95,9 @@ _FAILING = (Cause.LEDGER_LOST, Cause.STATE)
 
 def exit_code(stop: Stop | None, *, failed: int, left: int) -> Exit:
     """The code a run ends with, stopped by `stop` (None: it was not) with
-    `failed` jobs failed or unknown and `left` to send: of the stop's, 1 if any
-    failed, 75 if any are left and 0, the one `errors.PRECEDENCE` puts last."""
+    `failed` jobs failed or unknown and `left` to send: of the stop's, `FAILED`
+    if any failed, `STOPPED` if any are left and `OK`, the one that
+    `errors.PRECEDENCE` puts last."""
     codes = [
         Exit.OK,
         *([] if stop is None else [stop.code]),
