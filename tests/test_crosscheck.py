@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 
+from batchrun.core.events import Status
 from batchrun.core.limits import LimitKey
 from batchrun.jobs.endpoints import JobType
 from batchrun.jobs.job import Job
 from batchrun.store import crosscheck
 from batchrun.store.results import ResultsFile
-from batchrun.store.state import JobState, RunStore
+from batchrun.store.state import RunStore
 
 JOBS = [Job("a", JobType.RUN_QUERY, "t"), Job("b", JobType.INVITE, "t")]
 
@@ -35,8 +36,8 @@ def test_jobs_the_results_file_ended_are_not_sent_again(tmp_path):
         crosscheck.reconcile(store, results, starting_over=False, say=said.append)
         results.write_text(line("a", "done") + line("b", "unknown", "invite"))
         crosscheck.reconcile(store, results, starting_over=False, say=said.append)
-        assert store.ids_in([JobState.PENDING]) == set()
-        assert store.ids_in([JobState.UNKNOWN]) == {"b"}
+        assert store.ids_in([Status.PENDING]) == set()
+        assert store.ids_in([Status.UNKNOWN]) == {"b"}
         assert list(store.pending(LimitKey.RUN_QUERY)) == []
     assert len(said) == 1
     assert "records 2 job(s), 1 of them invites" in said[0]
@@ -52,7 +53,7 @@ def test_lines_before_a_new_round_never_count(tmp_path):
     with fresh_store(tmp_path) as store:
         crosscheck.reconcile(store, results, starting_over=True, say=said.append)
         crosscheck.reconcile(store, results, starting_over=False, say=said.append)
-        assert store.ids_in([JobState.PENDING]) == {"a", "b"}
+        assert store.ids_in([Status.PENDING]) == {"a", "b"}
     assert said == []
 
 
@@ -64,8 +65,8 @@ def test_the_last_line_of_a_job_wins_and_ended_jobs_keep_their_state(tmp_path):
         store._db.execute("UPDATE jobs SET state = 'failed' WHERE id = 'b'")
         results.write_text(line("a", "failed") + line("a", "done") + line("b", "done"))
         crosscheck.reconcile(store, results, starting_over=False, say=print)
-        assert store.ids_in([JobState.DONE]) == {"a"}
-        assert store.ids_in([JobState.FAILED]) == {"b"}
+        assert store.ids_in([Status.DONE]) == {"a"}
+        assert store.ids_in([Status.FAILED]) == {"b"}
 
 
 def test_a_half_written_line_is_ended_before_the_next(tmp_path):
@@ -78,4 +79,4 @@ def test_a_half_written_line_is_ended_before_the_next(tmp_path):
         with ResultsFile(results) as file:
             file._file.write(line("b", "done", "invite"))
         crosscheck.reconcile(store, results, starting_over=False, say=print)
-        assert store.ids_in([JobState.DONE]) == {"b"}
+        assert store.ids_in([Status.DONE]) == {"b"}

@@ -260,7 +260,7 @@ def closing_lines(
     board: Board,
     now: float,
     results: Path | None = None,
-    earlier: Mapping[str, int] | None = None,
+    earlier: Mapping[Status, int] | None = None,
 ) -> list[str]:
     """The summary's last lines: answers by code, the counts (the whole file's
     after a resume, this run's beside them), the results file."""
@@ -274,15 +274,15 @@ def closing_lines(
     return [*response_lines(board.responses), counts, *capped, *where]
 
 
-def _counts_text(c: Tally, earlier: Mapping[str, int]) -> str:
+def _counts_text(c: Tally, earlier: Mapping[Status, int]) -> str:
     """`90 of 90 done (20 in this run), 0 failed, ` after a resume; this run's
     counts alone when nothing ended before it."""
     done, failed, unknown = (
         earlier.get(state, 0) + here
         for state, here in (
-            ("done", c.done),
-            ("failed", c.failed),
-            ("unknown", c.unknown),
+            (Status.DONE, c.done),
+            (Status.FAILED, c.failed),
+            (Status.UNKNOWN, c.unknown),
         )
     )
     unknown_text = f"{unknown:,} unknown, " if unknown else ""

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from batchrun.cli.board import Board, KeyCounts
 from batchrun.core.clock import Clock, wall_time
-from batchrun.core.events import Event, RunStarted
+from batchrun.core.events import Event, RunStarted, Status
 from batchrun.core.responses import PERCENTILES, KeyResponses
 from batchrun.run.view import ProgressSink, View
 
@@ -84,7 +84,7 @@ class MetricsFile:
             *,
             clock: Clock,
             notes: Callable[[str], None],
-            earlier: Mapping[str, int] | None = None,
+            earlier: Mapping[Status, int] | None = None,
         ) -> ProgressSink:
             return _Metered(view(clock=clock, notes=notes, earlier=earlier), self)
 
@@ -206,9 +206,9 @@ def _keys(registry: CollectorRegistry, label: str, board: Board) -> None:
 def _jobs(gauges: _Gauges, key: str, counts: KeyCounts) -> None:
     doc = "This run's jobs by outcome (left: for a resume)."
     outcomes = {
-        "done": counts.done,
-        "failed": counts.failed,
-        "unknown": counts.unknown,
+        Status.DONE: counts.done,
+        Status.FAILED: counts.failed,
+        Status.UNKNOWN: counts.unknown,
         "left": counts.left,
     }
     for outcome, n in outcomes.items():

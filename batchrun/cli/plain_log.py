@@ -98,7 +98,7 @@ class PlainLog:
         tag: str,
         verbosity: int = 0,
         results: Path | None = None,
-        earlier: Mapping[str, int] | None = None,
+        earlier: Mapping[Status, int] | None = None,
     ) -> None:
         self._stream = stream
         self._results = results

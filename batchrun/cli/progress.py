@@ -38,6 +38,7 @@ from batchrun.core.clock import Clock
 from batchrun.core.events import (
     Event,
     RunStarted,
+    Status,
 )
 from batchrun.core.limits import LimitKey
 from batchrun.run.view import ProgressSink, View
@@ -59,7 +60,7 @@ def open_progress(
     tag: str = "",
     verbosity: int = 0,
     results: Path | None = None,
-    earlier: Mapping[str, int] | None = None,
+    earlier: Mapping[Status, int] | None = None,
 ) -> ProgressSink:
     """A Rich live view if `stream` is a terminal, plain timestamped lines otherwise.
 
@@ -107,7 +108,7 @@ def view(
         *,
         clock: Clock,
         notes: Callable[[str], None],
-        earlier: Mapping[str, int] | None = None,
+        earlier: Mapping[Status, int] | None = None,
     ) -> ProgressSink:
         return open_progress(
             sys.stdout,
@@ -138,7 +139,7 @@ class _LiveView:
         clock: Clock,
         notes: Callable[[str], None] | None,
         results: Path | None = None,
-        earlier: Mapping[str, int] | None = None,
+        earlier: Mapping[Status, int] | None = None,
     ) -> None:
         self._console = console
         self._results = results

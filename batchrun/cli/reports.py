@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchrun.cli.board import response_lines
-from batchrun.core import durations
+from batchrun.core import durations, events
 from batchrun.core.responses import PERCENTILES, Responses
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ def status_lines(jobs_file: Path, found: Status) -> list[str]:
     lines += [_reason_line(reason) for reason in found.reasons]
     if sum(reason.count for reason in found.reasons) < _ended_badly(found):
         lines.append("  … and more reasons (--json --show all lists every job)")
-    if any(reason.state == "unknown" for reason in found.reasons):
+    if any(reason.state is events.Status.UNKNOWN for reason in found.reasons):
         lines.append(f"  unknown: {_UNKNOWN_HINT}")
     answers = [f"latest run: {line}" for line in response_lines(found.responses)]
     return lines + answers + _activity_lines(found) + plan_lines(found.keys)
@@ -149,7 +149,7 @@ def _reason_line(reason: Reason) -> str:
 
 def _ended_badly(found: Status) -> int:
     """How many jobs of the run are failed or unknown."""
-    bad = ("failed", "unknown")
+    bad = (events.Status.FAILED, events.Status.UNKNOWN)
     return sum(n for s in found.states.values() for st, n in s.items() if st in bad)
 
 

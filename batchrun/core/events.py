@@ -15,12 +15,19 @@ from batchrun.core.limits import LimitKey, Pace, Rule
 
 
 class Status(StrEnum):
-    """Where a job ends up."""
+    """Where a job stands: the one job-status type, of the run store, the results
+    file and the events alike. A job ends done, failed or unknown."""
 
+    PENDING = "pending"
+    IN_FLIGHT = "in_flight"
     DONE = "done"
     FAILED = "failed"
     # The request may or may not have been processed; resent only when asked.
     UNKNOWN = "unknown"
+
+
+# The states a job ends in.
+ENDED = (Status.DONE, Status.FAILED, Status.UNKNOWN)
 
 
 @dataclass(slots=True)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from batchrun.core.errors import Exit, LedgerLost, StateError, rank
-from batchrun.store.state import JobState, RunStore
+from batchrun.core.events import Status
+from batchrun.store.state import RunStore
 
 
 class Cause(StrEnum):
@@ -121,9 +122,9 @@ class Ending:
 def ending(store: RunStore, stop: Stop | None) -> Ending:
     """How a run stopped by `stop` ended, by the store's counts."""
     counts = store.counts()
-    by_state = {s: sum(n for (_, st), n in counts.items() if st is s) for s in JobState}
-    left = by_state[JobState.PENDING] + by_state[JobState.IN_FLIGHT]
-    unknown = by_state[JobState.UNKNOWN]
-    failed = by_state[JobState.FAILED] + unknown
+    by_state = {s: sum(n for (_, st), n in counts.items() if st is s) for s in Status}
+    left = by_state[Status.PENDING] + by_state[Status.IN_FLIGHT]
+    unknown = by_state[Status.UNKNOWN]
+    failed = by_state[Status.FAILED] + unknown
     code = exit_code(stop, failed=failed, left=left)
     return Ending(code, stop, left=left, unknown=unknown)

@@ -23,7 +23,7 @@ import anyio
 
 from batchrun.core.clock import MachineClock, wall_time
 from batchrun.core.errors import Exit, JobsFileError, RunLocked, code_of
-from batchrun.core.events import Tee
+from batchrun.core.events import ENDED, Status, Tee
 from batchrun.core.limits import LimitKey, Rule, table_text
 from batchrun.core.responses import Responses
 from batchrun.ledgers.shared_ledger import open_shared_ledger
@@ -40,7 +40,7 @@ from batchrun.store.generation import marker_of
 from batchrun.store.paths import StatePaths
 from batchrun.store.results import ResultsFile, compact
 from batchrun.store.runlock import RunLock
-from batchrun.store.state import JobState, RunStore
+from batchrun.store.state import RunStore
 
 # Set while the results file may hold two lines for one id (`_compact`).
 _COMPACT = "compact_results"
@@ -179,7 +179,7 @@ def _send(store: RunStore, job: Submission, ledger: Ledger, notes: _Notes) -> En
 
 def _ended(store: RunStore) -> int:
     total = runs.totals(store)
-    return total[JobState.DONE] + total[JobState.FAILED] + total[JobState.UNKNOWN]
+    return sum(total[s] for s in ENDED)
 
 
 def _compact(store: RunStore, path: Path) -> None:
@@ -201,8 +201,7 @@ async def _run(
     clock = MachineClock()
     say = notes.to
     total = runs.totals(store)
-    ended = (JobState.DONE, JobState.FAILED, JobState.UNKNOWN)
-    earlier = {s.value: total[s] for s in ended}
+    earlier = {s: total[s] for s in ENDED}
     sink = job.view(clock=clock, notes=say, earlier=earlier)
     notes.to = sink.note  # the ledger's notes, in the view while it shows the run
     responses = Responses()
@@ -279,21 +278,21 @@ def _ledger(job: Submission, notes: _Notes) -> Ledger:
 
 def _announce(store: RunStore, job: Submission, say: Callable[[str], None]) -> None:
     total = runs.totals(store)
-    earlier = total[JobState.DONE] + total[JobState.FAILED] + total[JobState.UNKNOWN]
-    if earlier and total[JobState.PENDING]:
+    earlier = sum(total[s] for s in ENDED)
+    if earlier and total[Status.PENDING]:
         say(
-            f"Resuming: {total[JobState.DONE]} done earlier, {total[JobState.PENDING]}"
-            f" to send, {total[JobState.FAILED]} failed (--retry-failed retries"
-            f" them), {total[JobState.UNKNOWN]} unknown (--retry-unknown)."
+            f"Resuming: {total[Status.DONE]} done earlier, {total[Status.PENDING]}"
+            f" to send, {total[Status.FAILED]} failed (--retry-failed retries"
+            f" them), {total[Status.UNKNOWN]} unknown (--retry-unknown)."
         )
-    if total[JobState.PENDING]:
+    if total[Status.PENDING]:
         return
     round_ = store.get_meta("round")
     named = f" (round {round_})" if round_ else ""
     say(
         f"Nothing to send: every job of {job.jobs_file} ended in an earlier run"
-        f"{named}: {total[JobState.DONE]} done, {total[JobState.FAILED]} failed "
-        f"(--retry-failed), {total[JobState.UNKNOWN]} unknown (--retry-unknown). "
+        f"{named}: {total[Status.DONE]} done, {total[Status.FAILED]} failed "
+        f"(--retry-failed), {total[Status.UNKNOWN]} unknown (--retry-unknown). "
         "To send every job again as a new round, give a new --run-id (--run-id %F: "
         "one round a day); --restart forgets the run."
     )

@@ -11,18 +11,19 @@ from collections.abc import Callable
 
 import anyio
 
+from batchrun.core.events import Status
 from batchrun.core.limits import LimitKey
 from batchrun.run.exit_code import Cause, Stop
 from batchrun.run.halt import HaltWatch
 from batchrun.run.runner import Runner
 from batchrun.run.view import QUIET, ProgressSink
-from batchrun.store.state import JobState, RunStore
+from batchrun.store.state import RunStore
 
 
 def pending_counts(store: RunStore) -> dict[LimitKey, int]:
     """Each key's count of jobs still to send, by key."""
     counts = store.counts()
-    pending = {k: n for (k, s), n in counts.items() if s is JobState.PENDING and n}
+    pending = {k: n for (k, s), n in counts.items() if s is Status.PENDING and n}
     return dict(sorted(pending.items()))
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from batchrun.core.clock import Clock
-from batchrun.core.events import EventSink
+from batchrun.core.events import EventSink, Status
 
 # A plain log quiet this long (a long wait for a slot or a cool-down) says what it
 # waits for; `tick()` is called often enough that a cron log gets a line a minute.
@@ -37,7 +37,7 @@ class ProgressSink(EventSink, Protocol):
 class View(Protocol):
     """Opens the sink a run is shown in: it reads `clock`, and says its notes
     through `notes` unless it draws them itself. `earlier`: the file's jobs that
-    ended in earlier runs, by state ("done", "failed", "unknown"), so that a
+    ended in earlier runs, by how they ended (`events.ENDED`), so that a
     resumed run's summary counts the whole file."""
 
     def __call__(
@@ -45,5 +45,5 @@ class View(Protocol):
         *,
         clock: Clock,
         notes: Callable[[str], None],
-        earlier: Mapping[str, int] | None = None,
+        earlier: Mapping[Status, int] | None = None,
     ) -> ProgressSink: ...

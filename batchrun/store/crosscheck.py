@@ -24,8 +24,9 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from batchrun.core.events import Status
 from batchrun.store.results import ends_since
-from batchrun.store.state import JobState, RunStore
+from batchrun.store.state import RunStore
 
 _SEEN = "results_seen"
 
@@ -76,9 +77,9 @@ def reconcile(
         say(_told(changed, results))
 
 
-def _told(changed: dict[tuple[str, bool, JobState], int], results: Path) -> str:
+def _told(changed: dict[tuple[str, bool, Status], int], results: Path) -> str:
     by_state = {
-        s: sum(n for (_, _, st), n in changed.items() if st is s) for s in JobState
+        s: sum(n for (_, _, st), n in changed.items() if st is s) for s in Status
     }
     unsafe = sum(n for (_, flag, _), n in changed.items() if flag)
     kinds = {kind for (kind, flag, _) in changed if flag}
@@ -86,7 +87,7 @@ def _told(changed: dict[tuple[str, bool, JobState], int], results: Path) -> str:
     named = f", {unsafe} of them {what}," if unsafe else ""
     kind = ", ".join(
         f"{by_state[s]} {s.value}"
-        for s in (JobState.DONE, JobState.UNKNOWN, JobState.FAILED)
+        for s in (Status.DONE, Status.UNKNOWN, Status.FAILED)
         if by_state[s]
     )
     total = sum(changed.values())

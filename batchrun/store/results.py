@@ -19,7 +19,7 @@ from typing import IO, Any, Self
 
 from batchrun.api.outcome import Kind, Outcome
 from batchrun.core.errors import UsageError
-from batchrun.core.events import Status
+from batchrun.core.events import ENDED, Status
 from batchrun.jobs.job import Job
 from batchrun.store.database import explain
 
@@ -112,7 +112,7 @@ def last_result(path: Path, job_id: str) -> dict[str, Any] | None:
     return found
 
 
-_ENDS = frozenset(("done", "failed", "unknown"))
+_ENDS = frozenset(ENDED)
 
 
 def ends_since(path: Path, offset: int) -> tuple[int, Iterator[Ended]]:

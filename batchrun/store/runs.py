@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from batchrun.core.errors import BatchrunError, StateError, UsageError
+from batchrun.core.events import Status
 from batchrun.core.identity import api_fingerprint
 from batchrun.core.limits import LimitKey
 from batchrun.jobs.job import Job, scan
@@ -43,7 +44,7 @@ from batchrun.store.generation import (
 )
 from batchrun.store.paths import StatePaths
 from batchrun.store.runlock import RunLock
-from batchrun.store.state import JobState, RunStore
+from batchrun.store.state import RunStore
 
 # How many of a file's first jobs are looked for in other stores.
 _SAMPLE = 200
@@ -135,7 +136,7 @@ def forget_unsent(folder: Path) -> None:
                 total = totals(store)
         except BatchrunError:
             return  # unreadable: keep it, and let the user see it
-        if any(n for state, n in total.items() if state is not JobState.PENDING):
+        if any(n for state, n in total.items() if state is not Status.PENDING):
             return
     with contextlib.suppress(OSError):
         for found in folder.iterdir():
@@ -224,9 +225,9 @@ def record(store: RunStore, jobs_file: Path, *, base_url: str) -> None:
         store.set_meta("scope", where)
 
 
-def totals(store: RunStore) -> dict[JobState, int]:
+def totals(store: RunStore) -> dict[Status, int]:
     counts = store.counts()
-    return {s: sum(n for (_, st), n in counts.items() if st is s) for s in JobState}
+    return {s: sum(n for (_, st), n in counts.items() if st is s) for s in Status}
 
 
 def starts_over(
@@ -248,12 +249,12 @@ def starts_over(
     invites = sum(
         n
         for (key, state), n in store.counts().items()
-        if key is LimitKey.INVITE and state in (JobState.DONE, JobState.UNKNOWN)
+        if key is LimitKey.INVITE and state in (Status.DONE, Status.UNKNOWN)
     )
-    left = total[JobState.PENDING] + total[JobState.IN_FLIGHT]
+    left = total[Status.PENDING] + total[Status.IN_FLIGHT]
     why = f"New round {run_id}" if new_round else "--restart"
     say(
-        f"{why}: every job is sent again, {total[JobState.DONE]} done in the "
+        f"{why}: every job is sent again, {total[Status.DONE]} done in the "
         f"earlier run{f' (round {before})' if before else ''} included; "
         f"{left} of it were never sent."
     )

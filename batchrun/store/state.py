@@ -17,11 +17,11 @@ import itertools
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Self
 
 from batchrun.core.errors import JobsFileError
+from batchrun.core.events import Status
 from batchrun.core.limits import LimitKey
 from batchrun.jobs.endpoints import JobType, Method
 from batchrun.jobs.job import Job, Summary, scan
@@ -54,14 +54,8 @@ UPDATE jobs SET unsafe = 1 WHERE type = 'invite';
 _PAGE = 500
 
 
-class JobState(StrEnum):
-    """Where a job stands in its run."""
-
-    PENDING = "pending"
-    IN_FLIGHT = "in_flight"
-    DONE = "done"
-    FAILED = "failed"
-    UNKNOWN = "unknown"
+# The former name of `Status`, kept while `cli/overview` still imports it.
+JobState = Status
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +65,7 @@ class Failure:
     id: str
     type: str
     error: str
-    state: str = "failed"
+    state: Status = Status.FAILED
 
 
 # More rows than any run store holds: "no limit" in a comparison.
@@ -83,7 +77,7 @@ class Reason:
     """Failed or unknown jobs that ended alike: their state and error, how many,
     and the first ids (in file order)."""
 
-    state: str
+    state: Status
     error: str
     count: int
     ids: list[str]
@@ -96,7 +90,7 @@ class JobRecord:
     id: str
     line: int
     type: str
-    state: JobState
+    state: Status
     attempts: int
     http_status: int | None
     error: str | None
@@ -174,7 +168,10 @@ class RunStore:
             self._db.execute(
                 "UPDATE jobs SET state = 'pending' WHERE state = 'in_flight'"
             )
-            for flag, state in ((retry_failed, "failed"), (retry_unknown, "unknown")):
+            for flag, state in (
+                (retry_failed, Status.FAILED),
+                (retry_unknown, Status.UNKNOWN),
+            ):
                 if flag:
                     self._db.execute(
                         "UPDATE jobs SET state = 'pending', attempts = 0 "
@@ -182,7 +179,7 @@ class RunStore:
                         (state,),
                     )
 
-    def settle(self, ends: Iterable[Ended]) -> dict[tuple[str, bool, JobState], int]:
+    def settle(self, ends: Iterable[Ended]) -> dict[tuple[str, bool, Status], int]:
         """Take the results file's word for jobs this store still has to send
         (pending or in flight) that it records as ended: each gets the state of
         its last line in `ends`. Returns how many changed, by type, whether
@@ -205,7 +202,7 @@ class RunStore:
                 )
             return self._settle_ended()
 
-    def _settle_ended(self) -> dict[tuple[str, bool, JobState], int]:
+    def _settle_ended(self) -> dict[tuple[str, bool, Status], int]:
         last = (
             "(SELECT * FROM ended WHERE seq IN "
             "(SELECT max(seq) FROM ended GROUP BY id)) e"
@@ -222,8 +219,7 @@ class RunStore:
         )
         self._db.execute("DELETE FROM ended")
         return {
-            (kind, bool(unsafe), JobState(state)): n
-            for kind, unsafe, state, n in changed
+            (kind, bool(unsafe), Status(state)): n for kind, unsafe, state, n in changed
         }
 
     def pending(self, key: LimitKey) -> Iterator[Job]:
@@ -258,10 +254,10 @@ class RunStore:
         )
         return {LimitKey(k): n for k, n in rows}
 
-    def counts(self) -> dict[tuple[LimitKey, JobState], int]:
+    def counts(self) -> dict[tuple[LimitKey, Status], int]:
         """How many jobs of each key stand in each state."""
         rows = self._db.execute("SELECT key, state, count(*) FROM jobs GROUP BY 1, 2")
-        return {(LimitKey(k), JobState(s)): n for k, s, n in rows}
+        return {(LimitKey(k), Status(s)): n for k, s, n in rows}
 
     def failures(self, limit: int | None = 20) -> list[Failure]:
         """The first failed and unknown jobs, in file order, with their errors
@@ -271,7 +267,7 @@ class RunStore:
             "WHERE state IN ('failed', 'unknown') ORDER BY line LIMIT ?",
             (-1 if limit is None else limit,),  # SQLite: a negative LIMIT is none
         )
-        return [Failure(*row) for row in rows]
+        return [Failure(i, t, e, Status(s)) for i, t, e, s in rows]
 
     def reasons(self, few: int | None = 5, most: int = 20) -> list[Reason]:
         """Failed and unknown jobs grouped by state and error, the group met
@@ -293,7 +289,8 @@ class RunStore:
         )
         found: dict[tuple[str, str], Reason] = {}
         for state, error, total, job_id in rows:
-            reason = found.setdefault((state, error), Reason(state, error, total, []))
+            empty = Reason(Status(state), error, total, [])
+            reason = found.setdefault((state, error), empty)
             reason.ids.append(job_id)
         return list(found.values())
 
@@ -307,9 +304,9 @@ class RunStore:
         if not found:
             return None
         job, line, kind, state, attempts, http_status, error = found[0]
-        return JobRecord(job, line, kind, JobState(state), attempts, http_status, error)
+        return JobRecord(job, line, kind, Status(state), attempts, http_status, error)
 
-    def ids_in(self, states: Iterable[JobState]) -> set[str]:
+    def ids_in(self, states: Iterable[Status]) -> set[str]:
         """The ids of the jobs in any of `states`."""
         wanted = [s.value for s in states]
         marks = ",".join("?" * len(wanted))
