@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from batchrun.core.errors import UsageError
-from batchrun.core.events import JobFinished, JobSent, Status
+from batchrun.core.events import JobFinished, JobSent, Status, Tally
 from batchrun.core.limits import LimitKey
 from batchrun.run.halt import MIN_ENDED, HaltPolicy, HaltWatch
 
@@ -69,24 +69,46 @@ def _finished(status: Status, n: int = 0) -> JobFinished:
     return JobFinished(float(n), LimitKey.INVITE, f"j{n}", status, 1, 400, "HTTP 400")
 
 
+def _end(watch: HaltWatch, tally: Tally, status: Status) -> None:
+    """A job ends as the settlement ends one: counted, then told."""
+    tally.done += status is Status.DONE
+    tally.failed += status is Status.FAILED
+    tally.unknown += status is Status.UNKNOWN
+    watch.emit(_finished(status))
+
+
 def test_the_watch_stops_once_with_the_reason():
-    """The watch counts ended jobs (unknown ones as failed) and stops the run once."""
+    """The watch reads the run's tally (unknown jobs as failed) and stops the run
+    once."""
     stops: list[str] = []
+    tally = Tally(total=10)
     watch = HaltWatch(HaltPolicy(count=2))
-    watch.stop = stops.append
+    watch.watch(tally, stops.append)
     watch.emit(JobSent(0.0, LimitKey.INVITE, "j0", 1))
-    watch.emit(_finished(Status.DONE))
-    watch.emit(_finished(Status.UNKNOWN))
+    _end(watch, tally, Status.DONE)
+    _end(watch, tally, Status.UNKNOWN)
     assert stops == []
-    watch.emit(_finished(Status.FAILED))
-    watch.emit(_finished(Status.FAILED))
+    _end(watch, tally, Status.FAILED)
+    _end(watch, tally, Status.FAILED)
     assert stops == ["2 job(s) failed in this run (--halt-after 2)"]
     assert watch.reason == stops[0]
-    assert (watch.failed, watch.ended) == (2, 3)
+
+
+def test_a_watch_judges_the_tally_it_is_given():
+    """A share counts the tally's ended jobs, also those ended before the watch
+    heard of them."""
+    stops: list[str] = []
+    tally = Tally(total=40, done=MIN_ENDED - 2)
+    watch = HaltWatch(HaltPolicy(percent=10))
+    watch.watch(tally, stops.append)
+    _end(watch, tally, Status.FAILED)
+    assert stops == []
+    _end(watch, tally, Status.FAILED)
+    assert stops == ["2 of 20 ended jobs failed in this run (10%, --halt-after 10%)"]
 
 
 def test_a_watch_without_its_stop_is_a_bug_said_aloud():
     """A watch nobody can act on must not pass silently."""
     watch = HaltWatch(HaltPolicy(count=1))
-    with pytest.raises(RuntimeError, match="given its stop"):
-        watch.emit(_finished(Status.FAILED))
+    with pytest.raises(RuntimeError, match="tally and stop before the run"):
+        _end(watch, Tally(), Status.FAILED)

@@ -127,7 +127,7 @@ def test_plain_lines_have_no_escape_codes(plain, stream):
     plain.emit(start({RQ: 30}))
     send_and_finish(plain, 25, ok=False, step=1.0)
     plain.emit(JobRequeued(30.0, RQ, "j9", 2.0, True, "HTTP 429"))
-    plain.emit(RunFinished(31.0, 0, 25, 5, 1, 0, stopped=True))
+    plain.emit(RunFinished(31.0, stopped=True))
     plain.close()
     assert "\x1b" not in stream.getvalue()
 
@@ -299,7 +299,7 @@ def test_an_unknown_invite_has_its_own_lines_and_summary_column(plain, stream):
         "processed, so it is not resent (check, then --retry-unknown)",
         "invite: all 2 jobs ended (1 done, 0 failed, 1 unknown)",
     ]
-    plain.emit(RunFinished(3.0, 1, 0, 0, 0, 0, stopped=False, unknown=1))
+    plain.emit(RunFinished(3.0, stopped=False))
     plain.close()
     assert texts(stream)[-4:] == [
         "  endpoint  done  failed  unknown  left  429s  retries",
@@ -326,7 +326,7 @@ def test_plain_summary_is_an_aligned_table(plain, stream, clock):
     plain.emit(JobRequeued(1.5, RQ, "j1", 1.0, True, "HTTP 429"))
     send_and_finish(plain, 2, at=2.0)
     send_and_finish(plain, 1, at=3.0, key=INVITE, ok=False)
-    plain.emit(RunFinished(4.2, 2, 1, 1, 1, 0, stopped=False))
+    plain.emit(RunFinished(4.2, stopped=False))
     clock.time = 99.0
     plain.close()
     assert texts(stream)[-6:] == [
@@ -352,7 +352,7 @@ def test_stopped_run_leaves_the_resume_hint_to_the_exit_message(plain, stream):
     with the exit code, not here as well."""
     plain.emit(start({RQ: 10}))
     send_and_finish(plain, 2)
-    plain.emit(RunFinished(3.0, 2, 0, 8, 0, 0, stopped=True))
+    plain.emit(RunFinished(3.0, stopped=True))
     plain.close()
     assert texts(stream)[-1] == "2 done, 0 failed, 8 left in 3.0 s."
     assert "Stopped early" not in stream.getvalue()
@@ -483,7 +483,7 @@ def test_live_summary_and_closing_line(live, stream):
     """The live view ends with the summary table and the counts line."""
     live.emit(start({RQ: 10}))
     send_and_finish(live, 4)
-    live.emit(RunFinished(5.0, 4, 0, 6, 0, 0, stopped=True))
+    live.emit(RunFinished(5.0, stopped=True))
     live.close()
     text = ANSI.sub("", stream.getvalue())
     summary = text[text.rindex("Summary") :].splitlines()
@@ -666,7 +666,7 @@ def test_the_finished_bar_says_done(live, stream, clock):
     live.emit(start({RQ: 3}))
     send_and_finish(live, 3)
     clock.time = 2.0
-    live.emit(RunFinished(2.0, 3, 0, 0, 0, 0, stopped=False))
+    live.emit(RunFinished(2.0, stopped=False))
     live.close()
     frame = last_frame(stream)
     bar = next(line for line in frame.splitlines() if "elapsed" in line)

@@ -156,16 +156,11 @@ class InFlightCapped:
 
 @dataclass(frozen=True, slots=True)
 class RunFinished:
-    """A run ended; `stopped` is True when it stopped early with jobs left."""
+    """A run ended; `stopped` is True when it stopped early with jobs left. Its
+    counts are the run's `Tally`, which `Runner.run` returns."""
 
     at: float
-    done: int
-    failed: int
-    left: int
-    rate_limited: int
-    retried: int
     stopped: bool
-    unknown: int = 0
 
 
 Event = (

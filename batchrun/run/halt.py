@@ -7,10 +7,10 @@ whole night's quota on failures. As GNU parallel's `--halt soon,fail=N` (and
 `MIN_ENDED` ended jobs on, so that the first unlucky answers do not stop a night.
 A job counts as failed when it ended failed or unknown: both make the run exit 1.
 
-`HaltWatch` is an event sink: it counts `JobFinished` events and calls its `stop`
-(set by whoever can stop the run) once, with the reason, the moment the policy is
-met. The run then starts no new jobs, waits for those in flight, and exits 1 with
-the rest left for a resume.
+`HaltWatch` is an event sink: on each `JobFinished` it reads the run's tally and
+calls its `stop` (both given by whoever runs it) once, with the reason, the moment
+the policy is met. The run then starts no new jobs, waits for those in flight,
+and exits 1 with the rest left for a resume.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from batchrun.core.errors import UsageError
-from batchrun.core.events import Event, JobFinished, Status
+from batchrun.core.events import Event, JobFinished, Tally
 
 # A share is judged only once this many jobs of the run have ended.
 MIN_ENDED = 20
@@ -84,27 +84,28 @@ class HaltPolicy:
 
 
 class HaltWatch:
-    """An event sink that calls `stop(reason)` once the policy is met."""
+    """An event sink that calls `stop(reason)` once the policy is met by the run's
+    tally; both are given by whoever runs it (`watch`)."""
 
     def __init__(self, policy: HaltPolicy) -> None:
         self._policy = policy
-        # What halts the run: set by its supervisor before the run starts.
-        self.stop: Callable[[str], None] = _unset
-        self.failed = 0
-        self.ended = 0
+        self._watched: tuple[Tally, Callable[[str], None]] | None = None
         # Set once the policy was met: why the run halted.
         self.reason: str | None = None
+
+    def watch(self, tally: Tally, stop: Callable[[str], None]) -> None:
+        """Judge `tally`, the run's (counted before each `JobFinished`), and
+        halt the run through `stop`."""
+        self._watched = (tally, stop)
 
     def emit(self, event: Event) -> None:
         if not isinstance(event, JobFinished) or self.reason is not None:
             return
-        self.ended += 1
-        self.failed += event.status is not Status.DONE
-        self.reason = self._policy.reason(failed=self.failed, ended=self.ended)
+        if self._watched is None:
+            msg = "a HaltWatch must be given the run's tally and stop before the run"
+            raise RuntimeError(msg)
+        tally, stop = self._watched
+        failed = tally.failed + tally.unknown
+        self.reason = self._policy.reason(failed=failed, ended=tally.ended)
         if self.reason is not None:
-            self.stop(self.reason)
-
-
-def _unset(reason: str) -> None:
-    msg = f"a HaltWatch must be given its stop before the run: {reason}"
-    raise RuntimeError(msg)
+            stop(self.reason)

@@ -120,6 +120,11 @@ class Runner:
         self.stopped: Stop | None = None
         self.breaker = Breaker()
 
+    @property
+    def tally(self) -> Tally:
+        """The run's counts, as settled so far (`run` returns them too)."""
+        return self._tally
+
     async def run(
         self, jobs: Mapping[LimitKey, Iterable[Job]], totals: Mapping[LimitKey, int]
     ) -> Tally:

@@ -206,17 +206,7 @@ class Settlement:
         return self._rng.uniform(step / 2, step)
 
     def finished(self) -> RunFinished:
-        t = self.tally
-        return RunFinished(
-            self._clock.now(),
-            t.done,
-            t.failed,
-            t.left,
-            t.rate_limited,
-            t.retried,
-            stopped=t.left > 0,
-            unknown=t.unknown,
-        )
+        return RunFinished(self._clock.now(), stopped=self.tally.left > 0)
 
     def _emit(self, event: Event) -> None:
         self._sink.emit(event)

@@ -49,7 +49,7 @@ async def supervise(
         runner.stop(Stop.of(cause, why))
 
     if halt is not None:
-        halt.stop = lambda why: stop(f"Halted: {why}", Cause.HALT, why)
+        halt.watch(runner.tally, lambda why: stop(f"Halted: {why}", Cause.HALT, why))
 
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(_on_signals, stop, tasks.cancel_scope, say)
