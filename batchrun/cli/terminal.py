@@ -132,6 +132,11 @@ def reported(say: Callable[[str], None] = to_stderr) -> Iterator[None]:
         raise SystemExit(exc.exit_code) from None
 
 
+_RESUME = "run the same command to resume."
+# After the breaker, whose message names the cause and its fix.
+_FIX_THEN_RESUME = "once that is fixed, run the same command to send them."
+
+
 def said_ending(end: Ending, say: Callable[[str], None]) -> int:
     """Say what a submission left undone (jobs unknown, jobs left and why), and
     return its exit code."""
@@ -147,14 +152,9 @@ def said_ending(end: Ending, say: Callable[[str], None]) -> int:
         stop = end.stop
         halted = None if stop is None else stop.reason(Cause.HALT)
         why = "" if halted is None else f"Halted: {halted}. "
-        # After the breaker, whose message names the cause and its fix.
-        fix = stop is not None and stop.cause is Cause.BREAKER
-        then = (
-            "once that is fixed, run the same command to send them"
-            if fix
-            else ("run the same command to resume")
-        )
-        say(f"{why}Stopped early with {end.left} job(s) left: {then}.")
+        tripped = stop is not None and stop.cause is Cause.BREAKER
+        then = _FIX_THEN_RESUME if tripped else _RESUME
+        say(f"{why}Stopped early with {end.left} job(s) left: {then}")
     return end.code
 
 
