@@ -11,7 +11,7 @@ import respx
 import trio.testing
 
 from batchrun.api.breaker import TRIP_AFTER
-from batchrun.core.errors import LedgerLost
+from batchrun.core.errors import DiskFull, LedgerLost
 from batchrun.core.events import (
     JobAnswered,
     JobRequeued,
@@ -23,6 +23,7 @@ from batchrun.core.events import (
 from batchrun.core.limits import LimitKey, parse_rule
 from batchrun.jobs.endpoints import JobType, Method
 from batchrun.jobs.job import Job
+from batchrun.pacing.learner import Learner
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.run.exit_code import Cause
 from batchrun.run.journal import Journal
@@ -530,6 +531,31 @@ async def test_a_ledger_lost_mid_run_stops_starting_requests():
     assert runner.stopped is not None
     assert runner.stopped.cause is Cause.LEDGER_LOST
     assert "redis://h:6379/0" in runner.stopped.reason(Cause.LEDGER_LOST)
+
+
+async def test_a_ledger_write_of_the_learner_that_fails_stops_the_run(monkeypatch):
+    """A full disk as the learner keeps a lesson in the ledger stops the run as a
+    lost slot does: the answers in flight are settled, and no error escapes the
+    run (it used to end it at once, saying nothing of the stop)."""
+
+    def full(*args, **kwargs):
+        msg = "/state/ledger.db: the disk is full"
+        raise DiskFull(msg)
+
+    monkeypatch.setattr(Learner, "answered", full)
+    router = respx.Router()
+    router.post(QUERY).respond(200, json={})
+    sink, recorder = ListSink(), ListRecorder()
+    rules = {LimitKey.RUN_QUERY: parse_rule("100/1s")}
+    jobs = [query(str(n)) for n in range(6)]
+    async with make_runner(
+        router, rules, sink, recorder=recorder, concurrency=2
+    ) as runner:
+        tally = await runner.run({LimitKey.RUN_QUERY: jobs}, {LimitKey.RUN_QUERY: 6})
+    assert runner.stopped is not None
+    assert runner.stopped.cause is Cause.STATE
+    assert isinstance(runner.stopped.error, DiskFull)
+    assert 1 <= tally.done == len(recorder.results) <= 2
 
 
 async def test_transient_backoff_is_capped():

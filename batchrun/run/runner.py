@@ -270,6 +270,15 @@ class Runner:
         self._changed = anyio.Event()
 
     @contextlib.contextmanager
+    def _stopping(self) -> Iterator[None]:
+        """A state file or the ledger that fails inside stops the run, as a lost
+        slot does, instead of ending it with the error at once."""
+        try:
+            yield
+        except StateError as exc:
+            self.stop(Stop.failing(exc))
+
+    @contextlib.contextmanager
     def _stoppable(self) -> Iterator[None]:
         """A wait that `stop` cuts short."""
         with anyio.CancelScope() as scope:
@@ -306,9 +315,11 @@ class Runner:
         spent = None
         if hints is not None and hints.remaining == 0:
             spent = hints.reset or 0.0
-        self._learner.answered(
-            key, sent, now, refused=refused, wait=wait, by=by, spent=spent
-        )
+        with self._stopping():
+            # The learner keeps what it learned in the ledger, which may fail.
+            self._learner.answered(
+                key, sent, now, refused=refused, wait=wait, by=by, spent=spent
+            )
         tripped = self.breaker.answered(outcome)
         if tripped is not None:
             self.stop(Stop.of(Cause.BREAKER, tripped))
@@ -319,7 +330,8 @@ class Runner:
             # The answer could not be recorded: the store still says in flight,
             # so the next run resends the job if safe, else leaves it unknown.
             self.stop(Stop.failing(exc))
-        self._heed(key, sent, outcome.hints)
+        with self._stopping():
+            self._heed(key, sent, outcome.hints)
         if self._idle:
             self._notify()  # an answer may free a slot, or end the run
 
