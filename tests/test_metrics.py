@@ -3,9 +3,12 @@ prometheus_client's own parser, as node_exporter's textfile collector reads it."
 
 from __future__ import annotations
 
+import io
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchrun.cli.metrics import MetricsFile, last_success
+from batchrun.cli.progress import open_progress
 from batchrun.core.events import (
     JobAnswered,
     JobFinished,
@@ -201,3 +204,37 @@ def test_a_file_that_cannot_be_written_is_said_once(tmp_path):
     metrics.close(1)
     assert len(said) == 1
     assert said[0].startswith(f"cannot write the metrics file {path}: No such file")
+
+
+class _Clock:
+    def now(self) -> float:
+        return 0.0
+
+
+def test_around_a_view_the_run_is_counted_once_on_one_board(tmp_path):
+    """The view keeps its counts on the metrics file's board; each event is
+    counted there once, and the file writes what the view's summary says."""
+    metrics = MetricsFile(tmp_path / "m.prom", label="nightly.csv", wall=Wall())
+    stream = io.StringIO()
+    boards = []
+
+    def shown(*, clock, notes, earlier=None, board=None):
+        boards.append(board)
+        return open_progress(stream, live=False, clock=clock, board=board)
+
+    sink = metrics.around(shown)(clock=_Clock(), notes=lambda text: None)
+    rules = {RQ: parse_rule("15/1m")}
+    sink.emit(RunStarted(0.0, {RQ: 2}, rules, Pace.EXACT))
+    for job, status in (("a", Status.DONE), ("b", Status.FAILED)):
+        sink.emit(JobSent(1.0, RQ, job, 1))
+        sink.emit(JobAnswered(2.0, RQ, job, 200, 0.1))
+        sink.emit(JobFinished(3.0, RQ, job, status, 1, 200, None))
+    sink.close()
+    metrics.close(1)
+    assert boards == [metrics.board]
+    counts = metrics.board.keys[RQ]
+    assert (counts.done, counts.failed, counts.left) == (1, 1, 0)
+    assert metrics.board.responses.keys[RQ].codes == {"200": 2}
+    samples = read(metrics.path)
+    assert value(samples, "batchrun_jobs", endpoint="run-query", outcome="done") == 1
+    assert "1 done, 1 failed" in stream.getvalue()

@@ -1,7 +1,8 @@
 """What a run looks like as numbers: counts per key, ETAs and summary rows.
 
 `Board` is built from the runner's events and read by both views (`progress` and
-`plain_log`); it knows no terminal. ETAs come from the limits (`slots.eta` over the
+`plain_log`), and by the metrics file, which shows the view's own (`BoardView`);
+it knows no terminal. ETAs come from the limits (`slots.eta` over the
 jobs not yet sent and each key's recent sends), never from the past rate.
 """
 
@@ -9,11 +10,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from batchrun.core import durations
+from batchrun.core.clock import Clock
 from batchrun.core.events import (
     Event,
     InFlightCapped,
@@ -32,6 +35,7 @@ from batchrun.core.limits import LimitKey, Pace, Rule
 from batchrun.core.responses import Responses
 from batchrun.pacing.slots import eta
 from batchrun.run.settings import IN_FLIGHT_CEILING
+from batchrun.run.view import ProgressSink, View
 
 _FAILURES_RECENT = 3
 NONE = "—"
@@ -135,6 +139,21 @@ class Board:
             return 0.0
         end = self.finished.at if self.finished is not None else now
         return end - self.started
+
+
+class BoardView(View, Protocol):
+    """A `View` that keeps its counts on `board` when given one: a board another
+    listener of the run reads too (the metrics file), so that the run is counted
+    once."""
+
+    def __call__(
+        self,
+        *,
+        clock: Clock,
+        notes: Callable[[str], None],
+        earlier: Mapping[Status, int] | None = None,
+        board: Board | None = None,
+    ) -> ProgressSink: ...
 
 
 def _count(

@@ -2,10 +2,11 @@
 
 The way Prometheus watches a batch job: the job writes what it did to a file, the
 textfile collector exposes it, and an alert fires when the last success is too
-old or a run failed. `MetricsFile` is an event sink that keeps a run's counts (a
-`board.Board`) and writes them with prometheus_client's `write_to_textfile`
-(a temporary file renamed over the old one, so a scrape never reads half a file):
-once a minute during the run, and at its end with the exit code. Every series
+old or a run failed. `MetricsFile` is an event sink that reads a run's counts (a
+`board.Board`: the view's own, when it goes `around` one) and writes them with
+prometheus_client's `write_to_textfile` (a temporary file renamed over the old
+one, so a scrape never reads half a file): once a minute during the run, and at
+its end with the exit code. Every series
 carries the jobs file's name as its `jobs` label, so that the files of several
 jobs files can sit in one folder. The last success is kept from the previous file
 when this run did not succeed.
@@ -23,7 +24,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Gauge, Info, write_to_textfile
 from prometheus_client.parser import text_string_to_metric_families
 
-from batchrun.cli.board import Board, KeyCounts
+from batchrun.cli.board import Board, BoardView, KeyCounts
 from batchrun.core.clock import Clock, wall_time
 from batchrun.core.events import Event, RunStarted, Status
 from batchrun.core.responses import PERCENTILES, KeyResponses
@@ -65,6 +66,10 @@ class MetricsFile:
 
     def emit(self, event: Event) -> None:
         self.board.apply(event)
+        self.heard(event)
+
+    def heard(self, event: Event) -> None:
+        """Act on `event`, once counted on `board`."""
         if isinstance(event, RunStarted):
             self._try_write()
 
@@ -77,8 +82,9 @@ class MetricsFile:
         """Write the ended run with its exit code."""
         self._try_write(exit_code)
 
-    def around(self, view: View) -> View:
-        """`view`, with this file hearing the run's events and ticks as well."""
+    def around(self, view: BoardView) -> View:
+        """`view`, keeping its counts on this file's board, with this file hearing
+        the run's events and ticks as well: the run is counted once."""
 
         def opened(
             *,
@@ -86,7 +92,8 @@ class MetricsFile:
             notes: Callable[[str], None],
             earlier: Mapping[Status, int] | None = None,
         ) -> ProgressSink:
-            return _Metered(view(clock=clock, notes=notes, earlier=earlier), self)
+            shown = view(clock=clock, notes=notes, earlier=earlier, board=self.board)
+            return _Metered(shown, self)
 
         return opened
 
@@ -146,8 +153,8 @@ class _Metered:
         self._metrics = metrics
 
     def emit(self, event: Event) -> None:
-        self._shown.emit(event)
-        self._metrics.emit(event)
+        self._shown.emit(event)  # counts it on the board both read
+        self._metrics.heard(event)
 
     def tick(self) -> None:
         self._shown.tick()

@@ -99,6 +99,7 @@ class PlainLog:
         verbosity: int = 0,
         results: Path | None = None,
         earlier: Mapping[Status, int] | None = None,
+        board: Board | None = None,
     ) -> None:
         self._stream = stream
         self._results = results
@@ -110,7 +111,7 @@ class PlainLog:
         self._said = clock.now()
         self._every = every
         self._wall = wall
-        self._board = Board()
+        self._board = Board() if board is None else board
         self._last = -math.inf
         self._requeues = 0
         self._capped_said = False

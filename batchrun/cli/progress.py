@@ -24,6 +24,7 @@ from rich.text import Text
 from batchrun.cli.board import (
     NONE,
     Board,
+    BoardView,
     capped_text,
     closing_lines,
     learned_note,
@@ -41,7 +42,7 @@ from batchrun.core.events import (
     Status,
 )
 from batchrun.core.limits import LimitKey
-from batchrun.run.view import ProgressSink, View
+from batchrun.run.view import ProgressSink
 
 _VIEW_COLUMNS = "endpoint,rule,done,failed,429s,retries,sending,next slot,ETA"
 # Terminals that cannot move the cursor: a live view would be a blank screen there.
@@ -61,6 +62,7 @@ def open_progress(
     verbosity: int = 0,
     results: Path | None = None,
     earlier: Mapping[Status, int] | None = None,
+    board: Board | None = None,
 ) -> ProgressSink:
     """A Rich live view if `stream` is a terminal, plain timestamped lines otherwise.
 
@@ -73,7 +75,8 @@ def open_progress(
     (--quiet): plain lines, and only failures and the summary; 1 (--verbose): every
     requeue, not only the first ones. The summary's last line names `results`,
     the results file, on the same stream; with `earlier` (a resumed run's jobs
-    that ended before it, by state), its counts are the whole file's.
+    that ended before it, by state), its counts are the whole file's. With
+    `board`, it keeps its counts there (`BoardView`).
     """
     if every < 0:
         msg = f"every must be at least 0 s, got {every}"
@@ -83,7 +86,12 @@ def open_progress(
     if live and verbosity >= 0:
         console = Console(file=stream, force_terminal=True, no_color=_no_color(color))
         return _LiveView(
-            console, clock=clock, notes=notes, results=results, earlier=earlier
+            console,
+            clock=clock,
+            notes=notes,
+            results=results,
+            earlier=earlier,
+            board=board,
         )
     return PlainLog(
         stream,
@@ -95,12 +103,13 @@ def open_progress(
         verbosity=verbosity,
         results=results,
         earlier=earlier,
+        board=board,
     )
 
 
 def view(
     jobs_file: Path, *, color: bool, verbosity: int, results: Path | None = None
-) -> View:
+) -> BoardView:
     """How `submit` shows its run: `open_progress` on stdout, its plain lines
     tagged with the process and `jobs_file`, its summary ending with `results`."""
 
@@ -109,6 +118,7 @@ def view(
         clock: Clock,
         notes: Callable[[str], None],
         earlier: Mapping[Status, int] | None = None,
+        board: Board | None = None,
     ) -> ProgressSink:
         return open_progress(
             sys.stdout,
@@ -119,6 +129,7 @@ def view(
             verbosity=verbosity,
             results=results,
             earlier=earlier,
+            board=board,
         )
 
     return opened
@@ -140,13 +151,14 @@ class _LiveView:
         notes: Callable[[str], None] | None,
         results: Path | None = None,
         earlier: Mapping[Status, int] | None = None,
+        board: Board | None = None,
     ) -> None:
         self._console = console
         self._results = results
         self._earlier = earlier
         self._notes = notes
         self._clock = clock
-        self._board = Board()
+        self._board = Board() if board is None else board
         self._lock = threading.Lock()
         self._live = Live(
             console=console,
