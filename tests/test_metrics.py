@@ -3,12 +3,13 @@ prometheus_client's own parser, as node_exporter's textfile collector reads it."
 
 from __future__ import annotations
 
+import contextlib
 import io
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchrun.cli.metrics import MetricsFile, last_success
-from batchrun.cli.progress import open_progress
+from batchrun.cli.progress import open_progress, view
 from batchrun.core.events import (
     JobAnswered,
     JobFinished,
@@ -17,8 +18,10 @@ from batchrun.core.events import (
     RuleLearned,
     RunStarted,
     Status,
+    Tee,
 )
 from batchrun.core.limits import LimitKey, Pace, parse_rule
+from batchrun.core.responses import Responses
 
 RQ = LimitKey.RUN_QUERY
 INV = LimitKey.INVITE
@@ -218,7 +221,7 @@ def test_around_a_view_the_run_is_counted_once_on_one_board(tmp_path):
     stream = io.StringIO()
     boards = []
 
-    def shown(*, clock, notes, earlier=None, board=None):
+    def shown(*, clock, notes, earlier=None, responses=None, board=None):
         boards.append(board)
         return open_progress(stream, live=False, clock=clock, board=board)
 
@@ -238,3 +241,27 @@ def test_around_a_view_the_run_is_counted_once_on_one_board(tmp_path):
     samples = read(metrics.path)
     assert value(samples, "batchrun_jobs", endpoint="run-query", outcome="done") == 1
     assert "1 done, 1 failed" in stream.getvalue()
+
+
+def test_around_a_view_the_answers_shown_are_the_runs(tmp_path):
+    """Given the run's answers by code (which the run counts), the view and the
+    metrics file show those, and count none again."""
+    metrics = MetricsFile(tmp_path / "m.prom", label="nightly.csv", wall=Wall())
+    stream = io.StringIO()
+    answers = Responses()
+    opened = metrics.around(view(tmp_path / "nightly.csv", color=False, verbosity=0))
+    with contextlib.redirect_stdout(stream):
+        shown = opened(clock=_Clock(), notes=print, responses=answers)
+        sink = Tee(answers, shown)
+        sink.emit(RunStarted(0.0, {RQ: 1}, {RQ: parse_rule("15/1m")}, Pace.EXACT))
+        sink.emit(JobSent(1.0, RQ, "a", 1))
+        sink.emit(JobAnswered(2.0, RQ, "a", 429, 0.1))
+        sink.emit(JobAnswered(3.0, RQ, "a", 200, 0.1))
+        sink.emit(JobFinished(3.0, RQ, "a", Status.DONE, 2, 200, None))
+        shown.close()
+    metrics.close(0)
+    assert metrics.board.responses is answers
+    assert answers.keys[RQ].codes == {"200": 1, "429": 1}
+    assert "run-query responses: 200: 1, 429: 1" in stream.getvalue()
+    samples = read(metrics.path)
+    assert value(samples, "batchrun_jobs", endpoint="run-query", outcome="done") == 1

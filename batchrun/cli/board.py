@@ -70,16 +70,19 @@ def overall(states: Iterable[Tally]) -> Tally:
 
 
 class Board:
-    """Counts per key, kept from the events; each sink shows one."""
+    """Counts per key, kept from the events; each sink shows one. The answers by
+    code are counted here unless `responses` is given: the run's, which the run
+    counts."""
 
-    def __init__(self) -> None:
+    def __init__(self, responses: Responses | None = None) -> None:
         self.keys: dict[LimitKey, KeyCounts] = {}
         self.pace = Pace.EXACT
         self.started: float | None = None
         self.finished: RunFinished | None = None
         self.failures = 0
         self.recent: deque[str] = deque(maxlen=_FAILURES_RECENT)
-        self.responses = Responses()
+        self.responses = Responses() if responses is None else responses
+        self._counts_answers = responses is None
         # The cap on requests in flight holding requests back: the episode under
         # way (None: none), and how long it did so in all.
         self.capped: InFlightCapped | None = None
@@ -103,7 +106,8 @@ class Board:
             return None
         if isinstance(event, JobAnswered):
             # Only counted: the JobRequeued or JobFinished that follows moves the key.
-            self.responses.add(event.key, event.status, event.latency)
+            if self._counts_answers:
+                self.responses.add(event.key, event.status, event.latency)
             return None
         state = self.keys.get(event.key)
         if state is not None:
@@ -152,6 +156,7 @@ class BoardView(View, Protocol):
         clock: Clock,
         notes: Callable[[str], None],
         earlier: Mapping[Status, int] | None = None,
+        responses: Responses | None = None,
         board: Board | None = None,
     ) -> ProgressSink: ...
 

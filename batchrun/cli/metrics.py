@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from batchrun.cli.board import Board, BoardView, KeyCounts
 from batchrun.core.clock import Clock, wall_time
 from batchrun.core.events import Event, RunStarted, Status
-from batchrun.core.responses import PERCENTILES, KeyResponses
+from batchrun.core.responses import PERCENTILES, KeyResponses, Responses
 from batchrun.run.view import ProgressSink, View
 
 _PREFIX = "batchrun_"
@@ -91,7 +91,10 @@ class MetricsFile:
             clock: Clock,
             notes: Callable[[str], None],
             earlier: Mapping[Status, int] | None = None,
+            responses: Responses | None = None,
         ) -> ProgressSink:
+            # One board for both, made before the run: the answers, the run's.
+            self.board = Board(responses)
             shown = view(clock=clock, notes=notes, earlier=earlier, board=self.board)
             return _Metered(shown, self)
 

@@ -42,6 +42,7 @@ from batchrun.core.events import (
     RunStarted,
     Status,
 )
+from batchrun.core.responses import Responses
 from batchrun.run.view import QUIET
 
 # Enough to see a pattern in a cron mail; the results file holds every failure.
@@ -99,6 +100,7 @@ class PlainLog:
         verbosity: int = 0,
         results: Path | None = None,
         earlier: Mapping[Status, int] | None = None,
+        responses: Responses | None = None,
         board: Board | None = None,
     ) -> None:
         self._stream = stream
@@ -111,7 +113,7 @@ class PlainLog:
         self._said = clock.now()
         self._every = every
         self._wall = wall
-        self._board = Board() if board is None else board
+        self._board = Board(responses) if board is None else board
         self._last = -math.inf
         self._requeues = 0
         self._capped_said = False

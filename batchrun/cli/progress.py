@@ -42,6 +42,7 @@ from batchrun.core.events import (
     Status,
 )
 from batchrun.core.limits import LimitKey
+from batchrun.core.responses import Responses
 from batchrun.run.view import ProgressSink
 
 _VIEW_COLUMNS = "endpoint,rule,done,failed,429s,retries,sending,next slot,ETA"
@@ -62,6 +63,7 @@ def open_progress(
     verbosity: int = 0,
     results: Path | None = None,
     earlier: Mapping[Status, int] | None = None,
+    responses: Responses | None = None,
     board: Board | None = None,
 ) -> ProgressSink:
     """A Rich live view if `stream` is a terminal, plain timestamped lines otherwise.
@@ -76,7 +78,8 @@ def open_progress(
     requeue, not only the first ones. The summary's last line names `results`,
     the results file, on the same stream; with `earlier` (a resumed run's jobs
     that ended before it, by state), its counts are the whole file's. With
-    `board`, it keeps its counts there (`BoardView`).
+    `responses` (the run's, which the run counts) it shows those; with `board`, it
+    keeps its counts there (`BoardView`).
     """
     if every < 0:
         msg = f"every must be at least 0 s, got {every}"
@@ -91,6 +94,7 @@ def open_progress(
             notes=notes,
             results=results,
             earlier=earlier,
+            responses=responses,
             board=board,
         )
     return PlainLog(
@@ -103,6 +107,7 @@ def open_progress(
         verbosity=verbosity,
         results=results,
         earlier=earlier,
+        responses=responses,
         board=board,
     )
 
@@ -118,6 +123,7 @@ def view(
         clock: Clock,
         notes: Callable[[str], None],
         earlier: Mapping[Status, int] | None = None,
+        responses: Responses | None = None,
         board: Board | None = None,
     ) -> ProgressSink:
         return open_progress(
@@ -129,6 +135,7 @@ def view(
             verbosity=verbosity,
             results=results,
             earlier=earlier,
+            responses=responses,
             board=board,
         )
 
@@ -151,6 +158,7 @@ class _LiveView:
         notes: Callable[[str], None] | None,
         results: Path | None = None,
         earlier: Mapping[Status, int] | None = None,
+        responses: Responses | None = None,
         board: Board | None = None,
     ) -> None:
         self._console = console
@@ -158,7 +166,7 @@ class _LiveView:
         self._earlier = earlier
         self._notes = notes
         self._clock = clock
-        self._board = Board() if board is None else board
+        self._board = Board(responses) if board is None else board
         self._lock = threading.Lock()
         self._live = Live(
             console=console,

@@ -202,10 +202,11 @@ async def _run(
     say = notes.to
     total = runs.totals(store)
     earlier = {s: total[s] for s in ENDED}
-    sink = job.view(clock=clock, notes=say, earlier=earlier)
-    notes.to = sink.note  # the ledger's notes, in the view while it shows the run
+    # The answers by code, counted once: kept for `status`, shown by the view.
     responses = Responses()
-    heard = Tee(sink, responses, *([] if halt is None else [halt]))
+    sink = job.view(clock=clock, notes=say, earlier=earlier, responses=responses)
+    notes.to = sink.note  # the ledger's notes, in the view while it shows the run
+    heard = Tee(responses, sink, *([] if halt is None else [halt]))
     try:
         async with open_run(
             job.target,

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from batchrun.core.clock import Clock
 from batchrun.core.events import EventSink, Status
+from batchrun.core.responses import Responses
 
 # A plain log quiet this long (a long wait for a slot or a cool-down) says what it
 # waits for; `tick()` is called often enough that a cron log gets a line a minute.
@@ -38,7 +39,9 @@ class View(Protocol):
     """Opens the sink a run is shown in: it reads `clock`, and says its notes
     through `notes` unless it draws them itself. `earlier`: the file's jobs that
     ended in earlier runs, by how they ended (`events.ENDED`), so that a
-    resumed run's summary counts the whole file."""
+    resumed run's summary counts the whole file. `responses`: the run's answers
+    by code, which the run counts (it keeps them for `status`): a view shows
+    these rather than count its own."""
 
     def __call__(
         self,
@@ -46,4 +49,5 @@ class View(Protocol):
         clock: Clock,
         notes: Callable[[str], None],
         earlier: Mapping[Status, int] | None = None,
+        responses: Responses | None = None,
     ) -> ProgressSink: ...
