@@ -54,7 +54,7 @@ UPDATE jobs SET unsafe = 1 WHERE type = 'invite';
 _PAGE = 500
 
 
-# The former name of `Status`, kept while `cli/overview` still imports it.
+# The former name of `Status`, kept while `query/read_model` still imports it.
 JobState = Status
 
 
