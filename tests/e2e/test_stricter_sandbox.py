@@ -47,10 +47,10 @@ def statuses_and_done(server) -> tuple[Counter[int], Counter[str | None]]:
 
 @pytest.mark.parametrize("counting", list(LimiterKind))
 def test_the_client_learns_a_stricter_server_however_it_counts(tmp_path, counting):
-    """Each job accepted exactly once, at most half the 429s a script told the
-    same rule takes (20 or more: 2 to 10 measured here, more for a weighted
-    counter, whose lesson is re-tested within the run), and a run refused more
-    than once (a lone 429 changes nothing) says it learned. 30 jobs: a first
+    """Each job accepted exactly once, no more 429s than a script told the
+    same rule takes (20 or more; issue 36's bound is max(4, the script's):
+    2 to 7 measured here alone, up to 14 on a busy machine), and a run
+    refused more than once (a lone 429 changes nothing) says it learned. 30 jobs: a first
     burst of 20 that straddles a fixed window's reset would all be accepted
     (10 in each), and nothing learned."""
     server = stricter(counting)
@@ -60,7 +60,7 @@ def test_the_client_learns_a_stricter_server_however_it_counts(tmp_path, countin
     statuses, done = statuses_and_done(server)
     assert len(done) == 30
     assert set(done.values()) == {1}
-    assert 1 <= statuses[429] <= 10, statuses
+    assert 1 <= statuses[429] <= 20, statuses
     if statuses[429] > 1:
         assert "run-query: the server allows less than the rule; now" in result.stdout
 
