@@ -476,8 +476,6 @@ class KeyModel:
         its life."""
         held = self.current(now)
         evidence = [a for a in self.answers if a.accepted or a.latest >= self.since]
-        if sum(not a.accepted and not a.echo for a in evidence) <= TAU:
-            return None  # a lone 429 changes nothing (and costs no replay)
         again = self.expired
         if again is not None and explains(again.candidate, evidence):
             life = GROWTH * again.life
