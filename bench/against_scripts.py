@@ -1,10 +1,10 @@
 """batchrun against the scripts a user would write instead (issue 24, item 7).
 
-Every case of `bench.script_cases` is run by `batchrun submit` and by the four
+Every case of `support.script_cases` is run by `batchrun submit` and by the four
 scripts `bench.script_pyrate`, `bench.script_limits`, `bench.script_aiolimiter`
 and `bench.script_sleep`, each in its own process against its own fresh server
-(`bench.case_server`: the sandbox on loopback, every request logged; case 9:
-stock slowapi, `bench.slowapi_server`, with the same log), one run
+(`support.case_server`: the sandbox on loopback, every request logged; case 9:
+stock slowapi, `support.slowapi_server`, with the same log), one run
 after another (`--side-by-side`: the tools of a case at once, quicker but they
 share the machine and the servers' thread lock, which slows every round trip); the
 table gives, per case and tool, the median over the rounds of the 429s the server
@@ -28,15 +28,13 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
-from bench.case_server import Recorder, Served, serving
 from bench.progress import say
-from bench.script_cases import CASES, SCALE, Case
+from support.script_cases import CASES, SCALE, Case, case_server, chains, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "against_scripts.json"
@@ -101,17 +99,6 @@ def _execute(line: list[str], bound: float, log: Path) -> tuple[bool, int]:
                 return True, process.wait()
 
 
-def case_server(case: Case, round_: int) -> AbstractContextManager[Recorder]:
-    """The case's fresh server: the sandbox, or stock slowapi (imported only
-    then: slowapi is in the bench extra, not the test one)."""
-    if case.limiter == "slowapi":
-        from bench import slowapi_server
-
-        return slowapi_server.serving(case.server, case.behaviour)
-    faults = case.faults(seed=7 + round_)
-    return serving(case.rules(), case.behaviour, faults=faults, headers=case.headers)
-
-
 def run_once(
     case: Case, tool: str, folder: Path, round_: int, again: bool
 ) -> dict[str, Any]:
@@ -125,52 +112,6 @@ def run_once(
     return summarize(case, tool, log, round_, stalled, code) | {
         "run_s": round(ended - started, 2)
     }
-
-
-def summarize(
-    case: Case,
-    tool: str,
-    log: list[Served],
-    round_: int,
-    stalled: bool,
-    code: int,
-) -> dict[str, Any]:
-    """Figures of one run from the server's log: 429s, acceptance, makespan."""
-    accepted = [s for s in log if 200 <= s.status < 300]
-    first = min((s.at for s in log), default=0.0)
-    makespan = max((s.answered for s in accepted), default=first) - first
-    keys = {s.idempotency_key for s in accepted}
-    return {
-        "case": case.number,
-        "tool": tool,
-        "round": round_,
-        "jobs": case.jobs,
-        "requests": len(log),
-        "http_429": sum(s.status == 429 for s in log),
-        "other": sum(not (200 <= s.status < 300 or s.status == 429) for s in log),
-        "accepted": len(accepted),
-        "exactly_once": len(accepted) == len(keys) == case.jobs,
-        "stalled": stalled,
-        "exit_code": code,
-        "makespan_s": round(makespan, 3),
-        "ideal_s": round(case.ideal(), 3),
-        "ratio": round(makespan / case.ideal(), 3),
-    }
-
-
-def chains(numbers: list[int] | None) -> list[list[Case]]:
-    """The cases to run, each with the case it follows before it (one chain)."""
-    by_number = {case.number: case for case in CASES}
-    wanted = numbers or [case.number for case in CASES]
-    runs: list[list[Case]] = []
-    for case in CASES:
-        if case.number not in wanted or any(case in chain for chain in runs):
-            continue
-        chain = [case]
-        while chain[0].follows is not None:
-            chain.insert(0, by_number[chain[0].follows])
-        runs = [r for r in runs if r[0] not in chain] + [chain]
-    return runs
 
 
 def run_chain(chain: list[Case], tool: str, *, round_: int) -> list[dict[str, Any]]:

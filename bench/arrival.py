@@ -14,7 +14,7 @@ start (a key sends one request at a time beyond what the server has been seen to
 accept, removed by issue 24 item 3) is turned off in every case here: it is not
 what this measures. Policy headers: the server enforces 10/2s, the client is told
 30/2s, the sandbox states its policy in each header style; 429s after the first
-answer are counted. Virtual clock: tests/simulation.py, seeded, no real time.
+answer are counted. Virtual clock: support/simulation.py, seeded, no real time.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from batchrun.sandbox.faults import Faults
 from batchrun.sandbox.policy_headers import HeaderStyle
 from batchrun.sandbox.serving import running
 from bench.drivers import drive_batchrun
-from tests.simulation import Network, Server, simulate
-from tests.stock import limits_server
+from support.simulation import Network, Server, simulate
+from support.stock import limits_server
 
 RULE = "30/2s"
 CONCURRENCY = 32
@@ -138,7 +138,7 @@ def main() -> None:
     undo = _serial_start(on=False)
     jobs, rounds = args.jobs, args.rounds
     print(f"## {jobs} jobs at {RULE}, concurrency {CONCURRENCY}, median of {rounds}")
-    print("\n### virtual clock (tests/simulation.py)")
+    print("\n### virtual clock (support/simulation.py)")
     for work, latency, name in (
         (0.1, (1e-4, 1e-4), "100 ms answers, 0.1 ms network"),
         (0.1, (0.005, 0.05), "100 ms answers, 5-50 ms network"),

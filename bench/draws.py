@@ -1,9 +1,9 @@
 """Issue 36, item 6: batchrun against a reference script on random servers.
 
 Each draw is one seeded random server, run on the virtual clock of
-tests/simulation.py (the real runner, pacer and learner against a `limiters`
+support/simulation.py (the real runner, pacer and learner against a `limiters`
 model): batchrun runs twice with one ledger (`carried`), and the reference script
-(tests/script_client.py: a sliding log of the told rule from the send, 8 in
+(support/script_client.py: a sliding log of the told rule from the send, 8 in
 flight, Retry-After or 0.5/1/2/4 s) runs the same two servers with no memory.
 Windows are scaled as in the other benches: 30/2s stands for 30/1m.
 
@@ -91,8 +91,8 @@ from batchrun.core.limits import Rule, Window, parse_rule
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.sandbox.policy_headers import HeaderStyle
-from tests.script_client import script
-from tests.simulation import Network, Server, Simulated, carried, ideal, simulate
+from support.script_client import script
+from support.simulation import Network, Server, Simulated, carried, ideal, simulate
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "draws.json"

@@ -23,7 +23,7 @@ from batchrun.pacing.slots import eta
 from batchrun.sandbox.app import create_app
 from batchrun.sandbox.serving import running
 from bench import anchors, drivers
-from tests.oracles import most_in_window
+from support.oracles import most_in_window
 
 Driver = Callable[[str, dict[LimitKey, Rule], int, int], Awaitable[int]]
 CONCURRENCY = 8

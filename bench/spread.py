@@ -7,12 +7,12 @@ millisecond early is refused. `slots.spread_interval` adds a margin (the larger 
 1 % and 5 ms); `--no-margin` takes it away, for the figures before. Three rows, each
 over several runs of 60 jobs:
 
-- `simulated`: in virtual time (tests/simulation.py) against `limiters.LeakyBucket`
+- `simulated`: in virtual time (support/simulation.py) against `limiters.LeakyBucket`
   with burst 0, each request travelling a seeded random latency of 1-4 ms, so
   arrivals jitter by up to 3 ms as they do on a busy loopback;
 - `nginx, pacer only`: 60 requests through batchrun's own `Pacer` (spread, a
   `MemoryLedger`, the event loop's clock) and httpx, 8 at a time, against real nginx on
-  loopback (bench/stock.py), never retried: the 429s the spacing alone earns;
+  loopback (support/stock_programs.py), never retried: the 429s the spacing alone earns;
 - `nginx, submit`: `batchrun submit --pace spread` in a subprocess against the same
   nginx, bounded by `--deadline`, 429s and makespan read from nginx's access log
   (always with the margin: the subprocess is the installed code).
@@ -42,9 +42,9 @@ from batchrun.pacing import slots
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.pacer import Pacer
-from bench.stock import Server, nginx_server
-from tests.simulation import Server as Model
-from tests.simulation import simulate
+from support.simulation import Server as Model
+from support.simulation import simulate
+from support.stock_programs import Server, nginx_server
 
 JOBS = 60
 RULE = "15/1s"

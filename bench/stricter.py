@@ -1,7 +1,7 @@
 """Issue 10's table: a client whose rule is looser than the server's real one.
 
 60 run-query jobs, the client told `30/2s` (profile a's shape, 60 s scaled to 2 s),
-against stock server-side limiters (bench/stock.py) that enforce something
+against stock server-side limiters (support/stock_programs.py) that enforce something
 stricter or count differently. Drivers: `batchrun submit` in a subprocess (a fresh
 state folder, then a rerun with `--restart` on the same folder and server, after
 the server's windows have emptied), and 8 workers around aiolimiter,
@@ -13,7 +13,7 @@ jitter, then acquire and send again. Every driver gets a fresh server and a boun
 Figures come from the server's own arrival log, cut to the driver's run: whether
 each job was accepted exactly once (its Idempotency-Key on one 2xx), 429s, the
 makespan (first arrival to last accepted answer) and the server-ideal makespan
-(bench/oracle.py: the best any client could do under the server's real rule).
+(support/oracles.py: the best any client could do under the server's real rule).
 `python -m bench.stricter` runs it alone; `python -m bench --only stricter`
 merges it into results.json.
 """
@@ -40,9 +40,16 @@ import anyio
 import httpx
 
 from batchrun.core.limits import parse_rule
-from bench import anchors, oracle
+from bench import anchors
 from bench.progress import say
-from bench.stock import Arrival, Server, express_server, limits_server, nginx_server
+from support import oracles
+from support.stock_programs import (
+    Arrival,
+    Server,
+    express_server,
+    limits_server,
+    nginx_server,
+)
 
 JOBS = 60
 CLIENT_RULE = "30/2s"
@@ -66,7 +73,7 @@ class Scenario:
 
     name: str
     server: Callable[[], contextlib.AbstractContextManager[Server]]
-    model: Callable[[int], oracle.Model]  # from the first arrival, Unix ms
+    model: Callable[[int], oracles.Model]  # from the first arrival, Unix ms
 
 
 def _limits(rule: str, strategy: Any, headers: bool = False) -> Any:
@@ -77,59 +84,59 @@ SCENARIOS = (
     Scenario(
         "10/2s limits moving window (sliding log)",
         _limits("10/2s", "moving-window"),
-        lambda _: oracle.SlidingLog([(10, 2000)]),
+        lambda _: oracles.SlidingLog([(10, 2000)]),
     ),
     Scenario(
         "10/2s limits moving window + slowapi headers",
         _limits("10/2s", "moving-window", headers=True),
-        lambda _: oracle.SlidingLog([(10, 2000)]),
+        lambda _: oracles.SlidingLog([(10, 2000)]),
     ),
     Scenario(
         "10/2s limits fixed window",
         _limits("10/2s", "fixed-window"),
-        lambda _: oracle.FixedFromFirst(10, 2000),
+        lambda _: oracles.FixedFromFirst(10, 2000),
     ),
     Scenario(
         "10/2s limits sliding-window counter (weighted)",
         _limits("10/2s", "sliding-window-counter"),
-        lambda first: oracle.WeightedCounter(10, 2000, first),
+        lambda first: oracles.WeightedCounter(10, 2000, first),
     ),
     Scenario(
         "15/2s+500/120s limits moving window (profile b shape)",
         _limits("15/2s+500/120s", "moving-window"),
-        lambda _: oracle.SlidingLog([(15, 2000), (500, 120_000)]),
+        lambda _: oracles.SlidingLog([(15, 2000), (500, 120_000)]),
     ),
     Scenario(
         "nginx limit_req 15r/s burst=10 nodelay",
         lambda: nginx_server(rate="15r/s", burst=10, nodelay=True),
-        lambda _: oracle.LeakyBucket(15, 10, nodelay=True),
+        lambda _: oracles.LeakyBucket(15, 10, nodelay=True),
     ),
     # Stricter than told and silent on when it has room: a bucket a third as
     # fast, and a window half as long, as the rule's.
     Scenario(
         "nginx limit_req 5r/s burst=4 nodelay",
         lambda: nginx_server(rate="5r/s", burst=4, nodelay=True),
-        lambda _: oracle.LeakyBucket(5, 4, nodelay=True),
+        lambda _: oracles.LeakyBucket(5, 4, nodelay=True),
     ),
     Scenario(
         "5/1s limits moving window (a shorter window)",
         _limits("5/1s", "moving-window"),
-        lambda _: oracle.SlidingLog([(5, 1000)]),
+        lambda _: oracles.SlidingLog([(5, 1000)]),
     ),
     Scenario(
         "nginx limit_req 15r/s burst=10 (delay)",
         lambda: nginx_server(rate="15r/s", burst=10, nodelay=False),
-        lambda _: oracle.LeakyBucket(15, 10, nodelay=False),
+        lambda _: oracles.LeakyBucket(15, 10, nodelay=False),
     ),
     Scenario(
         "10/2s express-rate-limit draft-7",
         lambda: express_server(window_ms=2000, limit=10, standard_headers="draft-7"),
-        lambda _: oracle.FixedFromFirst(10, 2000),
+        lambda _: oracles.FixedFromFirst(10, 2000),
     ),
     Scenario(
         "10/2s express-rate-limit draft-8",
         lambda: express_server(window_ms=2000, limit=10, standard_headers="draft-8"),
-        lambda _: oracle.FixedFromFirst(10, 2000),
+        lambda _: oracles.FixedFromFirst(10, 2000),
     ),
 )
 
@@ -277,7 +284,7 @@ def summarize(
     done = [a for a in seen if 200 <= a.status < 300]
     keys = Counter(a.key for a in done)
     first = seen[0].at if seen else outcome.started
-    ideal = oracle.makespan(scenario.model(round(first * 1000)), JOBS)
+    ideal = oracles.makespan(scenario.model(round(first * 1000)), JOBS)
     makespan = max((a.answered for a in done), default=first) - first
     return {
         "scenario": scenario.name,

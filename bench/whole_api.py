@@ -1,7 +1,7 @@
 """Issue 37's figure: the mixed file of 200 jobs against the sandbox, over loopback.
 
 60 run-query and 20 invite jobs, 20 POST requests to run-query's and invite's
-paths, 100 GET and DELETE requests on other paths (`tests.mixed`), submitted by
+paths, 100 GET and DELETE requests on other paths (`support.mixed`), submitted by
 `batchrun submit` in a subprocess (a core of its own) against the sandbox served
 here, both with windows divided by `--scale`. From the sandbox's arrivals (its
 own monotonic clock): 429s, the most arrivals of each key within any window of
@@ -29,8 +29,8 @@ from batchrun.core.limits import LimitKey, Pace, Rule, limit_table
 from batchrun.pacing.slots import eta
 from batchrun.sandbox.app import Arrival, create_app
 from batchrun.sandbox.serving import running
-from tests.mixed import write_mixed
-from tests.oracles import most_in_window
+from support.mixed import write_mixed
+from support.oracles import most_in_window
 
 HERE = Path(__file__).resolve().parent
 COUNTS = {"queries": 60, "invites": 20, "resolving": 20, "others": 100}

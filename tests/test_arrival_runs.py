@@ -17,7 +17,7 @@ from batchrun.pacing.learner import Learner
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.slots import Grant
-from tests.simulation import Network, Server, Simulated, simulate
+from support.simulation import Network, Server, Simulated, simulate
 from tests.test_pacer import most_in_any_window, rules
 
 KEY = LimitKey.RUN_QUERY

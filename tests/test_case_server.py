@@ -1,5 +1,5 @@
-"""The benchmark's case servers and case chains (bench/case_server,
-bench/slowapi_server, bench/against_scripts).
+"""The benchmark's case servers and case chains (support/case_server,
+support/slowapi_server, support/script_cases).
 
 Over loopback, bounded: a few requests each against a server the test starts.
 """
@@ -13,9 +13,8 @@ import pytest
 
 from batchrun.core.limits import LimitKey, parse_rule
 from batchrun.sandbox.faults import Faults
-from bench.against_scripts import case_server, chains, summarize
-from bench.case_server import Behaviour, Served, serving
-from bench.script_cases import CASES
+from support.case_server import Behaviour, Served, serving
+from support.script_cases import CASES, case_server, chains, summarize
 
 PATH = "/teams/acme/data/run-query"
 RULES = {LimitKey.RUN_QUERY: parse_rule("2/10s")}
@@ -115,7 +114,7 @@ def test_the_slowapi_case_runs_against_stock_slowapi_with_its_latency():
 
 def test_slowapi_refuses_past_its_moving_window_at_once_and_counts_on_arrival():
     pytest.importorskip("slowapi")
-    from bench import slowapi_server
+    from support import slowapi_server
 
     assert slowapi_server.limit_text("15/4s+60/20s") == "15/4 second;60/20 second"
     with slowapi_server.serving("2/10s", Behaviour(latency=0.3)) as server:

@@ -748,6 +748,22 @@ def test_cron_line_keeps_the_token_out_and_says_where_it_goes(tmp_path, monkeypa
     assert result.stdout.startswith("0 1 * * * mkdir -p ")
 
 
+def test_cron_line_says_its_next_run_on_stderr(tmp_path):
+    """stdout is the one line, for `| crontab -`; stderr says when cron starts
+    it next; a schedule cron cannot run is refused before a line is printed."""
+    path = str(jobs_file(tmp_path))
+    result = runner.invoke(app, ["cron-line", path, "--schedule", "30 2 * * 1-5"])
+    assert result.exit_code == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 1
+    assert re.search(
+        r"Next run: (Mon|Tue|Wed|Thu|Fri) \d{4}-\d\d-\d\d 02:30 \(", result.stderr
+    )
+    refused = runner.invoke(app, ["cron-line", path, "--schedule", "0 1 31 2 *"])
+    assert refused.exit_code == 2
+    assert refused.stdout == ""
+    assert "'0 1 31 2 *' is not a cron schedule" in refused.stderr
+
+
 @pytest.mark.parametrize(
     ("mode", "warned"),
     [

@@ -28,8 +28,9 @@ from batchrun.pacing.ledger import Ledger, MemoryLedger
 from batchrun.run.settings import Settings
 from batchrun.run.wiring import Target, open_run
 from batchrun.sandbox.app import Sandbox, create_app
-from tests.fakes import Latency, ListRecorder, ListSink
-from tests.oracles import max_in_window
+from support.doubles import ListRecorder, ListSink
+from support.oracles import max_in_window
+from tests.fakes import Latency
 
 RULE = "10/1s"
 EPOCH = 1.7e9

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from batchrun.cli.crontab import CronJob, command, crontab_line
+from batchrun.cli.crontab import CronJob, command, crontab_line, next_run
 from batchrun.core.errors import UsageError
 
 
@@ -64,9 +65,17 @@ def test_a_secret_never_goes_in_the_line(extra):
         job(extra=extra)
 
 
-@pytest.mark.parametrize("schedule", ["0 1 * *", "daily", "0 1 * * * *"])
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        *("0 1 * *", "daily", "0 1 * * * *", "", "@nightly"),
+        *("61 1 * * *", "0 24 * * *", "0 1 31 2 *", "0 1 * 13 *", "0 1 * * 8"),
+        "*/0 * * * *",
+    ],
+)
 def test_a_bad_schedule_is_refused(schedule):
-    """Anything but five fields or an @word is refused with an example."""
+    """Anything but five fields cron can run or an @word of crontab(5) is
+    refused with an example: a minute past 59, February 31st."""
     with pytest.raises(UsageError, match="0 1 \\* \\* \\*"):
         job(schedule=schedule)
 
@@ -81,3 +90,26 @@ def test_a_project_folder_is_entered_first():
     submit under cron reads the project's config."""
     text = command(job(folder=Path("/data/project")))
     assert "{ cd /data/project && /opt/venv/bin/python -m batchrun submit" in text
+
+
+FRIDAY = datetime(2026, 11, 27, 16, 50)  # a Friday
+
+
+@pytest.mark.parametrize(
+    ("schedule", "when"),
+    [
+        ("0 1 * * *", datetime(2026, 11, 28, 1, 0)),
+        ("50 16 * * *", datetime(2026, 11, 28, 16, 50)),
+        ("*/15 * * * 1-5", datetime(2026, 11, 27, 17, 0)),
+        ("0 9 * * mon", datetime(2026, 11, 30, 9, 0)),
+        ("0 0 1 1 *", datetime(2027, 1, 1, 0, 0)),
+        ("@weekly", datetime(2026, 11, 29, 0, 0)),
+        ("@hourly", datetime(2026, 11, 27, 17, 0)),
+        ("@monthly", datetime(2026, 12, 1, 0, 0)),
+        ("@reboot", None),
+    ],
+)
+def test_the_next_run_is_the_one_cron_starts(schedule, when):
+    """The next minute the schedule matches after now, never now itself; @words
+    as crontab(5) defines them; @reboot has none."""
+    assert next_run(schedule, FRIDAY) == when

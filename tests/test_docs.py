@@ -430,16 +430,26 @@ def test_the_home_pages_code_fits_without_scrolling():
 
 
 def test_bench_keeps_its_records_in_one_folder():
-    """bench/ holds code; every result record (json, md, png) is in bench/results/,
-    one per benchmark."""
+    """bench/ holds code; every result record is in bench/results/, the latest
+    of each benchmark, named after it (history is in git and the docs pages)."""
+    bench = ROOT / "bench"
     records = [
-        p.relative_to(ROOT / "bench")
-        for p in (ROOT / "bench").rglob("*")
-        if p.suffix in (".json", ".md", ".png") and "node_modules" not in p.parts
+        p.relative_to(bench)
+        for p in bench.rglob("*")
+        if p.is_file() and p.suffix != ".py" and "__pycache__" not in p.parts
     ]
-    stray = [p for p in records if p.parts[0] not in ("results", "express")]
-    assert not stray
-    assert all(p.name.startswith("package") for p in records if p.parts[0] == "express")
+    assert records
+    assert [p for p in records if p.parts[0] != "results"] == []
+    modules = {p.stem for p in bench.glob("*.py")}
+    # `python -m bench` (bench/run.py) writes results.json and timeline.png.
+    named = {"results": "run", "timeline": "run"}
+    for record in records:
+        stem = record.stem
+        owner = named.get(stem) or next(
+            (m for m in sorted(modules) if stem == m or stem.startswith(m + "_")), None
+        )
+        assert owner in modules, record
+        assert "before" not in stem, record
 
 
 def test_the_big_file_figures_are_quoted_from_one_place():

@@ -18,7 +18,8 @@ from batchrun.core.limits import LimitKey, Window, parse_rule
 from batchrun.jobs.endpoints import JobType
 from batchrun.jobs.job import Job
 from batchrun.store.results import JobResult
-from tests.fakes import BASE, ListSink, make_runner
+from support.doubles import ListSink
+from tests.fakes import BASE, make_runner
 
 NOW = 1_795_429_376.0  # 2026-11-23 10:22:56 UTC
 CAP = 900.0

@@ -224,6 +224,23 @@ def test_policy_name_may_hold_separators():
     assert found.policy == (Window(3, 9), Window(4, 8))
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param('"b";q=100;w=60, "d";q=1000;W=86400', id="uppercase-key"),
+        pytest.param('"b";q=100;w=60, "d";q=1000;w=86400;n="open', id="unclosed"),
+        pytest.param('"b"; q = 100; w = 60, "d";q=1000;w=86400', id="spaces"),
+    ],
+)
+def test_a_field_written_loosely_still_states_its_windows(value):
+    """A strict RFC 9651 parser drops the whole field for any of these; the
+    reader keeps every window it can read (why api/fields.py is not http-sf)."""
+    assert hints(ratelimit_policy=value).policy == (
+        Window(100, 60),
+        Window(1000, 86400),
+    )
+
+
 def test_policy_ignores_unknown_parameters():
     """Extra parameters such as express's partition key `pk` do not matter."""
     found = hints(ratelimit_policy='"2-in-1min"; q=2; w=60; pk=:MTJjYTE3YjQ5YWYy:')

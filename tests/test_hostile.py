@@ -30,7 +30,8 @@ from batchrun.jobs.job import Job
 from batchrun.sandbox.app import create_app
 from batchrun.sandbox.serving import running
 from batchrun.store.results import JobResult, ResultsFile
-from tests.fakes import BASE, ListSink, make_runner
+from support.doubles import ListSink
+from tests.fakes import BASE, make_runner
 
 QUERY = f"{BASE}/teams/t1/data/run-query"
 TOKEN = "tok-HOSTILE-7c1e9d2a5b"

@@ -8,9 +8,9 @@ from batchrun.core.events import Event, InFlightCapped, JobAnswered, JobSent
 from batchrun.core.limits import LimitKey, parse_rule
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.run.settings import IN_FLIGHT_CEILING, IN_FLIGHT_LEAST, in_flight_cap
-from tests import simulation
-from tests.fakes import ListSink
-from tests.simulation import Network, Server, Simulated, simulate
+from support import simulation
+from support.doubles import ListSink
+from support.simulation import Network, Server, Simulated, simulate
 
 KEY = LimitKey.RUN_QUERY
 # 30/1m with run-queries answered in 20 s, at 30 x: 30/2s, answers of 2/3 s.

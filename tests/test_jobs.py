@@ -1,4 +1,4 @@
-"""Reading and validating jobs files (CONTRACT.md section 1), CSV and JSONL."""
+"""Reading and validating jobs files (docs/reference/contract.md#the-jobs-file), CSV and JSONL."""
 
 from __future__ import annotations
 

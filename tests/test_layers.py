@@ -6,7 +6,8 @@ of a higher one (function-level and type-checking imports included); inside a
 wing, the imports form no cycle. The layers of a wing are read from its imports
 (`layers`), not declared, so a new module needs no edit here.
 
-`bench/` has a map of its own, checked the same way.
+`bench/` has a map of its own, checked the same way. `tests/` and `bench/` share
+what both use through `support/`, and never import each other.
 """
 
 from __future__ import annotations
@@ -44,24 +45,19 @@ WING_ORDER = {wing: i for i, wing in enumerate(WINGS)} | {
 BENCH = [
     [
         "anchors",
-        "oracle",
-        "stock",
         "chart",
         "fastserver",
-        "case_server",
         "progress",
         "draws",
         "whole_api",
     ],
     ["script_pyrate", "script_limits", "script_aiolimiter", "script_sleep"],
-    ["slowapi_server"],
     [
         "drivers",
         "spread",
         "ledgers",
         "ledger_lost",
         "overhead",
-        "script_cases",
     ],
     ["pacing", "throughput", "stricter", "against_scripts", "arrival"],
     ["bigfile"],
@@ -215,6 +211,41 @@ def test_bench_imports_only_go_down():
             if BENCH_ORDER.get(name, 99) >= level
         }
         assert not upward, f"bench.{module} imports {sorted(upward)}, not below it"
+
+
+def _top_imports(path: Path) -> set[str]:
+    """The top-level packages a module imports, anywhere in it."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+    return found
+
+
+# Each folder, and the top-level packages it must not import.
+APART = {"tests": {"bench"}, "bench": {"tests"}, "support": {"tests", "bench"}}
+
+
+@pytest.mark.parametrize("folder", sorted(APART))
+def test_tests_and_bench_meet_only_in_support(folder):
+    """tests/ does not import bench/, nor bench/ tests/: what both use is in
+    support/, which imports neither."""
+    paths = sorted((ROOT / folder).rglob("*.py"))
+    assert paths
+    crossing = {
+        str(p.relative_to(ROOT)): sorted(_top_imports(p) & APART[folder])
+        for p in paths
+        if _top_imports(p) & APART[folder]
+    }
+    assert not crossing
+
+
+def test_the_apart_check_sees_a_crossing_import(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("def f():\n    from bench import draws\nimport tests.fakes\n")
+    assert _top_imports(path) >= {"bench", "tests"}
 
 
 def test_the_check_sees_an_upward_import(tmp_path):

@@ -23,7 +23,7 @@ from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.model import Candidate
 from batchrun.pacing.pacer import Pacer
-from tests.fakes import ListSink
+from support.doubles import ListSink
 
 KEY = LimitKey.RUN_QUERY
 GIVEN = parse_rule("30/2s")

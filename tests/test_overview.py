@@ -494,7 +494,7 @@ def test_status_json_says_whether_a_run_is_active(tmp_path):
 
 
 def test_the_lock_probe_off_linux(tmp_path, monkeypatch):
-    """Without /proc/locks, a shared lock probe tells a held lock from a free one."""
+    """Without /proc/locks, a probe tells a held lock from a free one."""
     from batchrun.store import runlock
 
     monkeypatch.setattr(runlock, "_PROC_LOCKS", tmp_path / "no-proc-locks")

@@ -29,7 +29,8 @@ from batchrun.run.exit_code import Cause
 from batchrun.run.journal import Journal
 from batchrun.store.results import ResultsFile
 from batchrun.store.state import RunStore
-from tests.fakes import BASE, ListRecorder, ListSink, make_runner
+from support.doubles import ListRecorder, ListSink
+from tests.fakes import BASE, make_runner
 
 QUERY = f"{BASE}/teams/t1/data/run-query"
 

@@ -23,7 +23,7 @@ from batchrun.sandbox.app import Arrival, Sandbox, create_app
 from batchrun.sandbox.faults import Faults, parse_faults
 from batchrun.sandbox.policy_headers import HeaderStyle
 from batchrun.sandbox.serving import Dropped, running, serve
-from tests.oracles import max_in_window, most_in_window
+from support.oracles import max_in_window, most_in_window
 
 pytestmark = pytest.mark.anyio
 

@@ -22,8 +22,8 @@ from batchrun.pacing.slots import Grant
 from batchrun.sandbox.app import create_app
 from batchrun.sandbox.serving import running
 from batchrun.store.paths import StatePaths
+from support.oracles import max_in_window
 from tests.conftest import REDIS_PASSWORD, RedisServer, redis_process
-from tests.oracles import max_in_window
 
 runner = CliRunner()
 FAST = ["--sandbox", "--time-scale", "1000"]

@@ -13,8 +13,8 @@ from batchrun.pacing.kept import KEPT_FOR, read_record, record_text
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.slots import eta
-from tests.script_client import script
-from tests.simulation import Server, carried, ideal, scenarios, simulate
+from support.script_client import script
+from support.simulation import Server, carried, ideal, scenarios, simulate
 
 SCENARIOS = scenarios()
 

@@ -6,6 +6,8 @@ import contextlib
 import multiprocessing
 import sqlite3
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -19,9 +21,10 @@ from batchrun.jobs.jobfile import Problem
 from batchrun.ledgers.sqlite_ledger import SqliteLedger
 from batchrun.pacing.slots import Grant, Wait
 from batchrun.run.journal import Journal
+from batchrun.store import runlock
 from batchrun.store.paths import StatePaths
 from batchrun.store.results import JobResult, ResultsFile
-from batchrun.store.runlock import RunLock
+from batchrun.store.runlock import RunLock, is_held
 from batchrun.store.state import JobState, RunStore, check_jobs_file
 
 RQ = LimitKey.RUN_QUERY
@@ -196,6 +199,21 @@ def test_lock_of_a_dead_process_does_not_block(tmp_path):
     assert (tmp_path / "lock").exists()
     with RunLock(tmp_path, tmp_path / "jobs.csv"):
         pass
+
+
+def test_a_held_lock_is_seen_with_or_without_proc_locks(tmp_path, monkeypatch):
+    """`status` sees a run's lock while its process holds it: in /proc/locks on
+    Linux, by a probe elsewhere; and neither way once it is gone."""
+    with RunLock(tmp_path, tmp_path / "jobs.csv"):
+        pass
+    assert not is_held(tmp_path)
+    with lock_holder(tmp_path):
+        assert is_held(tmp_path)
+        monkeypatch.setattr(runlock, "_PROC_LOCKS", tmp_path / "no-proc-locks")
+        assert is_held(tmp_path)
+    assert not is_held(tmp_path)
+    monkeypatch.undo()
+    assert not is_held(tmp_path)
 
 
 def ledger(tmp_path, now, client="c", hold=30.0):
@@ -469,3 +487,19 @@ def test_a_store_of_schema_1_keeps_invites_unsafe(tmp_path):
         (version,) = db.execute("PRAGMA user_version").fetchone()
         marked = db.execute("SELECT id, unsafe, method FROM jobs ORDER BY id")
         assert (version, marked.fetchall()) == (2, [("i", 1, None), ("q", 0, None)])
+
+
+def test_the_package_imports_without_fcntl():
+    """Windows has no fcntl: every module of batchrun imports without it (the run
+    lock is filelock's, which uses LockFileEx there)."""
+    code = (
+        "import sys; sys.modules['fcntl'] = None\n"
+        "import importlib, pkgutil, batchrun\n"
+        "for m in pkgutil.walk_packages(batchrun.__path__, 'batchrun.'):\n"
+        "    if not m.name.endswith('__main__'):\n"
+        "        importlib.import_module(m.name)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr

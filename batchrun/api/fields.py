@@ -1,8 +1,12 @@
 """Values of rate-limit header fields, read tolerantly: numbers, durations, dates,
-and the members of a structured-field list or dictionary (RFC 8941).
+and the members of a structured-field list or dictionary (RFC 9651).
 
 Invariant: every reader returns None (or skips a member) for what it cannot read;
 none raises, whatever the bytes.
+
+Not a structured-field library (http-sf): RFC 9651 has a parser drop the whole
+field at the first error, and a server that writes one key in capitals, spaces
+around `=` or an unclosed string in one member would then state no limit at all.
 """
 
 import datetime
@@ -43,7 +47,7 @@ def members(value: str) -> Iterator[Member]:
     """Members of a list or dictionary; a dictionary member has a `key`.
 
     Tolerant on purpose: it splits on commas and semicolons outside quotes and
-    never rejects a whole field, as a strict RFC 8941 parser must, because a
+    never rejects a whole field, as a strict RFC 9651 parser must, because a
     stock server that gets one parameter wrong still states a usable limit.
     """
     for text in _split(value, ","):

@@ -13,7 +13,7 @@ from batchrun.api.hints import Hints
 
 
 class Kind(StrEnum):
-    """What an answer means for its job (CONTRACT.md section 4)."""
+    """What an answer means for its job (docs/reference/contract.md#the-outcomes)."""
 
     DONE = "done"
     RATE_LIMITED = "rate-limited"

@@ -6,6 +6,9 @@ no exported variables, no current folder. So the line names everything absolutel
 log's folder, and reads secrets (the token, a ledger URL with a password) from an
 env file rather than holding them: a crontab is readable by `crontab -l` and lands
 in backups. It never holds the token.
+
+The schedule is checked, and its next run found, by cronsim (the cron arithmetic of
+Healthchecks.io), in the machine's local time as cron keeps it.
 """
 
 from __future__ import annotations
@@ -13,12 +16,27 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+
+import cronsim
 
 from batchrun.core.errors import UsageError
 
 # Options that would put a secret in the crontab.
 _SECRET_OPTIONS = ("--token", "--ledger")
+# The @words of crontab(5), as the five fields each stands for; @reboot has none.
+_WORDS = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+REBOOT = "@reboot"
+_EXAMPLE = "e.g. '0 1 * * *' (01:00 every night) or @daily."
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,13 +56,7 @@ class CronJob:
     folder: Path | None = None
 
     def __post_init__(self) -> None:
-        fields = self.schedule.split()
-        if len(fields) != 5 and not (len(fields) == 1 and fields[0].startswith("@")):
-            msg = (
-                f"--schedule must be five cron fields or an @word, got "
-                f"{self.schedule!r}; e.g. '0 1 * * *' (01:00 every night) or @daily."
-            )
-            raise UsageError(msg)
+        next_run(self.schedule, datetime(2000, 1, 1))
         for option in self.extra:
             if option.split("=", 1)[0] in _SECRET_OPTIONS:
                 msg = (
@@ -53,6 +65,27 @@ class CronJob:
                     "can read, and pass it with --env-file."
                 )
                 raise UsageError(msg)
+
+
+def next_run(schedule: str, after: datetime) -> datetime | None:
+    """When cron next starts a line of `schedule` after `after` (naive local time);
+    None for @reboot, which runs at boot.
+
+    Raises:
+        UsageError: not five cron fields cron can run, nor an @word of crontab(5).
+    """
+    words = schedule.split()
+    if words == [REBOOT]:
+        return None
+    fields = _WORDS.get(words[0], "") if len(words) == 1 else " ".join(words)
+    if len(fields.split()) != 5:
+        msg = f"--schedule must be five cron fields or an @word, got {schedule!r}; "
+        raise UsageError(msg + _EXAMPLE)
+    try:
+        return next(cronsim.CronSim(fields, after))
+    except (cronsim.CronSimError, StopIteration) as exc:
+        msg = f"--schedule {schedule!r} is not a cron schedule ({exc}); "
+        raise UsageError(msg + _EXAMPLE) from None
 
 
 def crontab_line(job: CronJob) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from batchrun.cli import arguments, config, defaults, flags, reports, terminal
@@ -243,7 +244,7 @@ def cron_line(
     The line works in cron's bare environment; other options (--profile a,
     --limit …) are passed on to submit.
     """
-    from batchrun.cli.crontab import crontab_line
+    from batchrun.cli.crontab import crontab_line, next_run
 
     with terminal.reported():
         job = arguments.cron_job(
@@ -267,6 +268,13 @@ def cron_line(
             f"token: chmod 600 {job.env_file}"
         )
     terminal.echo([crontab_line(job)])
+    # On stderr: stdout is the one line, for `| crontab -`.
+    when = next_run(job.schedule, datetime.now())
+    terminal.to_stderr(
+        "Next run: at the next boot."
+        if when is None
+        else f"Next run: {when:%a %Y-%m-%d %H:%M} (this machine's local time)."
+    )
 
 
 def config_command(ctx: flags.Context, as_json: flags.JsonFlag = False) -> None:

@@ -1,7 +1,7 @@
 """The API's endpoints: each job type's method, path, limit key and repeat safety.
 
 The one table that the jobs reader, the client, the run store and the sandbox all
-read (reporting-api-rate-limits.md, section 4), and `resolve`, which names the
+read (docs/reference/contract.md#the-api), and `resolve`, which names the
 budget a `request` job draws on: the server's, found from its method and path, so
 a request that names a limited endpoint is paced by that endpoint's rule.
 """

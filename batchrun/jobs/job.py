@@ -1,9 +1,10 @@
 """Jobs: the `Job` value, the rules its fields obey, and scanning a jobs file.
 
-Every row of a jobs file is checked before anything is sent (CONTRACT.md section 1):
-`scan` turns each row that `jobfile.rows` reads into a `Job` or a `Problem` (line and
-reason); no other exception escapes. Only the ids seen so far (for duplicates) grow
-with the file, and the run store finds duplicates in SQLite instead.
+Every row of a jobs file is checked before anything is sent
+(docs/reference/contract.md#the-jobs-file): `scan` turns each row that `jobfile.rows`
+reads into a `Job` or a `Problem` (line and reason); no other exception escapes. Only
+the ids seen so far (for duplicates) grow with the file, and the run store finds
+duplicates in SQLite instead.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Reading a jobs file: its bytes become rows of named fields, or `Problem`s.
 
-CSV (a header row names the columns) or JSON Lines (one object per line), decoded
-line by line as UTF-8 (CONTRACT.md section 1). Whatever the bytes, `rows` yields a
-row or a `Problem` naming the physical line (where a CSV record that spans lines
-starts) and a reason; no other exception escapes. Memory stays bounded: a line or
+CSV (a header row names the columns) or JSON Lines (one object per line), decoded line
+by line as UTF-8 (docs/reference/contract.md#the-jobs-file). Whatever the bytes, `rows`
+yields a row or a `Problem` naming the physical line (where a CSV record that spans
+lines starts) and a reason; no other exception escapes. Memory stays bounded: a line or
 field over `MAX_ROW` bytes is refused. What the fields must hold is `jobs.py`'s
 business.
 """

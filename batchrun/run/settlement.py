@@ -1,5 +1,5 @@
-"""How the outcome of an attempt is settled (CONTRACT.md section 4): a done or
-failed job is recorded; a 429 requeues the job and cools its key down, one
+"""How the outcome of an attempt is settled (docs/reference/contract.md#the-outcomes):
+a done or failed job is recorded; a 429 requeues the job and cools its key down, one
 cool-down per episode; a transient error retries with backoff, unless resending
 could do the job twice (then it ends unknown).
 """

@@ -74,8 +74,9 @@ class Submission:
 
 
 def submit(job: Submission, *, say: Callable[[str], None]) -> Ending:
-    """Run one submission; return how it ended, with its exit code (CONTRACT.md
-    section 4), and tell `job.ended` the code, also when it raises."""
+    """Run one submission; return how it ended, with its exit code
+    (docs/reference/contract.md#exit-codes), and tell `job.ended` the code, also
+    when it raises."""
     code: int = Exit.INTERNAL
     try:
         end = _submit(job, say)

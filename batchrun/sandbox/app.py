@@ -53,7 +53,7 @@ from batchrun.sandbox.faults import NOISE_DIGITS, Fault, Faults
 from batchrun.sandbox.policy_headers import HeaderStyle, policy_headers
 from batchrun.sandbox.serving import Dropped
 
-# The API's documented 429 body (reporting-api-rate-limits.md, section 7).
+# The API's documented 429 body (docs/reference/contract.md#the-api).
 _TOO_MANY = {
     "success": False,
     "error": {
@@ -214,7 +214,7 @@ def _endpoint(
     return endpoint
 
 
-# Where the API's paths are (reporting-api-rate-limits.md, section 1).
+# Where the API's paths are (docs/reference/contract.md#the-api).
 _API_PATHS = ("/teams/", "/users/me/")
 
 

@@ -24,7 +24,7 @@ from batchrun.sandbox.faults import Faults
 from batchrun.sandbox.serving import running
 from batchrun.store.paths import StatePaths
 from batchrun.store.runlock import RunLock
-from tests.oracles import max_in_window
+from support.oracles import max_in_window
 
 pytestmark = pytest.mark.e2e
 LIMITS = ["run-query=20/1s", "invite=20/1s"]

@@ -19,7 +19,7 @@ from batchrun.core.limits import LimitKey, limit_table, parse_override
 from batchrun.sandbox.app import create_app
 from batchrun.sandbox.faults import Faults
 from batchrun.sandbox.serving import running
-from tests.oracles import max_in_window
+from support.oracles import max_in_window
 
 pytestmark = pytest.mark.e2e
 

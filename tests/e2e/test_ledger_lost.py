@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from bench.ledger_lost import COUNT, moments_of, run_once
+from support.ledger_lost import COUNT, moments_of, run_once
 
 # A run of two hosts takes 10 to 15 s, more with a host resumed after a restart.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]

@@ -18,7 +18,7 @@ from batchrun.core.limits import LimitKey, Pace, limit_table, parse_override, pa
 from batchrun.pacing.slots import eta
 from batchrun.sandbox.app import create_app
 from batchrun.sandbox.serving import running
-from tests.oracles import max_in_window
+from support.oracles import max_in_window
 
 pytestmark = pytest.mark.e2e
 runner = CliRunner()

@@ -21,9 +21,9 @@ from batchrun.pacing.slots import eta
 from batchrun.sandbox.app import create_app
 from batchrun.sandbox.faults import Faults
 from batchrun.sandbox.serving import running
+from support.mixed import write_mixed
+from support.oracles import max_in_window
 from tests.e2e.test_flaky import clean_env
-from tests.mixed import write_mixed
-from tests.oracles import max_in_window
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 SCALE = 60.0

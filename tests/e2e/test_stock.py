@@ -3,7 +3,7 @@
 The server is Python `limits` (moving window, as slowapi runs it), not batchrun's
 own sandbox: when the client's rule equals the server's, every job is accepted once
 and nothing is refused. Windows are scaled down (10/1s) so the run takes seconds.
-The nginx and express-rate-limit servers of bench/stock.py need programs the test
+The nginx and express-rate-limit servers of support/stock_programs.py need programs the test
 extra lacks (nginx; node and `npm ci`): their tests check only that each limiter
 is what bench/stricter.py assumes, and are skipped, saying why, without them.
 """
@@ -20,8 +20,8 @@ import pytest
 from typer.testing import CliRunner
 
 from batchrun.cli.commands import app
-from bench import stock
-from tests.stock import Server, limits_server
+from support import stock_programs as stock
+from support.stock import Server, limits_server
 
 pytestmark = pytest.mark.e2e
 JOBS = 30
@@ -93,7 +93,7 @@ def test_nginx_nodelay_accepts_burst_plus_one_then_answers_the_api_429():
 
 @pytest.mark.skipif(
     shutil.which("node") is None or not (stock.EXPRESS / "node_modules").is_dir(),
-    reason="express-rate-limit needs node and `npm ci` in bench/express",
+    reason="express-rate-limit needs node and `npm ci` in support/express",
 )
 def test_express_draft_8_sends_retry_after_only_on_429():
     """express-rate-limit 3/2s draft-8: RateLimit on every answer, Retry-After on 429."""

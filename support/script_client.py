@@ -19,7 +19,7 @@ import trio.testing
 
 from batchrun.core.events import Tally
 from batchrun.core.limits import Rule, parse_rule
-from tests.simulation import BOUND, Server, Simulated, ideal, jobs, sender
+from support.simulation import BOUND, Server, Simulated, ideal, jobs, sender
 
 BACKOFF = (0.5, 1.0, 2.0, 4.0)
 

@@ -1,4 +1,10 @@
-"""The server-ideal makespan: the best any client could do under the SERVER's rule.
+"""Oracles: plain, slow readings to check fast code by. Nothing in batchrun decides
+by them; the tests and the benchmarks both do.
+
+What a server saw: `most_in_window` and `max_in_window`, the most arrivals within
+any half-open window.
+
+The server-ideal makespan: the best any client could do under the SERVER's rule.
 
 An oracle client knows the stock limiter's real algorithm and sends each job at
 the first millisecond that algorithm accepts it, at zero latency, never refused.
@@ -20,8 +26,12 @@ Each model copies its limiter's arithmetic as read in its source:
 from __future__ import annotations
 
 import math
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from batchrun.core.limits import LimitKey
+from batchrun.sandbox.app import Sandbox
 
 _HORIZON_MS = 3_600_000
 
@@ -123,3 +133,30 @@ def makespan(model: Model, jobs: int) -> float:
             answered = model.take(t)
         last = max(last, answered)
     return last / 1000
+
+
+def max_in_window(
+    sandbox: Sandbox,
+    key: LimitKey,
+    seconds: float,
+    *,
+    statuses: Container[int] | None = None,
+) -> int:
+    """The most arrivals of `key` at `sandbox` (with one of `statuses`, if given)
+    within any half-open interval of `seconds`."""
+    times = sorted(
+        a.at
+        for a in list(sandbox.arrivals)
+        if a.key is key and (statuses is None or a.status in statuses)
+    )
+    return most_in_window(times, seconds)
+
+
+def most_in_window(times: list[float], seconds: float) -> int:
+    """The most of the sorted `times` within any half-open interval of `seconds`."""
+    best = low = 0
+    for high, moment in enumerate(times):
+        while times[low] + seconds <= moment:
+            low += 1
+        best = max(best, high - low + 1)
+    return best

@@ -4,27 +4,32 @@ Each `Case` is one row: the rule the client is told and the rule the server
 enforces (both at bench scale: 30/2s stands for 30/60s), the number of run-query
 jobs, and what the server adds (`case_server.Behaviour`: an answer latency, no
 Retry-After, injected 429s for a while; rate-limit headers), or a stock slowapi
-server in its place (`bench.slowapi_server`, with the same log). A case that
+server in its place (`support.slowapi_server`, with the same log). A case that
 `follows` another runs right after it with the same client state (the same state
 folder for batchrun) against a fresh, quiet server.
 
 `ideal` is the makespan a perfect client would reach: it knows the server's true
 rule and sends each job at the first millisecond the server's sliding windows
-accept it (`oracle.SlidingLog`), never refused; its last answer comes `latency`
+accept it (`oracles.SlidingLog`), never refused; its last answer comes `latency`
 after its last send. Injected faults are not part of the rule: a stray 429 spends
 a slot, so no client can reach the ideal in that row.
+
+`case_server` starts a case's fresh server, `chains` orders the cases to run
+(each after the one it follows), and `summarize` reads one run's figures from the
+server's log: what bench/against_scripts.py measures, and tests/ check.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from batchrun.core.limits import LimitKey, Rule, parse_rule
 from batchrun.sandbox.faults import Faults
 from batchrun.sandbox.policy_headers import HeaderStyle
-from bench import oracle
-from bench.case_server import Behaviour
+from support import oracles
+from support.case_server import Behaviour, Recorder, Served, serving
 
 # The bench's windows are the real ones divided by this: 30/2s stands for 30/60s.
 SCALE = 30
@@ -65,7 +70,7 @@ class Case:
     def ideal(self) -> float:
         """Seconds from a perfect client's first send to its last answer."""
         windows = [(w.count, round(w.seconds * 1000)) for w in self.server_rule.windows]
-        return oracle.makespan(oracle.SlidingLog(windows), self.jobs) + (
+        return oracles.makespan(oracles.SlidingLog(windows), self.jobs) + (
             self.behaviour.latency
         )
 
@@ -152,3 +157,60 @@ CASES = (
         follows=10,
     ),
 )
+
+
+def case_server(case: Case, round_: int) -> AbstractContextManager[Recorder]:
+    """The case's fresh server: the sandbox, or stock slowapi (imported only
+    then: slowapi is in the bench extra, not the test one)."""
+    if case.limiter == "slowapi":
+        from support import slowapi_server
+
+        return slowapi_server.serving(case.server, case.behaviour)
+    faults = case.faults(seed=7 + round_)
+    return serving(case.rules(), case.behaviour, faults=faults, headers=case.headers)
+
+
+def summarize(
+    case: Case,
+    tool: str,
+    log: list[Served],
+    round_: int,
+    stalled: bool,
+    code: int,
+) -> dict[str, Any]:
+    """Figures of one run from the server's log: 429s, acceptance, makespan."""
+    accepted = [s for s in log if 200 <= s.status < 300]
+    first = min((s.at for s in log), default=0.0)
+    makespan = max((s.answered for s in accepted), default=first) - first
+    keys = {s.idempotency_key for s in accepted}
+    return {
+        "case": case.number,
+        "tool": tool,
+        "round": round_,
+        "jobs": case.jobs,
+        "requests": len(log),
+        "http_429": sum(s.status == 429 for s in log),
+        "other": sum(not (200 <= s.status < 300 or s.status == 429) for s in log),
+        "accepted": len(accepted),
+        "exactly_once": len(accepted) == len(keys) == case.jobs,
+        "stalled": stalled,
+        "exit_code": code,
+        "makespan_s": round(makespan, 3),
+        "ideal_s": round(case.ideal(), 3),
+        "ratio": round(makespan / case.ideal(), 3),
+    }
+
+
+def chains(numbers: list[int] | None) -> list[list[Case]]:
+    """The cases to run, each with the case it follows before it (one chain)."""
+    by_number = {case.number: case for case in CASES}
+    wanted = numbers or [case.number for case in CASES]
+    runs: list[list[Case]] = []
+    for case in CASES:
+        if case.number not in wanted or any(case in chain for chain in runs):
+            continue
+        chain = [case]
+        while chain[0].follows is not None:
+            chain.insert(0, by_number[chain[0].follows])
+        runs = [r for r in runs if r[0] not in chain] + [chain]
+    return runs

@@ -32,7 +32,7 @@ from starlette.routing import Route
 
 from batchrun.core.limits import parse_rule
 from batchrun.sandbox.serving import running
-from bench.case_server import Behaviour, Recorder
+from support.case_server import Behaviour, Recorder
 
 PATH = "/teams/{team_id}/data/run-query"
 

@@ -9,10 +9,10 @@ Each context manager starts one real limiter on a free 127.0.0.1 port, yields a
   `limit_req_status 429` and an `error_page` with the API's JSON body; the arrival
   log is its access log (`$msec $request_time $status`).
 - `express_server(window_ms=2000, limit=10, standard_headers="draft-7")`:
-  express-rate-limit's default MemoryStore (bench/express/server.js, its packages
+  express-rate-limit's default MemoryStore (support/express/server.js, its packages
   installed by `npm ci` on first use); the log is its `GET /__arrivals`.
 - `limits_server(rule, strategy=..., headers=...)`: Python `limits` behind
-  Starlette, from tests/stock.py (the e2e tests use it without the bench extra).
+  Starlette, from support/stock.py (the e2e tests use it without the bench extra).
 
 Invariant: every request the limiter answered is in `Server.arrivals()`, with its
 arrival and answer times (Unix seconds) and status, whatever the answer. Each
@@ -36,7 +36,7 @@ from typing import Literal
 
 import httpx
 
-from tests.stock import TOO_MANY, Arrival, Server, limits_server
+from support.stock import TOO_MANY, Arrival, Server, limits_server
 
 __all__ = ["Arrival", "Server", "Unavailable", "express_server", "limits_server"]
 

@@ -9,9 +9,9 @@ refused request still counts against the windows hit before it); with
 answer. Invariant: every request the app answered is in `arrivals()`, with the
 wall-clock time it arrived and its status, whatever the answer.
 
-bench/stock.py holds the other stock limiters (nginx, express-rate-limit), which
-share `Arrival` and `Server`; this one lives in tests/ so the e2e tests can use it
-without the bench extra.
+support/stock_programs.py holds the other stock limiters (nginx, express-rate-limit),
+which share `Arrival` and `Server`; this one needs only the test extra (`limits`), so
+the e2e tests use it without the bench extra.
 """
 
 from __future__ import annotations

@@ -2,18 +2,18 @@
 
 The real `Runner`, `Pacer` and `MemoryLedger` send jobs to `_Server`, a fake Sender:
 each request travels a seeded random latency, arrives somewhere in between, is judged
-there by a `batchrun.pacing.limiters` model, and comes back done (200) or refused (429, with a
-whole-seconds Retry-After as the sandbox sends, or none). `simulate` returns every
-arrival, the makespan, the 429s per key and the ideal makespan under the SERVER's
-counting, so a figure or a property ("for random stricter servers the run finishes
-with bounded 429s") is one call.
+there by a `batchrun.pacing.limiters` model, and comes back done (200) or refused (429,
+with a whole-seconds Retry-After as the sandbox sends, or none). `simulate` returns
+every arrival, the makespan, the 429s per key and the ideal makespan under the SERVER's
+counting, so a figure or a property ("for random stricter servers the run finishes with
+bounded 429s") is one call.
 
 Beyond its limiter, a `Server` may be disturbed (stray 429s, an outage, another
 consumer), change its rule mid-run, count the requests it refuses, state its
 limits in rate-limit header fields (read by the client's own reader, as over
 HTTP), and take a spread of time over each accepted request. Every such option
 is off by default. `sender` opens a `_Server` for any client on the same clock
-(`tests/script_client.py`'s reference script).
+(`support/script_client.py`'s reference script).
 
 Invariant: one seed gives one run (trio's scheduler and every random draw are seeded),
 and no real time passes.
@@ -55,14 +55,14 @@ from batchrun.run.runner import Runner
 from batchrun.run.settings import Settings
 from batchrun.sandbox.faults import NOISE_DIGITS
 from batchrun.sandbox.policy_headers import HeaderStyle, policy_headers
-from tests.fakes import ListRecorder, ListSink
+from support.doubles import ListRecorder, ListSink
 
 KEY = LimitKey.RUN_QUERY
 # Past this many simulated seconds the run is stopped and counted as not finished.
 BOUND = 1800.0
 # The models whose refused requests may count (`limiters`' `count_refused`).
 _COUNTING = frozenset({LimiterKind.SLIDING, LimiterKind.FIXED})
-# The API's documented 429 body (reporting-api-rate-limits.md, section 7).
+# The API's documented 429 body (docs/reference/contract.md#the-api).
 _TOO_MANY = {"success": False, "error": {"code": "TOO_MANY_REQUESTS"}}
 
 

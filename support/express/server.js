@@ -1,4 +1,4 @@
-// express-rate-limit in front of the reporting API's three endpoints (bench/stock.py).
+// express-rate-limit in front of the reporting API's three endpoints (support/stock_programs.py).
 // Usage: node server.js '{"windowMs": 2000, "limit": 10, "standardHeaders": "draft-7"}'
 // Prints {"port": N} once listening on 127.0.0.1; GET /__arrivals returns every
 // answered request as [arrived, status, answered, idempotency key] (Unix seconds).

@@ -1,0 +1,1 @@
+"""The benchmarks' own tests: their checks can fail, and they run."""
