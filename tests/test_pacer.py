@@ -401,18 +401,3 @@ def test_the_slot_rule_looks_back_as_far_as_a_bucket_reading_reaches():
     rule = Rule((Window(30, 0.02),), 0)
     assert reach(rule) > rule.longest
     assert reach(parse_rule("15/1m+500/1h")) == 3600.0
-
-
-async def test_no_more_slots_than_the_server_said_remain_until_its_reset():
-    """Told 30/2s, the server said 2 remain for 0.5 s: two slots at once, the
-    third waits for that moment, whatever the rule allows."""
-    sink = Events()
-    pacer = make_pacer("30/2s", sink=sink)
-    t0 = anyio.current_time()
-    pacer.allow(KEY, 2, t0 + 0.5)
-    starts = await send_all(pacer, 3, 0.0)
-    assert [s - t0 for s in starts[:2]] == pytest.approx([0.0, 0.0], abs=0.05)
-    assert starts[2] - t0 == pytest.approx(0.5, abs=0.05)
-    waits = [e.until for e in sink.seen if isinstance(e, SlotWait)]
-    assert waits
-    assert all(w == pytest.approx(t0 + 0.5) for w in waits)

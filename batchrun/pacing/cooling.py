@@ -20,9 +20,6 @@ class Cooling:
     probe: int | None = None
     # The server named its end (Retry-After): then no lesson shortens it.
     asked: bool = False
-    # The server said at most `left` more requests until `refills`.
-    left: int = 0
-    refills: float = -math.inf
 
     def extend(self, now: float, until: float, *, asked: bool) -> None:
         """Cool down until `until`, then probe; one that starts while another
@@ -36,16 +33,3 @@ class Cooling:
     def hold(self, until: float) -> None:
         """No slot before `until`, as the server asked; no probe follows."""
         self.until, self.asked = max(self.until, until), True
-
-    def allow(self, left: int, until: float) -> None:
-        """At most `left` more slots before `until`, as the server said."""
-        self.left, self.refills = left, until
-
-    def spent(self, now: float) -> bool:
-        """Whether what the server said remains is spent until `refills`."""
-        return now < self.refills and self.left <= 0
-
-    def granted(self, now: float) -> None:
-        """A slot was granted at `now`: one fewer of what the server said."""
-        if now < self.refills:
-            self.left -= 1

@@ -123,16 +123,6 @@ class Learner:
         log = self._keys[key].log
         return log.started(at, probe=log.beyond(self._lengths(key), at))
 
-    def later(self, key: LimitKey, entry: Sent) -> int:
-        """How many requests of `key` left after `entry`, or with it (which
-        reached the server first is not known)."""
-        count = 0
-        for other in reversed(self._keys[key].log.sent):
-            if other.start < entry.start:
-                break
-            count += other is not entry
-        return count
-
     def answered(
         self,
         key: LimitKey,

@@ -51,10 +51,7 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
 
     Cool-down (`run.settlement`). A 429 with a Retry-After holds the key as
     asked; a lone 429 without one costs only its slot; a run of them backs
-    off from the rule's interval, doubling, to its longest window. An answer
-    saying how many remain until its reset (`run.runner`) lets no more leave
-    before then, less the requests sent after it; none left, the key waits
-    for the reset, then sends one.
+    off from the rule's interval, doubling, to its longest window.
 
 Pure and synchronous: `learner.Learner` asks after each answer.
 """

@@ -149,11 +149,6 @@ class Pacer:
         is spent until then asks (no rule shortens it; no probe follows)."""
         self._cooling[key].hold(until)
 
-    def allow(self, key: LimitKey, left: int, until: float) -> None:
-        """Grant at most `left` more slots of `key` before `until`, as a server
-        that says that many remain until then asks."""
-        self._cooling[key].allow(left, until)
-
     def cooling(self, key: LimitKey) -> tuple[float, float]:
         """When the key's latest cool-down began, and when it ends (or ended)."""
         return self._cooling[key].began, self._cooling[key].until
@@ -166,23 +161,18 @@ class Pacer:
         now = self._clock.now()
         return sorted([*usage.finished, *[now] * usage.in_flight])
 
-    def full(self, key: LimitKey, until: float | None = None) -> bool:
-        """Whether the client's own record (the ledger) leaves `key` no slot now
-        (or before `until`): then its rule already waits, and a server's "none
-        remaining" until then adds nothing."""
+    def full(self, key: LimitKey) -> bool:
+        """Whether the client's own record (the ledger) leaves `key` no slot now:
+        then its rule already waits, and a server's "none remaining" adds nothing."""
         usage = self.ledger.usage(key.value, self._rules[key])
         slot = earliest_slot(usage, self._rules[key], self._paces[key])
-        if slot is None:
-            return True
-        return slot > self._clock.now() if until is None else slot >= until
+        return slot is None or slot > self._clock.now()
 
     def _try(self, key: LimitKey) -> Grant | Wait:
         now = self._clock.now()
         cooling = self._cooling[key]
         if now < cooling.until:
             return Wait(cooling.until)
-        if cooling.spent(now):
-            return Wait(cooling.refills)
         if cooling.probe is not None:
             return Wait(None)  # half-open: the probe's answer decides
         if self.gate is not None:
@@ -196,10 +186,8 @@ class Pacer:
             if opens is not None:
                 return Wait(None if math.isinf(opens) else opens)
         grant = self.ledger.reserve(key.value, self._rules[key], self._paces[key], now)
-        if isinstance(grant, Grant):
-            cooling.granted(now)
-            if cooling.half_open:
-                cooling.probe = grant.ticket
+        if cooling.half_open and isinstance(grant, Grant):
+            cooling.probe = grant.ticket
         return grant
 
     def _wake(self, key: LimitKey) -> None:

@@ -40,7 +40,6 @@ from batchrun.core.limits import LimitKey, Rule
 from batchrun.jobs.job import Job
 from batchrun.pacing.arrival import Trip
 from batchrun.pacing.learner import Learner
-from batchrun.pacing.log import Sent
 from batchrun.pacing.pacer import Pacer
 from batchrun.pacing.slots import eta
 from batchrun.run.exit_code import Cause, Stop
@@ -331,7 +330,7 @@ class Runner:
             # so the next run resends the job if safe, else leaves it unknown.
             self.stop(Stop.failing(exc))
         with self._stopping():
-            self._heed(key, sent, outcome.hints)
+            self._heed(key, outcome.hints)
         if self._idle:
             self._notify()  # an answer may free a slot, or end the run
 
@@ -354,27 +353,15 @@ class Runner:
         by = None if trip is None else self._pacer.arrival.latest(trip.written)
         return outcome, by
 
-    def _heed(self, key: LimitKey, sent: Sent, hints: Hints | None) -> None:
+    def _heed(self, key: LimitKey, hints: Hints | None) -> None:
         """Follow what an answer's headers say: a stated policy is the learner's
-        (`Learner.stated`); no more leave before its reset than it says
-        remain, and a budget spent waits for its reset, unless the
-        client's own record already waits that long (a reset is often rounded
-        up). The requests of the key sent after this one, or with it
-        (`Learner.later`), may have reached the server after it: they spend
-        what it says remains."""
+        (`Learner.stated`); a spent budget waits for its reset, unless the
+        client's own record already waits (a reset is often rounded up)."""
         if hints is None:
             return
         self._learner.stated(key, hints.policy)
-        if hints.remaining is None or not hints.reset:
-            return
-        left = hints.remaining - self._learner.later(key, sent)
-        until = self._clock.now() + hints.reset
-        if left > 0:
-            self._pacer.allow(key, left, until)
-        elif not self._pacer.full(key, until):
-            # Spent until its reset: then a sliding log frees one, a fixed
-            # window all; so one probe then, and its answer says how many.
-            self._pacer.cool_down(key, until, asked=True)
+        if hints.remaining == 0 and hints.reset and not self._pacer.full(key):
+            self._pacer.hold(key, self._clock.now() + hints.reset)
 
     def _emit(self, event: Event) -> None:
         self._sink.emit(event)
