@@ -127,6 +127,9 @@ class ArrivalBound:
         self._factor = 1.0
         self._widened = -math.inf
         self._exchanges: dict[str, _Exchanges] = {}
+        # Per key, the latest answer of a request counted until before it: until
+        # then plus the rule's reach, a refusal may say the bound is too tight.
+        self._bounded: dict[str, float] = {}
 
     @property
     def bound(self) -> float | None:
@@ -162,6 +165,19 @@ class ArrivalBound:
         if seen is None:
             return None
         return seen.times.mean + _K * seen.times.deviation
+
+    def counts_until(self, key: str, trip: Trip, now: float, reach: float) -> float:
+        """Until when a request of `key` answered `now` counts (`counted_by`),
+        having learnt from it (`observe`). A refusal of a request that left
+        while a floor was in play (until `reach`, the rule's, after the last
+        answer counted short) widens D, lowering every floor."""
+        if trip.refused and trip.written < self._bounded.get(key, -math.inf) + reach:
+            self.widen(trip, now)
+        self.observe(key, trip, now)
+        counted = self.counted_by(key, trip, now)
+        if counted < now:
+            self._bounded[key] = now
+        return counted
 
     def counted_by(self, key: str, trip: Trip, answered: float) -> float:
         """The latest moment the server can have counted a request of `key`
