@@ -25,6 +25,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from batchrun.cli.arguments import scaled
 from batchrun.core.limits import LimitKey, Pace, Rule, limit_table
 from batchrun.pacing.slots import eta
 from batchrun.sandbox.app import Arrival, create_app
@@ -39,7 +40,7 @@ COUNTS = {"queries": 60, "invites": 20, "resolving": 20, "others": 100}
 def run_once(scale: float, folder: Path) -> dict[str, Any]:
     """One submit of the mixed file against a fresh sandbox; its figures."""
     jobs = write_mixed(folder / "mixed.csv", **COUNTS)
-    rules = limit_table(time_scale=scale)
+    rules = scaled(limit_table(), scale)
     app = create_app(rules=rules)
     env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHRUN_")}
     env["BATCHRUN_STATE_DIR"] = str(folder / "state")

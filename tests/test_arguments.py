@@ -10,7 +10,14 @@ import pytest
 from batchrun.cli import arguments
 from batchrun.cli.commands import submit
 from batchrun.core.errors import UsageError
-from batchrun.core.limits import LimitKey, Pace, Profile, parse_override, parse_rule
+from batchrun.core.limits import (
+    LimitKey,
+    Pace,
+    Profile,
+    limit_table,
+    parse_override,
+    parse_rule,
+)
 
 # Where the warnings of these submits go (none is asserted on).
 WARNINGS: list[str] = []
@@ -62,6 +69,29 @@ def test_each_limit_is_parsed_once_for_one_submit(tmp_path, monkeypatch):
     assert calls == ["run-query=10/1m", "invite=3/1m", "run-query=5/1m"]
     assert job.rules[LimitKey.INVITE] == parse_rule("3/1m")
     assert job.settings.pace is Pace.EXACT
+
+
+def test_time_scale_divides_every_window():
+    """--time-scale 30 turns 15/1m+500/1h into 15/2s+500/2m."""
+    table = arguments.scaled(limit_table(), 30)
+    assert str(table[LimitKey.RUN_QUERY]) == "15/2s+500/2m"
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan")])
+def test_time_scale_must_be_positive(scale):
+    """A time scale not above 0 is refused."""
+    with pytest.raises(UsageError, match="time-scale"):
+        arguments.scaled(limit_table(), scale)
+
+
+def test_the_time_scale_is_applied_when_the_flags_are_read(tmp_path):
+    """At --time-scale 30, what the run is given comes scaled: the rules, the
+    fallback, backoff and its cap."""
+    given = options(tmp_path, profile=Profile.AUTO, time_scale=30.0)
+    job = arguments.submission(given, stdin=lambda *_: tmp_path, warn=WARNINGS.append)
+    assert job.rules[LimitKey.RUN_QUERY] == parse_rule("30/2s")
+    assert job.settings.fallback == {LimitKey.RUN_QUERY: parse_rule("15/2s+500/2m")}
+    assert (job.settings.backoff, job.settings.backoff_cap) == (1 / 30, 2.0)
 
 
 def test_a_sandbox_submit_keeps_its_state_apart(tmp_path):

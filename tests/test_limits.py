@@ -107,18 +107,6 @@ def test_overrides_replace_one_key():
     assert str(table[LimitKey.RUN_QUERY]) == "1/1s"
 
 
-def test_time_scale_divides_every_window():
-    """--time-scale 30 turns 15/1m+500/1h into 15/2s+500/2m."""
-    table = limit_table(time_scale=30)
-    assert str(table[LimitKey.RUN_QUERY]) == "15/2s+500/2m"
-
-
-def test_time_scale_must_be_positive():
-    """A zero time scale is refused."""
-    with pytest.raises(UsageError, match="time-scale"):
-        limit_table(time_scale=0)
-
-
 def test_interval_is_the_binding_long_run_rate():
     """15/1m+500/1h: 500/h binds the long run, 7.2 s apart."""
     assert parse_rule("15/1m+500/1h").interval == pytest.approx(7.2)
@@ -143,7 +131,7 @@ def test_window_prints_in_the_grammar():
 
 def test_a_rule_table_survives_storing():
     """table_text and read_table round-trip every key's windows."""
-    table = limit_table(profile=Profile.B, time_scale=30)
+    table = {k: r.scaled(30) for k, r in limit_table(profile=Profile.B).items()}
     assert read_table(table_text(table)) == table
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ipaddress
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -68,15 +68,27 @@ class Limits:
 
     def under(self, profile: Profile) -> dict[LimitKey, Rule]:
         """Each key's rule had `profile` been given (with the same --limit)."""
-        return limit_table(
-            profile=profile, overrides=self.overrides, time_scale=self.time_scale
-        )
+        table = limit_table(profile=profile, overrides=self.overrides)
+        return scaled(table, self.time_scale)
 
     @property
     def fallback(self) -> dict[LimitKey, Rule]:
         """The rule each key falls back to if the server shows it is too loose:
         with --profile auto, run-query's b, unless --limit gave run-query a rule."""
-        return fallbacks(self.profile, self.overrides, self.time_scale)
+        return scaled(fallbacks(self.profile, self.overrides), self.time_scale)
+
+
+def scaled(table: Mapping[LimitKey, Rule], time_scale: float) -> dict[LimitKey, Rule]:
+    """`table` with every window divided by --time-scale (backoff follows it in
+    `_settings`).
+
+    Raises:
+        UsageError: a --time-scale not above 0.
+    """
+    if not time_scale > 0:
+        msg = f"--time-scale must be greater than 0, got {time_scale}"
+        raise UsageError(msg)
+    return {key: rule.scaled(time_scale) for key, rule in table.items()}
 
 
 def _read_limits(
@@ -88,7 +100,7 @@ def _read_limits(
         UsageError: a bad --limit, or a --time-scale not above 0.
     """
     overrides = tuple(parse_override(text) for text in limits or [])
-    table = limit_table(profile=profile, overrides=overrides, time_scale=time_scale)
+    table = scaled(limit_table(profile=profile, overrides=overrides), time_scale)
     return Limits(
         profile=profile, overrides=overrides, time_scale=time_scale, rules=table
     )
@@ -284,10 +296,9 @@ def _server(given: SubmitOptions, limits: Limits) -> _Server:
     server = [_server_override(text) for text in given.server_limit or []]
     return _Server(
         sandbox=given.sandbox,
-        rules=limit_table(
-            profile=limits.profile,
-            overrides=[*limits.overrides, *server],
-            time_scale=limits.time_scale,
+        rules=scaled(
+            limit_table(profile=limits.profile, overrides=[*limits.overrides, *server]),
+            limits.time_scale,
         ),
         inject=given.inject,
         limits=given.server_limit,

@@ -177,22 +177,17 @@ def limit_table(
     *,
     profile: Profile = Profile.B,
     overrides: Iterable[tuple[LimitKey, Rule]] = (),
-    time_scale: float = 1.0,
 ) -> dict[LimitKey, Rule]:
     """The rule of every key: defaults, the profile's run-query rule, then overrides."""
-    if not time_scale > 0:
-        msg = f"--time-scale must be greater than 0, got {time_scale}"
-        raise UsageError(msg)
     table = {key: parse_rule(text) for key, text in _DEFAULTS.items()}
     table[LimitKey.RUN_QUERY] = parse_rule(_RUN_QUERY[profile])
     table.update(overrides)
-    return {key: rule.scaled(time_scale) for key, rule in table.items()}
+    return table
 
 
 def fallbacks(
     profile: Profile,
     overrides: Iterable[tuple[LimitKey, Rule]] = (),
-    time_scale: float = 1.0,
 ) -> dict[LimitKey, Rule]:
     """The rule each key falls back to once the server shows its rule is too loose:
     with `--profile auto`, run-query's statement B (unless --limit gave run-query a
@@ -201,7 +196,7 @@ def fallbacks(
         k is LimitKey.RUN_QUERY for k, _ in overrides
     ):
         return {}
-    return {LimitKey.RUN_QUERY: parse_rule(_RUN_QUERY[Profile.B]).scaled(time_scale)}
+    return {LimitKey.RUN_QUERY: parse_rule(_RUN_QUERY[Profile.B])}
 
 
 def table_text(table: Mapping[LimitKey, Rule]) -> str:

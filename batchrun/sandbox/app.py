@@ -180,7 +180,7 @@ def create_app(
 ) -> Starlette:
     """The sandbox API as an ASGI app; its state is `app.state.sandbox` (a `Sandbox`).
 
-    `rules` come already time-scaled (`limit_table(time_scale=...)`); `clock` is read
+    `rules` come already time-scaled (`cli.arguments.scaled`); `clock` is read
     once per request, so tests can move time by hand. `counting` picks the
     `limiters` model (a leaky bucket with `burst`), `headers` the rate-limit
     header fields every answer states.

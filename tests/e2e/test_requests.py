@@ -15,6 +15,7 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
+from batchrun.cli.arguments import scaled
 from batchrun.cli.commands import app
 from batchrun.core.limits import LimitKey, Pace, limit_table, parse_override
 from batchrun.pacing.slots import eta
@@ -35,7 +36,7 @@ def mixed_run(tmp_path_factory):
     """The 200 jobs of the mixed file, submitted once against a scaled sandbox."""
     folder = tmp_path_factory.mktemp("mixed")
     jobs = write_mixed(folder / "jobs.csv", **COUNTS)
-    rules = limit_table(time_scale=SCALE)
+    rules = scaled(limit_table(), SCALE)
     server = create_app(rules=rules)
     env = clean_env(BATCHRUN_STATE_DIR=str(folder / "state"))
     with running(server) as url:
