@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import anyio
-import pytest
 
 from batchrun.core.clock import LoopClock, wall_time
 from batchrun.core.events import RuleLearned
@@ -36,33 +35,40 @@ def kept(candidate: Candidate = TEN, *, began: float, life: float = 4.0) -> Kept
 
 def test_a_lesson_reads_back_as_kept_for_its_own_rule_only():
     now = wall_time()
-    text = lesson_text(kept(began=now), given=GIVEN, time_scale=1.0)
-    back = read_lesson(text, given=GIVEN, time_scale=1.0, now=now)
+    text = lesson_text(kept(began=now), given=GIVEN)
+    back = read_lesson(text, given=GIVEN, now=now)
     assert back is not None
     assert (back.candidate, back.life) == (TEN, 4.0)
-    assert read_lesson(text, given=parse_rule("20/2s"), time_scale=1.0, now=now) is None
-    assert read_lesson("{not json", given=GIVEN, time_scale=1.0, now=now) is None
-    old = lesson_text(kept(began=now - KEPT_FOR - 60), given=GIVEN, time_scale=1.0)
-    assert read_lesson(old, given=GIVEN, time_scale=1.0, now=now) is None
+    assert read_lesson(text, given=parse_rule("20/2s"), now=now) is None
+    assert read_lesson("{not json", given=GIVEN, now=now) is None
+    old = lesson_text(kept(began=now - KEPT_FOR - 60), given=GIVEN)
+    assert read_lesson(old, given=GIVEN, now=now) is None
 
 
 def test_a_kept_text_looser_than_the_given_rule_reads_as_nothing():
     """A hand edit or a damaged row cannot loosen a key past its rule."""
     now = wall_time()
-    fields = json.loads(lesson_text(kept(began=now), given=GIVEN, time_scale=1.0))
+    fields = json.loads(lesson_text(kept(began=now), given=GIVEN))
     fields["windows"] = [[40, 2.0]]
-    assert read_lesson(json.dumps(fields), given=GIVEN, time_scale=1.0, now=now) is None
+    assert read_lesson(json.dumps(fields), given=GIVEN, now=now) is None
 
 
-def test_windows_are_kept_unscaled():
-    """Kept at --time-scale 30, a lesson reads the same at scale 1."""
+def test_windows_are_kept_as_the_run_paced_by_them():
+    """A lesson keeps the lengths its run paced by: learned under 30/2s (30/1m
+    at --time-scale 30), it reads back as 10/2s for 30/2s, and as nothing for
+    30/1m (a demo's lesson never paces the real API)."""
     now = wall_time()
-    scaled = Candidate(LimiterKind.SLIDING, parse_rule("10/2s"))
-    text = lesson_text(kept(scaled, began=now), given=GIVEN, time_scale=30.0)
-    back = read_lesson(text, given=GIVEN.scaled(1 / 30), time_scale=1.0, now=now)
+    text = lesson_text(kept(began=now), given=GIVEN)
+    fields = json.loads(text)
+    assert (fields["given"], fields["windows"], fields["life"]) == (
+        [[30, 2.0]],
+        [[10, 2.0]],
+        4.0,
+    )
+    back = read_lesson(text, given=GIVEN, now=now)
     assert back is not None
-    assert back.candidate.rule == parse_rule("10/1m")
-    assert back.life == pytest.approx(120.0)
+    assert (back.candidate.rule, back.life) == (parse_rule("10/2s"), 4.0)
+    assert read_lesson(text, given=GIVEN.scaled(1 / 30), now=now) is None
 
 
 def _learner(ledger: MemoryLedger, **options) -> tuple[Pacer, Learner, ListSink]:
@@ -78,7 +84,7 @@ async def test_a_kept_lesson_paces_the_next_run_until_it_expires():
     ledger = MemoryLedger()
     ledger.remember(
         KEY.value,
-        lesson_text(kept(began=wall_time(), life=4.0), given=GIVEN, time_scale=1.0),
+        lesson_text(kept(began=wall_time(), life=4.0), given=GIVEN),
     )
     pacer, learner, _ = _learner(ledger)
     [said] = learner.recall([KEY])
@@ -142,8 +148,8 @@ async def test_none_remaining_teaches_the_count_without_a_429():
 def test_a_rule_is_kept_with_the_given_rule_it_tightened():
     """`Rule` of a kept lesson always holds to every window of the given one."""
     now = wall_time()
-    text = lesson_text(kept(began=now), given=GIVEN, time_scale=1.0)
-    back = read_lesson(text, given=GIVEN, time_scale=1.0, now=now)
+    text = lesson_text(kept(began=now), given=GIVEN)
+    back = read_lesson(text, given=GIVEN, now=now)
     assert back is not None
     rule: Rule = back.candidate.rule
     assert all(any(w.count <= g.count for w in rule.windows) for g in GIVEN.windows)

@@ -141,13 +141,14 @@ def test_the_accepted_record_is_kept_only_for_its_rule():
     now = wall_time()
 
     def back(text: str, given: Rule = rule) -> dict[float, int]:
-        return read_record(text, given=given, time_scale=1.0, now=now)
+        return read_record(text, given=given, now=now)
 
-    text = record_text({2.0: 40, 10.0: 7}, given=rule, time_scale=1.0, at=now)
+    text = record_text({2.0: 40, 10.0: 7}, given=rule, at=now)
     assert back(text) == {2.0: 30, 10.0: 7}
     assert back(text, parse_rule("20/2s")) == {}
     assert back("{not json") == {}
-    old = record_text({2.0: 5}, given=rule, time_scale=1.0, at=now - KEPT_FOR - 60)
+    old = record_text({2.0: 5}, given=rule, at=now - KEPT_FOR - 60)
     assert back(old) == {}
-    scaled = record_text({0.2: 5}, given=rule.scaled(10), time_scale=10.0, at=now)
-    assert back(scaled) == {2.0: 5}
+    scaled = record_text({0.2: 5}, given=rule.scaled(10), at=now)
+    assert back(scaled) == {}
+    assert back(scaled, rule.scaled(10)) == {0.2: 5}

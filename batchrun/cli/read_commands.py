@@ -137,7 +137,6 @@ def plan(
             ledger_url=common.ledger_url,
             fallback=fallback,
             names=names,
-            time_scale=time_scale,
         )
         ended = ended_badly(jobs_file, common.state, names)
     if as_json:

@@ -2,11 +2,11 @@
 the lesson in force (the candidate chosen, why, and its lifetime) under the key's
 own name, and what the server was seen to accept under `KEY#accepted`.
 
-Both are JSON, with windows in unscaled seconds (a run at another --time-scale
-reads the same limit) and moments in wall-clock seconds (every process of the
-client shares them). A text is read back only for the rule it was kept under;
-anything unreadable, older than `KEPT_FOR`, or looser than that rule reads as
-nothing kept.
+Both are JSON, with windows in the seconds the run paced by and moments in
+wall-clock seconds (every process of the client shares them). A text is read
+back only for the very rule it was kept under, window for window; anything
+unreadable, older than `KEPT_FOR`, or looser than that rule reads as nothing
+kept.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ _UNREADABLE = (
 @dataclass(frozen=True, slots=True)
 class Kept:
     """A lesson as kept: the candidate, why, and its lifetime in wall-clock
-    seconds (`life`: its length, at the run's time scale)."""
+    seconds (`life`: its length)."""
 
     candidate: Candidate
     why: str
@@ -54,48 +54,43 @@ class Kept:
         return now >= self.expires
 
 
-def lesson_text(kept: Kept, *, given: Rule, time_scale: float) -> str:
+def lesson_text(kept: Kept, *, given: Rule) -> str:
     """`kept` as the text a ledger keeps for a key given `given`."""
     candidate = kept.candidate
-    why = kept.why
-    if time_scale != 1:
-        why += f" (at --time-scale {time_scale:g})"
     return json.dumps(
         {
             "kind": candidate.kind.value,
-            "windows": _unscaled(candidate.rule, time_scale),
+            "windows": _pairs(candidate.rule),
             "burst": candidate.rule.burst,
-            "origin": candidate.origin * time_scale,
+            "origin": candidate.origin,
             "counts_refused": candidate.counts_refused,
-            "why": why,
-            "given": _unscaled(given, time_scale),
+            "why": kept.why,
+            "given": _pairs(given),
             "began": kept.began,
             "expires": kept.expires,
-            "life": kept.life * time_scale,
+            "life": kept.life,
         }
     )
 
 
-def read_lesson(
-    text: str | None, *, given: Rule, time_scale: float, now: float
-) -> Kept | None:
-    """The lesson kept in `text` for a key given `given`, at the run's scale;
-    None if none, unreadable, kept under another rule, older than `KEPT_FOR`,
-    or looser than `given` in some window."""
+def read_lesson(text: str | None, *, given: Rule, now: float) -> Kept | None:
+    """The lesson kept in `text` for a key given `given`; None if none,
+    unreadable, kept under another rule, older than `KEPT_FOR`, or looser than
+    `given` in some window."""
     try:
         fields: dict[str, Any] = json.loads(text or "{}")
-        if not _same(fields["given"], given, time_scale):
+        if not _same(fields["given"], given):
             return None
         burst = fields["burst"]
-        rule = Rule(_windows(fields["windows"], time_scale), burst and int(burst))
+        rule = Rule(_windows(fields["windows"]), burst and int(burst))
         candidate = Candidate(
             LimiterKind(fields["kind"]),
             rule,
-            float(fields["origin"]) / time_scale,
+            float(fields["origin"]),
             bool(fields["counts_refused"]),
         )
         began, expires = float(fields["began"]), float(fields["expires"])
-        life = float(fields["life"]) / time_scale
+        life = float(fields["life"])
         why = str(fields["why"])
     except _UNREADABLE:
         return None
@@ -109,26 +104,22 @@ def learned_when(kept: Kept) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(kept.began))
 
 
-def record_text(
-    record: dict[float, int], *, given: Rule, time_scale: float, at: float
-) -> str:
+def record_text(record: dict[float, int], *, given: Rule, at: float) -> str:
     """What the server was seen to accept in each window (`record`: window
-    seconds at the run's scale to count), as the text a ledger keeps."""
-    seen = [[count, seconds * time_scale] for seconds, count in sorted(record.items())]
-    return json.dumps({"seen": seen, "given": _unscaled(given, time_scale), "at": at})
+    seconds to count), as the text a ledger keeps."""
+    seen = [[count, seconds] for seconds, count in sorted(record.items())]
+    return json.dumps({"seen": seen, "given": _pairs(given), "at": at})
 
 
-def read_record(
-    text: str | None, *, given: Rule, time_scale: float, now: float
-) -> dict[float, int]:
+def read_record(text: str | None, *, given: Rule, now: float) -> dict[float, int]:
     """The record kept in `text` for `given`: window seconds to count, no count
     above the window's own; empty if none was kept for this very rule, it is
     unreadable, or older than `KEPT_FOR`."""
     try:
         fields = json.loads(text or "{}")
         at = float(fields["at"])
-        same = _same(fields["given"], given, time_scale)
-        seen = [(int(c), float(s) / time_scale) for c, s in fields["seen"]]
+        same = _same(fields["given"], given)
+        seen = [(int(c), float(s)) for c, s in fields["seen"]]
     except _UNREADABLE:
         return {}
     if not same or not now - KEPT_FOR <= at <= now + _SLACK:
@@ -142,19 +133,19 @@ def read_record(
     return record
 
 
-def _unscaled(rule: Rule, time_scale: float) -> list[list[float]]:
-    return [[w.count, w.seconds * time_scale] for w in rule.windows]
+def _pairs(rule: Rule) -> list[list[float]]:
+    return [[w.count, w.seconds] for w in rule.windows]
 
 
-def _windows(pairs: Any, time_scale: float) -> tuple[Window, ...]:
-    windows = [Window(int(c), float(s) / time_scale) for c, s in pairs]
+def _windows(pairs: Any) -> tuple[Window, ...]:
+    windows = [Window(int(c), float(s)) for c, s in pairs]
     return tuple(sorted(windows, key=lambda w: w.seconds))
 
 
-def _same(pairs: Any, rule: Rule, time_scale: float) -> bool:
-    """Whether `pairs` (unscaled windows) are `rule` at `time_scale`."""
+def _same(pairs: Any, rule: Rule) -> bool:
+    """Whether `pairs` (kept windows) are `rule`'s."""
     kept = sorted((int(c), float(s)) for c, s in pairs)
-    ours = sorted((w.count, w.seconds * time_scale) for w in rule.windows)
+    ours = sorted((w.count, w.seconds) for w in rule.windows)
     return len(kept) == len(ours) and all(
         c == count and math.isclose(s, seconds, rel_tol=1e-9)
         for (c, s), (count, seconds) in zip(kept, ours, strict=True)

@@ -58,7 +58,6 @@ class Learner:
         self._wall = wall
         self._clock = clock
         self._sink = sink
-        self._scale = time_scale
         self._given = dict(pacer.rules)
         self._keys = {
             key: _Key(
@@ -84,11 +83,9 @@ class Learner:
             state, given = self._keys[key], self._given[key]
             ledger = self._pacer.ledger
             text = ledger.recall(f"{key.value}{RECORD_SUFFIX}")
-            record = read_record(text, given=given, time_scale=self._scale, now=wall)
+            record = read_record(text, given=given, now=wall)
             state.log.record, state.kept_record = dict(record), record
-            kept = read_lesson(
-                ledger.recall(key.value), given=given, time_scale=self._scale, now=wall
-            )
+            kept = read_lesson(ledger.recall(key.value), given=given, now=wall)
             lesson = self._recalled(state.model, kept, now, wall)
             if lesson is None and key in self._fallback:
                 safer = Candidate(LimiterKind.SLIDING, self._fallback[key])
@@ -234,9 +231,8 @@ class Learner:
             lesson.expires + wall,
             lesson.life,
         )
-        given, scale = self._given[key], self._scale
         self._pacer.ledger.remember(
-            key.value, lesson_text(saved, given=given, time_scale=scale)
+            key.value, lesson_text(saved, given=self._given[key])
         )
 
     def _pace_plain(self, key: LimitKey) -> None:
@@ -256,9 +252,7 @@ class Learner:
         if record == state.kept_record:
             return
         state.kept_record = record
-        text = record_text(
-            record, given=self._given[key], time_scale=self._scale, at=self._wall()
-        )
+        text = record_text(record, given=self._given[key], at=self._wall())
         self._pacer.ledger.remember(f"{key.value}{RECORD_SUFFIX}", text)
 
 

@@ -49,9 +49,6 @@ class _Budget:
     ledger_url: str | None = field(repr=False)  # may hold a password
     # --profile auto: the rule a key is planned by until the server settles it.
     fallback: dict[LimitKey, Rule] = field(default_factory=dict)
-    # --time-scale: the windows the rules were divided by (lessons are kept
-    # unscaled, and read back scaled alike).
-    time_scale: float = 1.0
 
 
 @contextmanager
@@ -90,7 +87,7 @@ def _in_force(key: LimitKey, rule: Rule, text: str | None, budget: _Budget) -> _
     kept) while it lives, if learned under this very rule; else `rule` (or the
     safer one --profile auto starts from)."""
     now = wall_time()
-    kept = read_lesson(text, given=rule, time_scale=budget.time_scale, now=now)
+    kept = read_lesson(text, given=rule, now=now)
     if kept is None or kept.expired(now):
         return _InForce(budget.fallback.get(key, rule))
     candidate = kept.candidate
@@ -275,11 +272,10 @@ def plan(
     ledger_url: str | None = None,
     fallback: dict[LimitKey, Rule] | None = None,
     names: Sequence[str] = (),
-    time_scale: float = 1.0,
 ) -> list[KeyPlan]:
     """How long the jobs of `jobs_file` not yet settled (in the run of one of
     `names`, else the latest) take under `rules` now, or under what was learned
-    of a key's limit under these rules (`time_scale`: the rules' divisor)."""
+    of a key's limit under these very rules."""
     jobs = read_jobs(jobs_file)
     settled: set[str] = set()
     found = _store_path(paths, jobs_file, names)
@@ -289,7 +285,7 @@ def plan(
     unsettled = [job for job in jobs if job.id not in settled]
     left = Counter(job.key for job in unsettled)
     requests = Counter(job.key for job in unsettled if job.method is not None)
-    budget = _Budget(paths, client, ledger_url, fallback or {}, time_scale)
+    budget = _Budget(paths, client, ledger_url, fallback or {})
     return _with_requests(_plans(dict(left), rules, pace, budget), requests)
 
 
