@@ -79,8 +79,9 @@ class Limits:
 
 
 def scaled(table: Mapping[LimitKey, Rule], time_scale: float) -> dict[LimitKey, Rule]:
-    """`table` with every window divided by --time-scale (backoff follows it in
-    `_settings`).
+    """`table` with every window divided by --time-scale: the one place the scale
+    is applied (backoff and the learner's usual lengths follow it in `_settings`);
+    nothing below `cli` knows it.
 
     Raises:
         UsageError: a --time-scale not above 0.
@@ -247,17 +248,20 @@ def submission(
 
 
 def _settings(given: SubmitOptions, limits: Limits) -> Settings:
-    """The runner's settings from submit's flags (backoff scaled with the windows)."""
+    """The runner's settings from submit's flags: backoff, and the usual window
+    lengths the learner tries, scaled with the windows."""
+    from batchrun.pacing.model import USUAL
     from batchrun.run.settings import Settings
 
+    scale = given.time_scale
     return Settings(
         fallback=limits.fallback,
         concurrency=given.concurrency,
         max_attempts=given.max_attempts,
-        backoff=1.0 / given.time_scale,
-        backoff_cap=60.0 / given.time_scale,
+        backoff=1.0 / scale,
+        backoff_cap=60.0 / scale,
         pace=given.pace,
-        time_scale=given.time_scale,
+        usual=tuple(seconds / scale for seconds in USUAL),
     )
 
 

@@ -8,7 +8,7 @@ pacer how to pace each key, and keeps each key's lesson and record in the ledger
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from batchrun.core.clock import Clock, wall_time
@@ -24,7 +24,7 @@ from batchrun.pacing.kept import (
 )
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.log import KeyLog, Sent, latest
-from batchrun.pacing.model import Answer, Candidate, KeyModel, Lesson, lengths
+from batchrun.pacing.model import USUAL, Answer, Candidate, KeyModel, Lesson, lengths
 from batchrun.pacing.pacer import Pacer
 
 
@@ -42,7 +42,8 @@ class _Key:
 
 class Learner:
     """Learns each key's server from its answers and paces the key by it (see
-    the module docstring); the pacer's probe gate (`Pacer.gate`)."""
+    the module docstring); the pacer's probe gate (`Pacer.gate`). `usual`: the
+    usual window lengths (`model.USUAL`), in the time of the pacer's rules."""
 
     def __init__(
         self,
@@ -50,7 +51,7 @@ class Learner:
         pacer: Pacer,
         clock: Clock,
         sink: EventSink,
-        time_scale: float = 1.0,
+        usual: Sequence[float] = USUAL,
         fallback: Mapping[LimitKey, Rule] | None = None,
         wall: Callable[[], float] = wall_time,
     ) -> None:
@@ -61,7 +62,7 @@ class Learner:
         self._given = dict(pacer.rules)
         self._keys = {
             key: _Key(
-                KeyModel(rule, lengths(rule, time_scale=time_scale)),
+                KeyModel(rule, lengths(rule, usual=usual)),
                 KeyLog(),
                 {},
                 Candidate(LimiterKind.SLIDING, rule),

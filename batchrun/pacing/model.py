@@ -114,14 +114,13 @@ SHORTEST_SHARE = 0.1
 
 
 def lengths(
-    given: Rule, *, time_scale: float = 1.0, named: Iterable[float] = ()
+    given: Rule, *, usual: Iterable[float] = USUAL, named: Iterable[float] = ()
 ) -> tuple[float, ...]:
     """The window lengths candidates are tried in: G's, a tenth of its
-    shortest (`SHORTEST_SHARE`: a burst limit), and the usual ones at the run's
-    scale and any the server `named`, between those and half the horizon."""
+    shortest (`SHORTEST_SHARE`: a burst limit), and the `usual` ones (in G's
+    time) and any the server `named`, between those and half the horizon."""
     low = given.shortest.seconds * SHORTEST_SHARE
     high = HORIZON * given.longest / 2
-    usual = [seconds / time_scale for seconds in USUAL]
     found = {low, *(w.seconds for w in given.windows)}
     found |= {s for s in (*usual, *named) if low <= s <= high}
     return tuple(sorted(found))

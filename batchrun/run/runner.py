@@ -87,7 +87,7 @@ class Runner:
             pacer=pacer,
             clock=clock,
             sink=sink,
-            time_scale=settings.time_scale,
+            usual=settings.usual,
             fallback=settings.fallback,
             wall=wall,
         )

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from batchrun.core.limits import LimitKey, Pace, Rule
+from batchrun.pacing.model import USUAL
 
 # With no --concurrency, the requests a run keeps in flight follow what the
 # limits need (`in_flight_cap`), from this many (the default before, enough
@@ -33,9 +34,10 @@ class Settings:
     backoff: float = 1.0
     backoff_cap: float = 60.0
     pace: Pace = Pace.EXACT
-    # Windows are divided by this (demos, tests): so are the windows a 429 may be
-    # explained by.
-    time_scale: float = 1.0
+    # The usual window lengths, in seconds, a 429 may be explained by besides the
+    # rules' own (`model.USUAL`), in the rules' time: the cli divides them as it
+    # divides the windows.
+    usual: tuple[float, ...] = USUAL
     # The safer rule a key falls back to if the server shows its rule is too
     # loose (--profile auto: run-query's statement B), until that is settled.
     fallback: Mapping[LimitKey, Rule] = field(default_factory=dict)
