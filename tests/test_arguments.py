@@ -87,18 +87,20 @@ def test_time_scale_must_be_positive(scale):
 
 def test_the_time_scale_is_applied_when_the_flags_are_read(tmp_path):
     """At --time-scale 30, what the run is given comes scaled: the rules, the
-    fallback, backoff and its cap, and the usual window lengths the learner
-    tries; nothing below the cli is told the scale."""
+    fallback, backoff and its cap, the Retry-After cap, and the usual window
+    lengths the learner tries; nothing below the cli is told the scale."""
     given = options(tmp_path, profile=Profile.AUTO, time_scale=30.0)
     job = arguments.submission(given, stdin=lambda *_: tmp_path, warn=WARNINGS.append)
     assert job.rules[LimitKey.RUN_QUERY] == parse_rule("30/2s")
     assert job.settings.fallback == {LimitKey.RUN_QUERY: parse_rule("15/2s+500/2m")}
     assert (job.settings.backoff, job.settings.backoff_cap) == (1 / 30, 2.0)
+    assert job.settings.retry_after_cap == 30.0
     assert job.settings.usual == tuple(seconds / 30 for seconds in USUAL)
     plain = arguments.submission(
         options(tmp_path), stdin=lambda *_: tmp_path, warn=WARNINGS.append
     )
     assert plain.settings.usual == USUAL
+    assert plain.settings.retry_after_cap == 900.0
 
 
 def test_a_sandbox_submit_keeps_its_state_apart(tmp_path):

@@ -109,6 +109,22 @@ async def test_a_key_with_a_long_window_honours_a_long_retry_after():
     assert short.retry_after == RETRY_AFTER_CAP
 
 
+async def test_the_retry_after_cap_is_the_one_given():
+    """Under --time-scale 30 the cap is 30 s, not 15 min: a scaled sandbox's
+    day-long Retry-After waits as long as a real one's would, scaled."""
+    answer = httpx.Response(429, headers={"Retry-After": "86400"})
+    async with Client(
+        base_url="https://api.test",
+        token=None,
+        scope="s",
+        transport=httpx.MockTransport(lambda request: answer),
+        retry_after_cap=30.0,
+    ) as client:
+        outcome = await client.send(Job("a", JobType.AVATAR))
+    assert outcome.retry_after == 30.0
+    assert "capped" in (outcome.note or "")
+
+
 def test_retry_after_in_seconds():
     """Retry-After: 12 means wait 12 s."""
     outcome = classify(httpx.Response(429, headers={"Retry-After": "12"}))

@@ -101,7 +101,8 @@ class Client:
     TLS certificates are always verified; `ca_bundle` adds CAs to trust (a private
     CA). `timeout` bounds each whole exchange, from sending to the last body byte.
     `waits` maps a limit key to its longest window: the longest server-named
-    wait honoured for its jobs, when longer than `RETRY_AFTER_CAP`.
+    wait honoured for its jobs, when longer than `retry_after_cap` (by default
+    `RETRY_AFTER_CAP`; shorter under --time-scale).
     """
 
     def __init__(
@@ -115,9 +116,11 @@ class Client:
         transport: httpx.AsyncBaseTransport | None = None,
         ca_bundle: Path | None = None,
         waits: Mapping[LimitKey, float] | None = None,
+        retry_after_cap: float = RETRY_AFTER_CAP,
     ) -> None:
         headers = {"User-Agent": f"batchrun/{__version__}"}
         self._waits = dict(waits or {})
+        self._cap = retry_after_cap
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self._secret = token if token and len(token) >= _SHORTEST_SECRET else None
@@ -177,7 +180,7 @@ class Client:
             )
         except httpx.TransportError as exc:
             return _transport_failure(exc, request, self._secret)
-        cap = max(RETRY_AFTER_CAP, self._waits.get(job.key, 0.0))
+        cap = max(self._cap, self._waits.get(job.key, 0.0))
         outcome = _classify(response, raw, cut=cut, secret=self._secret, cap=cap)
         return replace(outcome, written=trace.written, round_trip=trace.round_trip)
 

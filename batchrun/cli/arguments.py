@@ -248,8 +248,10 @@ def submission(
 
 
 def _settings(given: SubmitOptions, limits: Limits) -> Settings:
-    """The runner's settings from submit's flags: backoff, and the usual window
-    lengths the learner tries, scaled with the windows."""
+    """The runner's settings from submit's flags: backoff, the Retry-After
+    cap and the usual window lengths the learner tries, scaled with the
+    windows."""
+    from batchrun.api.client import RETRY_AFTER_CAP
     from batchrun.pacing.model import USUAL
     from batchrun.run.settings import Settings
 
@@ -260,6 +262,7 @@ def _settings(given: SubmitOptions, limits: Limits) -> Settings:
         max_attempts=given.max_attempts,
         backoff=1.0 / scale,
         backoff_cap=60.0 / scale,
+        retry_after_cap=RETRY_AFTER_CAP / scale,
         pace=given.pace,
         usual=tuple(seconds / scale for seconds in USUAL),
     )

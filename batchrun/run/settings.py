@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from batchrun.api.client import RETRY_AFTER_CAP
 from batchrun.core.limits import LimitKey, Pace, Rule
 from batchrun.pacing.model import USUAL
 
@@ -38,6 +39,9 @@ class Settings:
     # rules' own (`model.USUAL`), in the rules' time: the cli divides them as it
     # divides the windows.
     usual: tuple[float, ...] = USUAL
+    # The longest Retry-After honoured beyond a key's longest window, in the
+    # rules' time (`api.client.RETRY_AFTER_CAP`, divided as the windows are).
+    retry_after_cap: float = RETRY_AFTER_CAP
     # The safer rule a key falls back to if the server shows its rule is too
     # loose (--profile auto: run-query's statement B), until that is settled.
     fallback: Mapping[LimitKey, Rule] = field(default_factory=dict)

@@ -72,6 +72,7 @@ async def open_run(
         timeout=target.timeout,
         connections=connections(settings),
         waits={key: rule.longest for key, rule in rules.items()},
+        retry_after_cap=settings.retry_after_cap,
         transport=target.transport,
         ca_bundle=target.ca_bundle,
     )
