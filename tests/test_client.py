@@ -11,7 +11,6 @@ import pytest
 
 from batchrun.api.client import (
     BODY_LIMIT,
-    RETRY_AFTER_CAP,
     Client,
     asgi_transport,
     classify,
@@ -19,6 +18,7 @@ from batchrun.api.client import (
     parse_retry_after,
     tls_context,
 )
+from batchrun.api.hints import RETRY_AFTER_CAP
 from batchrun.api.outcome import Kind
 from batchrun.core.errors import UsageError
 from batchrun.core.limits import limit_table

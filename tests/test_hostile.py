@@ -21,7 +21,8 @@ import respx
 import trio.testing
 from typer.testing import CliRunner
 
-from batchrun.api.client import BODY_LIMIT, RETRY_AFTER_CAP
+from batchrun.api.client import BODY_LIMIT
+from batchrun.api.hints import RETRY_AFTER_CAP
 from batchrun.cli.commands import app
 from batchrun.core.events import JobRequeued, JobSent, Status
 from batchrun.core.limits import LimitKey, limit_table, parse_rule

@@ -23,7 +23,7 @@ import anyio
 import httpx
 
 from batchrun import __version__
-from batchrun.api.hints import Hints, read_hints
+from batchrun.api.hints import RETRY_AFTER_CAP, Hints, read_hints
 from batchrun.api.outcome import Kind, Outcome, rate_limited_wait, says_rate_limited
 from batchrun.api.trace import ExchangeTrace
 from batchrun.core import strict_json
@@ -31,10 +31,6 @@ from batchrun.core.errors import UsageError
 from batchrun.core.limits import LimitKey
 from batchrun.jobs.job import Job
 
-# Longest Retry-After honoured for a key whose windows are all shorter; a key's
-# longest window raises it (`Client(waits=…)`): a 500/1h key told to wait 40 min
-# waits 40 min. A server asking for more is capped, with a note.
-RETRY_AFTER_CAP = 900.0
 # Bodies longer than this are kept truncated in the results, with a note; the rest
 # is not read, so a huge answer costs no memory.
 BODY_LIMIT = 64 * 1024

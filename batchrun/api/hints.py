@@ -32,6 +32,11 @@ from batchrun.api.fields import (
 )
 from batchrun.core.limits import Window
 
+# Longest Retry-After honoured for a key whose windows are all shorter; a key's
+# longest window raises it (`api.client.Client(waits=…)`): a 500/1h key told to
+# wait 40 min waits 40 min. A server asking for more is capped, with a note.
+RETRY_AFTER_CAP = 900.0
+
 # Display spellings, for notes; `headers` arrives with lower-case names.
 _NAMES = {
     "retry-after": "Retry-After",

@@ -251,7 +251,7 @@ def _settings(given: SubmitOptions, limits: Limits) -> Settings:
     """The runner's settings from submit's flags: backoff, the Retry-After
     cap and the usual window lengths the learner tries, scaled with the
     windows."""
-    from batchrun.api.client import RETRY_AFTER_CAP
+    from batchrun.api.hints import RETRY_AFTER_CAP
     from batchrun.pacing.model import USUAL
     from batchrun.run.settings import Settings
 

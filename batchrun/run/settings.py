@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from batchrun.api.client import RETRY_AFTER_CAP
+from batchrun.api.hints import RETRY_AFTER_CAP
 from batchrun.core.limits import LimitKey, Pace, Rule
 from batchrun.pacing.model import USUAL
 
@@ -40,7 +40,7 @@ class Settings:
     # divides the windows.
     usual: tuple[float, ...] = USUAL
     # The longest Retry-After honoured beyond a key's longest window, in the
-    # rules' time (`api.client.RETRY_AFTER_CAP`, divided as the windows are).
+    # rules' time (`api.hints.RETRY_AFTER_CAP`, divided as the windows are).
     retry_after_cap: float = RETRY_AFTER_CAP
     # The safer rule a key falls back to if the server shows its rule is too
     # loose (--profile auto: run-query's statement B), until that is settled.
