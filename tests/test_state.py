@@ -25,7 +25,7 @@ from batchrun.store import runlock
 from batchrun.store.paths import StatePaths
 from batchrun.store.results import JobResult, ResultsFile
 from batchrun.store.runlock import RunLock, is_held
-from batchrun.store.state import JobState, RunStore, check_jobs_file
+from batchrun.store.state import RunStore, check_jobs_file
 
 RQ = LimitKey.RUN_QUERY
 
@@ -449,7 +449,7 @@ def test_recover_leaves_post_and_patch_requests_unknown(store):
         store.started(job, 1)
     store.recover(retry_failed=False, retry_unknown=False)
     assert states(store) == {("global", "pending"): 3, ("global", "unknown"): 2}
-    assert store.ids_in([JobState.UNKNOWN]) == {"post", "patch"}
+    assert store.ids_in([Status.UNKNOWN]) == {"post", "patch"}
 
 
 def test_a_changed_path_of_a_done_request_is_noticed(store):
@@ -481,7 +481,7 @@ def test_a_store_of_schema_1_keeps_invites_unsafe(tmp_path):
         )
     with RunStore(path) as opened:
         opened.recover(retry_failed=False, retry_unknown=False)
-        assert opened.ids_in([JobState.UNKNOWN]) == {"i"}
+        assert opened.ids_in([Status.UNKNOWN]) == {"i"}
         assert [j.id for j in opened.pending(RQ)] == ["q"]
     with sqlite3.connect(path) as db:
         (version,) = db.execute("PRAGMA user_version").fetchone()

@@ -21,7 +21,7 @@ from batchrun.core.limits import Pace, Profile
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from batchrun.query.read_model import Status
+    from batchrun.query.read_model import StatusReport
 
 
 def validate(jobs_file: flags.JobsArg, as_json: flags.JsonFlag = False) -> None:
@@ -76,7 +76,7 @@ def status(
         terminal.echo(reports.status_lines(jobs_file, found))
 
 
-def _export_failed(jobs_file: Path, found: Status, dest: Path) -> None:
+def _export_failed(jobs_file: Path, found: StatusReport, dest: Path) -> None:
     """--failed-as-jobs: the latest run's failed jobs, as a jobs file at `dest`."""
     from batchrun.jobs.extract import extract
     from batchrun.query.read_model import failed_ids

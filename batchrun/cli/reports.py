@@ -1,6 +1,6 @@
 """What `validate`, `status`, `plan` and `config` print: lines, or JSON for scripts.
 
-Pure rendering of values computed elsewhere (`jobs.Summary`, `read_model.Status`,
+Pure rendering of values computed elsewhere (`jobs.Summary`, `read_model.StatusReport`,
 `read_model.KeyPlan`); the CLI only echoes what these return.
 """
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from batchrun.core.errors import JobsFileError
     from batchrun.core.limits import LimitKey, Rule
     from batchrun.jobs.job import Summary
-    from batchrun.query.read_model import KeyLimit, KeyPlan, Shown, Status
+    from batchrun.query.read_model import KeyLimit, KeyPlan, Shown, StatusReport
     from batchrun.store.state import Failure, Reason
 
 _TEAMS_SHOWN = 10
@@ -124,7 +124,7 @@ def auto_line(fallback: dict[LimitKey, Rule], statement_a: dict[LimitKey, Rule])
     )
 
 
-def status_lines(jobs_file: Path, found: Status) -> list[str]:
+def status_lines(jobs_file: Path, found: StatusReport) -> list[str]:
     """`status`: counts per endpoint and state, failures, then the time left."""
     lines = []
     for key, states in found.states.items():
@@ -147,13 +147,13 @@ def _reason_line(reason: Reason) -> str:
     return f"  {reason.count:,} {reason.state}: {error} ({ids})"
 
 
-def _ended_badly(found: Status) -> int:
+def _ended_badly(found: StatusReport) -> int:
     """How many jobs of the run are failed or unknown."""
     bad = (events.Status.FAILED, events.Status.UNKNOWN)
     return sum(n for s in found.states.values() for st, n in s.items() if st in bad)
 
 
-def _activity_lines(found: Status) -> list[str]:
+def _activity_lines(found: StatusReport) -> list[str]:
     act = found.activity
     if act is None:
         return []
@@ -197,7 +197,7 @@ def plan_lines(plans: list[KeyPlan]) -> list[str]:
     return lines
 
 
-def status_json(jobs_file: Path, found: Status) -> dict[str, object]:
+def status_json(jobs_file: Path, found: StatusReport) -> dict[str, object]:
     """`status --json`: the same as `status_lines`, as one object."""
     return {
         "file": str(jobs_file),
@@ -230,7 +230,7 @@ def _responses_json(responses: Responses) -> dict[str, object]:
     return found
 
 
-def _activity_json(found: Status) -> dict[str, object]:
+def _activity_json(found: StatusReport) -> dict[str, object]:
     act = found.activity
     return {
         "active": act is not None and act.active,

@@ -22,6 +22,7 @@ from typing import Any
 
 from batchrun.core.clock import MachineClock, wall_time
 from batchrun.core.errors import UsageError
+from batchrun.core.events import ENDED, Status
 from batchrun.core.limits import LimitKey, Pace, Rule, read_table
 from batchrun.core.responses import Responses
 from batchrun.jobs.job import read_jobs
@@ -32,9 +33,8 @@ from batchrun.pacing.slots import eta
 from batchrun.store.paths import StatePaths
 from batchrun.store.results import default_results_path, last_result
 from batchrun.store.runlock import is_held
-from batchrun.store.state import Failure, JobRecord, JobState, Reason, RunStore
+from batchrun.store.state import Failure, JobRecord, Reason, RunStore
 
-_SETTLED = {JobState.DONE, JobState.FAILED, JobState.UNKNOWN}
 # How many ids `status` names for each reason jobs failed (--show less or all).
 _FEW = 5
 
@@ -112,11 +112,11 @@ class KeyPlan:
 
 
 @dataclass(frozen=True, slots=True)
-class Status:
+class StatusReport:
     """Where a jobs file's latest run stands."""
 
     store: Path | None
-    states: dict[LimitKey, dict[JobState, int]] = field(default_factory=dict)
+    states: dict[LimitKey, dict[Status, int]] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
     keys: list[KeyPlan] = field(default_factory=list)
     activity: Activity | None = None
@@ -160,7 +160,7 @@ def status(
     *,
     ledger_url: str | None = None,
     shown: int | None = 20,
-) -> Status:
+) -> StatusReport:
     """The latest run of `jobs_file` (in the store of one of `names`, if given: an
     API's, then a legacy client's), with its first `shown` failures (None: all)
     and its failures by reason, each with its first few ids (`shown` at most);
@@ -175,7 +175,7 @@ def status(
         raise UsageError(_no_run(jobs_file, paths, names))
     with RunStore(found, read_only=True) as store:
         client = store.get_meta("client") or found.stem
-        states: dict[LimitKey, dict[JobState, int]] = {}
+        states: dict[LimitKey, dict[Status, int]] = {}
         for (key, state), n in sorted(store.counts().items()):
             states.setdefault(key, {})[state] = n
         rules = read_table(store.get_meta("rules") or "{}")
@@ -187,12 +187,12 @@ def status(
         responses = _responses(store.get_meta("responses"))
         requests = store.requests_left()
     pending = {
-        k: s.get(JobState.PENDING, 0) + s.get(JobState.IN_FLIGHT, 0)
+        k: s.get(Status.PENDING, 0) + s.get(Status.IN_FLIGHT, 0)
         for k, s in states.items()
     }
     budget = _Budget(paths, client, ledger_url, fallback)
     keys = _with_requests(_plans(pending, rules, pace, budget), requests)
-    return Status(found, states, failures, keys, activity, responses, reasons)
+    return StatusReport(found, states, failures, keys, activity, responses, reasons)
 
 
 def _with_requests(
@@ -209,11 +209,11 @@ def _responses(text: str | None) -> Responses:
         return Responses()
 
 
-def failed_ids(found: Status) -> set[str]:
+def failed_ids(found: StatusReport) -> set[str]:
     """The ids of the jobs that ended failed in the run `status` found."""
     assert found.store is not None
     with RunStore(found.store, read_only=True) as store:
-        return store.ids_in([JobState.FAILED])
+        return store.ids_in([Status.FAILED])
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +281,7 @@ def plan(
     found = _store_path(paths, jobs_file, names)
     if found is not None:
         with RunStore(found, read_only=True) as store:
-            settled = store.ids_in(_SETTLED)
+            settled = store.ids_in(ENDED)
     unsettled = [job for job in jobs if job.id not in settled]
     left = Counter(job.key for job in unsettled)
     requests = Counter(job.key for job in unsettled if job.method is not None)
@@ -299,8 +299,8 @@ def ended_badly(
         return 0, 0
     with RunStore(found, read_only=True) as store:
         counts = store.counts()
-    failed = sum(n for (_, s), n in counts.items() if s is JobState.FAILED)
-    unknown = sum(n for (_, s), n in counts.items() if s is JobState.UNKNOWN)
+    failed = sum(n for (_, s), n in counts.items() if s is Status.FAILED)
+    unknown = sum(n for (_, s), n in counts.items() if s is Status.UNKNOWN)
     return failed, unknown
 
 

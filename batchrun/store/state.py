@@ -54,10 +54,6 @@ UPDATE jobs SET unsafe = 1 WHERE type = 'invite';
 _PAGE = 500
 
 
-# The former name of `Status`, kept while `query/read_model` still imports it.
-JobState = Status
-
-
 @dataclass(frozen=True, slots=True)
 class Failure:
     """A failed or unknown job and why."""
