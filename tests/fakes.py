@@ -26,6 +26,7 @@ def make_runner(
     token=None,
     timeout=30.0,
     ledger=None,
+    tally=None,
     **settings,
 ):
     """An async context of a Runner (`wiring.open_run`) over a respx router,
@@ -45,6 +46,7 @@ def make_runner(
         recorder=recorder or ListRecorder(),
         scope="f",
         rng=random.Random(1),
+        tally=tally,
     )
 
 

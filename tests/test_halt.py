@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from batchrun.core.errors import UsageError
-from batchrun.core.events import JobFinished, JobSent, Status, Tally
+from batchrun.core.events import JobFinished, JobSent, RunTally, Status, Tally
 from batchrun.core.limits import LimitKey
 from batchrun.run.halt import MIN_ENDED, HaltPolicy, HaltWatch
 
@@ -69,19 +69,18 @@ def _finished(status: Status, n: int = 0) -> JobFinished:
     return JobFinished(float(n), LimitKey.INVITE, f"j{n}", status, 1, 400, "HTTP 400")
 
 
-def _end(watch: HaltWatch, tally: Tally, status: Status) -> None:
-    """A job ends as the settlement ends one: counted, then told."""
-    tally.done += status is Status.DONE
-    tally.failed += status is Status.FAILED
-    tally.unknown += status is Status.UNKNOWN
-    watch.emit(_finished(status))
+def _end(watch: HaltWatch, tally: RunTally, status: Status) -> None:
+    """A job ends as the runner ends one: counted by the tally, then told."""
+    event = _finished(status)
+    tally.emit(event)
+    watch.emit(event)
 
 
 def test_the_watch_stops_once_with_the_reason():
     """The watch reads the run's tally (unknown jobs as failed) and stops the run
     once."""
     stops: list[str] = []
-    tally = Tally(total=10)
+    tally = RunTally({LimitKey.INVITE: Tally(total=10)})
     watch = HaltWatch(HaltPolicy(count=2))
     watch.watch(tally, stops.append)
     watch.emit(JobSent(0.0, LimitKey.INVITE, "j0", 1))
@@ -98,7 +97,7 @@ def test_a_watch_judges_the_tally_it_is_given():
     """A share counts the tally's ended jobs, also those ended before the watch
     heard of them."""
     stops: list[str] = []
-    tally = Tally(total=40, done=MIN_ENDED - 2)
+    tally = RunTally({LimitKey.INVITE: Tally(total=40, done=MIN_ENDED - 2)})
     watch = HaltWatch(HaltPolicy(percent=10))
     watch.watch(tally, stops.append)
     _end(watch, tally, Status.FAILED)
@@ -111,4 +110,4 @@ def test_a_watch_without_its_stop_is_a_bug_said_aloud():
     """A watch nobody can act on must not pass silently."""
     watch = HaltWatch(HaltPolicy(count=1))
     with pytest.raises(RuntimeError, match="tally and stop before the run"):
-        _end(watch, Tally(), Status.FAILED)
+        _end(watch, RunTally(), Status.FAILED)

@@ -17,7 +17,9 @@ from batchrun.core.events import (
     JobSent,
     RuleLearned,
     RunStarted,
+    RunTally,
     Status,
+    Tally,
     Tee,
 )
 from batchrun.core.limits import LimitKey, Pace, parse_rule
@@ -221,7 +223,7 @@ def test_around_a_view_the_run_is_counted_once_on_one_board(tmp_path):
     stream = io.StringIO()
     boards = []
 
-    def shown(*, clock, notes, earlier=None, responses=None, board=None):
+    def shown(*, clock, notes, earlier=None, responses=None, tally=None, board=None):
         boards.append(board)
         return open_progress(stream, live=False, clock=clock, board=board)
 
@@ -235,7 +237,7 @@ def test_around_a_view_the_run_is_counted_once_on_one_board(tmp_path):
     sink.close()
     metrics.close(1)
     assert boards == [metrics.board]
-    counts = metrics.board.keys[RQ]
+    counts = metrics.board.keys[RQ].counts
     assert (counts.done, counts.failed, counts.left) == (1, 1, 0)
     assert metrics.board.responses.keys[RQ].codes == {"200": 2}
     samples = read(metrics.path)
@@ -265,3 +267,28 @@ def test_around_a_view_the_answers_shown_are_the_runs(tmp_path):
     assert "run-query responses: 200: 1, 429: 1" in stream.getvalue()
     samples = read(metrics.path)
     assert value(samples, "batchrun_jobs", endpoint="run-query", outcome="done") == 1
+
+
+def test_around_a_view_the_jobs_shown_are_the_runs_tally(tmp_path):
+    """Given the run's tally (which the runner counts), the view and the metrics
+    file show it, and count no job again."""
+    metrics = MetricsFile(tmp_path / "m.prom", label="nightly.csv", wall=Wall())
+    stream = io.StringIO()
+    tally = RunTally()
+    opened = metrics.around(view(tmp_path / "nightly.csv", color=False, verbosity=0))
+    with contextlib.redirect_stdout(stream):
+        shown = opened(clock=_Clock(), notes=print, tally=tally)
+        sink = Tee(tally, shown)
+        sink.emit(RunStarted(0.0, {RQ: 2}, {RQ: parse_rule("15/1m")}, Pace.EXACT))
+        sink.emit(JobSent(1.0, RQ, "a", 1))
+        sink.emit(JobRequeued(2.0, RQ, "a", 1.0, rate_limited=True, reason="429"))
+        sink.emit(JobSent(3.0, RQ, "a", 2))
+        sink.emit(JobFinished(4.0, RQ, "a", Status.DONE, 2, 200, None))
+        shown.close()
+    metrics.close(1)
+    assert metrics.board.tally is tally
+    assert tally.keys == {RQ: Tally(total=2, done=1, rate_limited=1)}
+    assert "1 done, 0 failed, 1 left" in stream.getvalue()
+    samples = read(metrics.path)
+    assert value(samples, "batchrun_jobs", endpoint="run-query", outcome="done") == 1
+    assert value(samples, "batchrun_rate_limited", endpoint="run-query") == 1

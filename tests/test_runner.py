@@ -13,10 +13,13 @@ import trio.testing
 from batchrun.api.breaker import TRIP_AFTER
 from batchrun.core.errors import DiskFull, LedgerLost
 from batchrun.core.events import (
+    Event,
     JobAnswered,
+    JobFinished,
     JobRequeued,
     JobSent,
     RunFinished,
+    RunTally,
     Status,
     Tally,
 )
@@ -447,6 +450,40 @@ async def test_a_key_waiting_for_its_slot_does_not_hold_up_another():
     sent = {e.job_id: e.at - start for e in sink.of(JobSent)}
     assert max(sent[f"q{n}"] for n in range(20)) == pytest.approx(0)
     assert [sent[f"i{n}"] for n in range(3)] == pytest.approx([0, 10, 20])
+
+
+async def test_the_tally_counts_each_key_before_a_listener_hears_of_it():
+    """The run's tally (one its view reads too) counts each key's jobs from the
+    runner's events before the sink hears them: a listener reads each end
+    counted. `run` returns every key's counts added up."""
+    router = respx.Router()
+    router.post(QUERY).respond(200, json={})
+    router.post(INVITE).respond(400, json={})
+    rules = {
+        LimitKey.RUN_QUERY: parse_rule("100/1s"),
+        LimitKey.INVITE: parse_rule("100/1s"),
+    }
+    tally = RunTally()
+    ended: list[int] = []
+
+    class Reader:
+        def emit(self, event: Event) -> None:
+            if isinstance(event, JobFinished):
+                ended.append(tally.whole().ended)
+
+    jobs = {
+        LimitKey.INVITE: [invite("i")],
+        LimitKey.RUN_QUERY: [query("a"), query("b")],
+    }
+    async with make_runner(router, rules, Reader(), tally=tally) as runner:
+        whole = await runner.run(jobs, {k: len(v) for k, v in jobs.items()})
+    assert runner.tally is tally
+    assert tally.keys == {
+        LimitKey.RUN_QUERY: Tally(total=2, done=2),
+        LimitKey.INVITE: Tally(total=1, failed=1),
+    }
+    assert whole == Tally(total=3, done=2, failed=1)
+    assert ended == [1, 2, 3]
 
 
 async def test_stop_ends_the_waits_and_lets_requests_in_flight_finish():

@@ -2,8 +2,11 @@
 
 `Board` is built from the runner's events and read by both views (`progress` and
 `plain_log`), and by the metrics file, which shows the view's own (`BoardView`);
-it knows no terminal. ETAs come from the limits (`slots.eta` over the
-jobs not yet sent and each key's recent sends), never from the past rate.
+it knows no terminal. Its jobs per key are the run's tally (`events.RunTally`,
+which the runner counts); beside them it keeps what only a view needs: each
+key's rule, recent sends, requests in flight and next slot. ETAs come from the
+limits (`slots.eta` over the jobs not yet sent and each key's recent sends),
+never from the past rate.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from batchrun.core.events import (
     RuleLearned,
     RunFinished,
     RunStarted,
+    RunTally,
     SlotWait,
     Status,
     Tally,
@@ -47,7 +51,11 @@ _CAPPED_SHARE = 0.05
 
 
 @dataclass(slots=True, kw_only=True)
-class KeyCounts(Tally):
+class KeyCounts:
+    """A key as a view shows it: its jobs (`counts`, the run's tally of the key),
+    and its rule, sends and slot."""
+
+    counts: Tally
     rule: Rule
     sends: deque[float]
     in_flight: int = 0
@@ -59,22 +67,25 @@ class KeyCounts(Tally):
 
     @property
     def unsent(self) -> int:
-        return max(0, self.left - self.in_flight)
+        return max(0, self.counts.left - self.in_flight)
 
 
-def overall(states: Iterable[Tally]) -> Tally:
+def overall(states: Iterable[KeyCounts]) -> Tally:
+    """The jobs of every key shown, added up."""
     total = Tally()
     for state in states:
-        total.add(state)
+        total.add(state.counts)
     return total
 
 
 class Board:
     """Counts per key, kept from the events; each sink shows one. The answers by
-    code are counted here unless `responses` is given: the run's, which the run
-    counts."""
+    code and the jobs per key are counted here unless `responses` and `tally`
+    are given: the run's, which the run counts."""
 
-    def __init__(self, responses: Responses | None = None) -> None:
+    def __init__(
+        self, responses: Responses | None = None, tally: RunTally | None = None
+    ) -> None:
         self.keys: dict[LimitKey, KeyCounts] = {}
         self.pace = Pace.EXACT
         self.started: float | None = None
@@ -83,6 +94,8 @@ class Board:
         self.recent: deque[str] = deque(maxlen=_FAILURES_RECENT)
         self.responses = Responses() if responses is None else responses
         self._counts_answers = responses is None
+        self.tally = RunTally() if tally is None else tally
+        self._counts_jobs = tally is None
         # The cap on requests in flight holding requests back: the episode under
         # way (None: none), and how long it did so in all.
         self.capped: InFlightCapped | None = None
@@ -91,6 +104,8 @@ class Board:
 
     def apply(self, event: Event) -> KeyCounts | None:
         """Count `event`; return the state of its key, if the run has jobs of it."""
+        if self._counts_jobs:
+            self.tally.emit(event)
         if isinstance(event, RunStarted):
             self._start(event)
             return None
@@ -122,7 +137,7 @@ class Board:
         self.pace = event.pace
         self.keys = {
             key: KeyCounts(
-                total=total,
+                counts=self.tally.of(key),
                 rule=rule,
                 sends=deque(event.used.get(key, ()), maxlen=rule.deepest),
             )
@@ -157,6 +172,7 @@ class BoardView(View, Protocol):
         notes: Callable[[str], None],
         earlier: Mapping[Status, int] | None = None,
         responses: Responses | None = None,
+        tally: RunTally | None = None,
         board: Board | None = None,
     ) -> ProgressSink: ...
 
@@ -175,13 +191,8 @@ def _count(
             if event.rate_limited:
                 # The key cools down for the delay: no slot opens before then.
                 state.slot = max(state.slot or -math.inf, event.at + event.delay)
-            state.rate_limited += event.rate_limited
-            state.retried += not event.rate_limited
         case JobFinished():
             state.in_flight = max(0, state.in_flight - 1)
-            state.done += event.status is Status.DONE
-            state.failed += event.status is Status.FAILED
-            state.unknown += event.status is Status.UNKNOWN
         case SlotWait():
             state.slot = event.until
         case RuleLearned():
@@ -245,7 +256,7 @@ def failure_text(event: JobFinished) -> str:
 
 
 def next_slot(state: KeyCounts, now: float) -> str:
-    if state.left <= 0:
+    if state.counts.left <= 0:
         return NONE
     if state.slot is None:
         return "on answer"
@@ -254,10 +265,10 @@ def next_slot(state: KeyCounts, now: float) -> str:
     return durations.spoken(state.slot - now)
 
 
-def ended_text(state: KeyCounts) -> str:
+def ended_text(counts: Tally) -> str:
     """How a key's ended jobs came out: done, failed, and unknown if any."""
-    unknown = f", {state.unknown:,} unknown" if state.unknown else ""
-    return f"{state.done:,} done, {state.failed:,} failed{unknown}"
+    unknown = f", {counts.unknown:,} unknown" if counts.unknown else ""
+    return f"{counts.done:,} done, {counts.failed:,} failed{unknown}"
 
 
 def tally(counts: Tally) -> str:
@@ -269,14 +280,15 @@ def tally(counts: Tally) -> str:
 
 def summary_rows(board: Board) -> list[tuple[str, ...]]:
     """The summary table, header first; an `unknown` column only when a job is."""
-    named = [*board.keys.items(), ("total", overall(board.keys.values()))]
+    keys = [(str(key), state.counts) for key, state in board.keys.items()]
+    named = [*keys, ("total", overall(board.keys.values()))]
     unknown = named[-1][1].unknown > 0
     header = _COLUMNS[:3] + ("unknown",) * unknown + _COLUMNS[3:]
     rows = [header]
     for name, c in named:
         counts = (c.done, c.failed, *(c.unknown,) * unknown, c.left)
         numbers = (*counts, c.rate_limited, c.retried)
-        rows.append((str(name), *(f"{n:,}" for n in numbers)))
+        rows.append((name, *(f"{n:,}" for n in numbers)))
     return rows
 
 

@@ -24,9 +24,9 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Gauge, Info, write_to_textfile
 from prometheus_client.parser import text_string_to_metric_families
 
-from batchrun.cli.board import Board, BoardView, KeyCounts
+from batchrun.cli.board import Board, BoardView
 from batchrun.core.clock import Clock, wall_time
-from batchrun.core.events import Event, RunStarted, Status
+from batchrun.core.events import Event, RunStarted, RunTally, Status, Tally
 from batchrun.core.responses import PERCENTILES, KeyResponses, Responses
 from batchrun.run.view import ProgressSink, View
 
@@ -92,9 +92,10 @@ class MetricsFile:
             notes: Callable[[str], None],
             earlier: Mapping[Status, int] | None = None,
             responses: Responses | None = None,
+            tally: RunTally | None = None,
         ) -> ProgressSink:
-            # One board for both, made before the run: the answers, the run's.
-            self.board = Board(responses)
+            # One board for both, made before the run: its counts, the run's.
+            self.board = Board(responses, tally)
             shown = view(clock=clock, notes=notes, earlier=earlier, board=self.board)
             return _Metered(shown, self)
 
@@ -197,9 +198,9 @@ def _keys(registry: CollectorRegistry, label: str, board: Board) -> None:
         ["jobs", "endpoint"],
         registry=registry,
     )
-    for key, counts in board.keys.items():
-        _jobs(gauges, key, counts)
-        learned = counts.learned is not None
+    for key, state in board.keys.items():
+        _jobs(gauges, key, state.counts)
+        learned = state.learned is not None
         gauges.set(
             "rule_learned",
             "1 if the server taught a stricter rule.",
@@ -207,13 +208,13 @@ def _keys(registry: CollectorRegistry, label: str, board: Board) -> None:
             endpoint=key,
         )
         rules.labels(jobs=label, endpoint=key).info(
-            {"rule": str(counts.rule), "learned": str(learned).lower()}
+            {"rule": str(state.rule), "learned": str(learned).lower()}
         )
     for key, found in board.responses.keys.items():
         _responses(gauges, key, found)
 
 
-def _jobs(gauges: _Gauges, key: str, counts: KeyCounts) -> None:
+def _jobs(gauges: _Gauges, key: str, counts: Tally) -> None:
     doc = "This run's jobs by outcome (left: for a resume)."
     outcomes = {
         Status.DONE: counts.done,

@@ -42,7 +42,6 @@ from batchrun.core.events import (
     RunStarted,
     Status,
 )
-from batchrun.core.responses import Responses
 from batchrun.run.view import QUIET
 
 # Enough to see a pattern in a cron mail; the results file holds every failure.
@@ -100,8 +99,7 @@ class PlainLog:
         verbosity: int = 0,
         results: Path | None = None,
         earlier: Mapping[Status, int] | None = None,
-        responses: Responses | None = None,
-        board: Board | None = None,
+        board: Board,
     ) -> None:
         self._stream = stream
         self._results = results
@@ -113,7 +111,7 @@ class PlainLog:
         self._said = clock.now()
         self._every = every
         self._wall = wall
-        self._board = Board(responses) if board is None else board
+        self._board = board
         self._last = -math.inf
         self._requeues = 0
         self._capped_said = False
@@ -156,7 +154,7 @@ class PlainLog:
         waits = "; ".join(
             f"{key} next slot {self._slot_text(s, now)}"
             for key, s in board.keys.items()
-            if s.left > 0
+            if s.counts.left > 0
         )
         counts = tally(overall(board.keys.values()))
         eta_text = durations.spoken(board.eta(now))
@@ -170,7 +168,9 @@ class PlainLog:
 
     def _start_text(self, at: float) -> str:
         board = self._board
-        keys = ", ".join(f"{k} {s.total:,} at {s.rule}" for k, s in board.keys.items())
+        keys = ", ".join(
+            f"{k} {s.counts.total:,} at {s.rule}" for k, s in board.keys.items()
+        )
         total = overall(board.keys.values()).total
         eta_text = durations.spoken(board.eta(at))
         return f"starting: {total:,} jobs — {keys}; pace {board.pace}; ETA {eta_text}"
@@ -178,9 +178,10 @@ class PlainLog:
     def _finished(self, event: JobFinished, state: KeyCounts) -> None:
         if event.status is not Status.DONE:
             self._failure(event)
-        if state.left == 0:
+        counts = state.counts
+        if counts.left == 0:
             self._chatter(
-                f"{event.key}: all {state.total:,} jobs ended ({ended_text(state)})"
+                f"{event.key}: all {counts.total:,} jobs ended ({ended_text(counts)})"
             )
 
     def _requeued(self, event: JobRequeued) -> None:
@@ -212,7 +213,7 @@ class PlainLog:
     def _progress(self, at: float) -> None:
         self._last = at
         board = self._board
-        keys = "; ".join(f"{k} {tally(s)}" for k, s in board.keys.items())
+        keys = "; ".join(f"{k} {tally(s.counts)}" for k, s in board.keys.items())
         eta_text = durations.spoken(board.eta(at))
         counts = tally(overall(board.keys.values()))
         self._chatter(f"progress: {counts} — {keys}; ETA {eta_text}")

@@ -36,11 +36,7 @@ from batchrun.cli.board import (
 from batchrun.cli.plain_log import PlainLog, fitted, log_tag
 from batchrun.core import durations
 from batchrun.core.clock import Clock
-from batchrun.core.events import (
-    Event,
-    RunStarted,
-    Status,
-)
+from batchrun.core.events import Event, RunStarted, RunTally, Status
 from batchrun.core.limits import LimitKey
 from batchrun.core.responses import Responses
 from batchrun.run.view import ProgressSink
@@ -64,6 +60,7 @@ def open_progress(
     results: Path | None = None,
     earlier: Mapping[Status, int] | None = None,
     responses: Responses | None = None,
+    tally: RunTally | None = None,
     board: Board | None = None,
 ) -> ProgressSink:
     """A Rich live view if `stream` is a terminal, plain timestamped lines otherwise.
@@ -78,14 +75,16 @@ def open_progress(
     requeue, not only the first ones. The summary's last line names `results`,
     the results file, on the same stream; with `earlier` (a resumed run's jobs
     that ended before it, by state), its counts are the whole file's. With
-    `responses` (the run's, which the run counts) it shows those; with `board`, it
-    keeps its counts there (`BoardView`).
+    `responses` and `tally` (the run's, which the run counts) it shows those;
+    with `board`, it keeps its counts there (`BoardView`).
     """
     if every < 0:
         msg = f"every must be at least 0 s, got {every}"
         raise ValueError(msg)
     if live is None:
         live = stream.isatty() and os.environ.get("TERM") not in _DUMB_TERMINALS
+    if board is None:
+        board = Board(responses, tally)
     if live and verbosity >= 0:
         console = Console(file=stream, force_terminal=True, no_color=_no_color(color))
         return _LiveView(
@@ -94,7 +93,6 @@ def open_progress(
             notes=notes,
             results=results,
             earlier=earlier,
-            responses=responses,
             board=board,
         )
     return PlainLog(
@@ -107,7 +105,6 @@ def open_progress(
         verbosity=verbosity,
         results=results,
         earlier=earlier,
-        responses=responses,
         board=board,
     )
 
@@ -124,6 +121,7 @@ def view(
         notes: Callable[[str], None],
         earlier: Mapping[Status, int] | None = None,
         responses: Responses | None = None,
+        tally: RunTally | None = None,
         board: Board | None = None,
     ) -> ProgressSink:
         return open_progress(
@@ -136,6 +134,7 @@ def view(
             results=results,
             earlier=earlier,
             responses=responses,
+            tally=tally,
             board=board,
         )
 
@@ -158,15 +157,14 @@ class _LiveView:
         notes: Callable[[str], None] | None,
         results: Path | None = None,
         earlier: Mapping[Status, int] | None = None,
-        responses: Responses | None = None,
-        board: Board | None = None,
+        board: Board,
     ) -> None:
         self._console = console
         self._results = results
         self._earlier = earlier
         self._notes = notes
         self._clock = clock
-        self._board = Board(responses) if board is None else board
+        self._board = board
         self._lock = threading.Lock()
         self._live = Live(
             console=console,
@@ -247,12 +245,13 @@ class _LiveView:
         for i, name in enumerate(_VIEW_COLUMNS.split(",")):
             table.add_column(name, justify="left" if i < 2 else "right", no_wrap=True)
         for key, s in list(self._board.keys.items()):
-            key_eta = durations.spoken(etas.get(key, 0.0)) if s.left > 0 else NONE
-            numbers = (s.failed, s.rate_limited, s.retried, s.in_flight)
+            c = s.counts
+            key_eta = durations.spoken(etas.get(key, 0.0)) if c.left > 0 else NONE
+            numbers = (c.failed, c.rate_limited, c.retried, s.in_flight)
             table.add_row(
                 Text(key),
                 Text(rule_text(s)),
-                f"{s.done:,}/{s.total:,}",
+                f"{c.done:,}/{c.total:,}",
                 *(f"{n:,}" for n in numbers),
                 next_slot(s, now),
                 key_eta,

@@ -182,6 +182,45 @@ class EventSink(Protocol):
     def emit(self, event: Event) -> None: ...
 
 
+@dataclass(slots=True)
+class RunTally:
+    """A run's counts, per key: the one tally of a run, which the runner (its
+    first listener), `--halt-after`, the views and the metrics file read.
+    Counted from the run's events: each key's total from `RunStarted`, its 429s
+    and retries from each `JobRequeued`, how its jobs ended from each
+    `JobFinished`."""
+
+    keys: dict[LimitKey, Tally] = field(default_factory=dict)
+
+    def emit(self, event: Event) -> None:
+        """As an event sink: count `event`."""
+        match event:
+            case RunStarted():
+                for key, total in event.totals.items():
+                    self.of(key).total = total
+            case JobRequeued():
+                counts = self.of(event.key)
+                counts.rate_limited += event.rate_limited
+                counts.retried += not event.rate_limited
+            case JobFinished():
+                counts = self.of(event.key)
+                counts.done += event.status is Status.DONE
+                counts.failed += event.status is Status.FAILED
+                counts.unknown += event.status is Status.UNKNOWN
+
+    def of(self, key: LimitKey) -> Tally:
+        """`key`'s counts: the same object for the whole run, so that a reader
+        may keep it."""
+        return self.keys.setdefault(key, Tally())
+
+    def whole(self) -> Tally:
+        """The run's counts, every key's added up."""
+        total = Tally()
+        for counts in self.keys.values():
+            total.add(counts)
+        return total
+
+
 class Tee:
     """An event sink that hands each event to several, in order."""
 

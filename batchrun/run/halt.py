@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from batchrun.core.errors import UsageError
-from batchrun.core.events import Event, JobFinished, Tally
+from batchrun.core.events import Event, JobFinished, RunTally
 
 # A share is judged only once this many jobs of the run have ended.
 MIN_ENDED = 20
@@ -89,13 +89,13 @@ class HaltWatch:
 
     def __init__(self, policy: HaltPolicy) -> None:
         self._policy = policy
-        self._watched: tuple[Tally, Callable[[str], None]] | None = None
+        self._watched: tuple[RunTally, Callable[[str], None]] | None = None
         # Set once the policy was met: why the run halted.
         self.reason: str | None = None
 
-    def watch(self, tally: Tally, stop: Callable[[str], None]) -> None:
-        """Judge `tally`, the run's (counted before each `JobFinished`), and
-        halt the run through `stop`."""
+    def watch(self, tally: RunTally, stop: Callable[[str], None]) -> None:
+        """Judge `tally`, the run's (which counts each `JobFinished` before the
+        watch hears it), and halt the run through `stop`."""
         self._watched = (tally, stop)
 
     def emit(self, event: Event) -> None:
@@ -104,7 +104,8 @@ class HaltWatch:
         if self._watched is None:
             msg = "a HaltWatch must be given the run's tally and stop before the run"
             raise RuntimeError(msg)
-        tally, stop = self._watched
+        watched, stop = self._watched
+        tally = watched.whole()
         failed = tally.failed + tally.unknown
         self.reason = self._policy.reason(failed=failed, ended=tally.ended)
         if self.reason is not None:

@@ -33,8 +33,11 @@ from batchrun.core.events import (
     InFlightCapped,
     JobAnswered,
     JobSent,
+    RunFinished,
     RunStarted,
+    RunTally,
     Tally,
+    Tee,
 )
 from batchrun.core.limits import LimitKey, Rule
 from batchrun.jobs.job import Job
@@ -76,10 +79,15 @@ class Runner:
         settings: Settings,
         rng: random.Random | None = None,
         wall: Callable[[], float] = wall_time,
+        tally: RunTally | None = None,
     ) -> None:
         self._sender = sender
         self._pacer = pacer
         self._clock = clock
+        # The run's counts (`tally`, if given: one its view reads too) hear
+        # each event first, so that every listener reads them counted.
+        self.tally = RunTally() if tally is None else tally
+        sink = Tee(self.tally, sink)
         self._sink = sink
         self._recorder = recorder
         self._settings = settings
@@ -100,7 +108,6 @@ class Runner:
             settings=settings,
             rng=rng or random.Random(),
         )
-        self._tally = self._settlement.tally
         self._queues: list[tuple[LimitKey, KeyQueue]] = []
         self._in_flight = 0
         self._idle = 0
@@ -119,16 +126,11 @@ class Runner:
         self.stopped: Stop | None = None
         self.breaker = Breaker()
 
-    @property
-    def tally(self) -> Tally:
-        """The run's counts, as settled so far (`run` returns them too)."""
-        return self._tally
-
     async def run(
         self, jobs: Mapping[LimitKey, Iterable[Job]], totals: Mapping[LimitKey, int]
     ) -> Tally:
-        """Send every job; return when all ended, or when `stop` was called."""
-        self._tally.total = sum(totals.values())
+        """Send every job; return when all ended, or when `stop` was called,
+        with the run's counts."""
         rules = dict(self._pacer.rules)
         self._queues = sorted(
             ((key, KeyQueue(iter(key_jobs))) for key, key_jobs in jobs.items()),
@@ -147,8 +149,9 @@ class Runner:
             for _ in range(most + 1):
                 workers.start_soon(self._work)
         self._uncap()
-        self._emit(self._settlement.finished())
-        return self._tally
+        counts = self.tally.whole()
+        self._emit(RunFinished(self._clock.now(), stopped=counts.left > 0))
+        return counts
 
     def _ideal(
         self, key: LimitKey, count: int, rules: Mapping[LimitKey, Rule]

@@ -19,9 +19,7 @@ from batchrun.core.events import (
     EventSink,
     JobFinished,
     JobRequeued,
-    RunFinished,
     Status,
-    Tally,
 )
 from batchrun.core.limits import LimitKey
 from batchrun.jobs.job import Job
@@ -46,8 +44,8 @@ class Recorder(Protocol):
 
 
 class Settlement:
-    """Settles each outcome and keeps the run's `tally`; its `recorder` is told
-    of every requeue and every end before the event is emitted."""
+    """Settles each outcome; its `recorder` is told of every requeue and every
+    end before the event is emitted (which the run's tally counts)."""
 
     def __init__(
         self,
@@ -66,7 +64,6 @@ class Settlement:
         self._settings = settings
         self._rng = rng
         self._order = itertools.count()
-        self.tally = Tally()
 
     def settle(
         self,
@@ -96,7 +93,6 @@ class Settlement:
         """One cool-down per episode: a 429 for a request sent before the key's
         current cool-down began was part of the burst that caused it, and only waits
         for that cool-down to end; a later 429 (the probe's) starts a longer one."""
-        self.tally.rate_limited += 1
         now = self._clock.now()
         began, until = self._pacer.cooling(key)
         if attempt.sent_at < began:
@@ -137,7 +133,6 @@ class Settlement:
         if attempt.failures >= max(self._settings.max_attempts, floor):
             self._finish(key, attempt, outcome)
             return
-        self.tally.retried += 1
         cap, base = self._settings.backoff_cap, self._settings.backoff
         delay = self._backoff(attempt.failures, cap=cap, base=base)
         self._requeue(key, queue, attempt, delay, outcome, rate_limited=False)
@@ -175,12 +170,6 @@ class Settlement:
         result = JobResult.of(
             attempt.job, attempt.attempts, outcome, wall_time(), status=status
         )
-        if result.status is Status.DONE:
-            self.tally.done += 1
-        elif result.status is Status.UNKNOWN:
-            self.tally.unknown += 1
-        else:
-            self.tally.failed += 1
         self._recorder.finished(result)
         self._emit(
             JobFinished(
@@ -204,9 +193,6 @@ class Settlement:
         exponent = min(failures - 1, _LARGEST_EXPONENT)
         step = min(cap, base * 2**exponent)
         return self._rng.uniform(step / 2, step)
-
-    def finished(self) -> RunFinished:
-        return RunFinished(self._clock.now(), stopped=self.tally.left > 0)
 
     def _emit(self, event: Event) -> None:
         self._sink.emit(event)

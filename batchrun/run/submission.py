@@ -23,7 +23,7 @@ import anyio
 
 from batchrun.core.clock import MachineClock, wall_time
 from batchrun.core.errors import Exit, JobsFileError, RunLocked, code_of
-from batchrun.core.events import ENDED, Status, Tee
+from batchrun.core.events import ENDED, RunTally, Status, Tee
 from batchrun.core.limits import LimitKey, Rule, table_text
 from batchrun.core.responses import Responses
 from batchrun.ledgers.shared_ledger import open_shared_ledger
@@ -203,9 +203,12 @@ async def _run(
     say = notes.to
     total = runs.totals(store)
     earlier = {s: total[s] for s in ENDED}
-    # The answers by code, counted once: kept for `status`, shown by the view.
-    responses = Responses()
-    sink = job.view(clock=clock, notes=say, earlier=earlier, responses=responses)
+    # The answers by code, counted once: kept for `status`, shown by the view;
+    # and the jobs per key, counted once by the runner, read by the view.
+    responses, tally = Responses(), RunTally()
+    sink = job.view(
+        clock=clock, notes=say, earlier=earlier, responses=responses, tally=tally
+    )
     notes.to = sink.note  # the ledger's notes, in the view while it shows the run
     heard = Tee(responses, sink, *([] if halt is None else [halt]))
     try:
@@ -218,6 +221,7 @@ async def _run(
             sink=heard,
             recorder=journal,
             scope=runs.scope(store, job.jobs_file),
+            tally=tally,
         ) as runner:
             stop = await supervise(runner, store, job.deadline, sink, halt)
     finally:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from batchrun.core.clock import Clock
-from batchrun.core.events import EventSink, Status
+from batchrun.core.events import EventSink, RunTally, Status
 from batchrun.core.responses import Responses
 
 # A plain log quiet this long (a long wait for a slot or a cool-down) says what it
@@ -40,8 +40,9 @@ class View(Protocol):
     through `notes` unless it draws them itself. `earlier`: the file's jobs that
     ended in earlier runs, by how they ended (`events.ENDED`), so that a
     resumed run's summary counts the whole file. `responses`: the run's answers
-    by code, which the run counts (it keeps them for `status`): a view shows
-    these rather than count its own."""
+    by code, which the run counts (it keeps them for `status`), and `tally`: the
+    run's counts per key, which the runner counts: a view shows these rather
+    than count its own."""
 
     def __call__(
         self,
@@ -50,4 +51,5 @@ class View(Protocol):
         notes: Callable[[str], None],
         earlier: Mapping[Status, int] | None = None,
         responses: Responses | None = None,
+        tally: RunTally | None = None,
     ) -> ProgressSink: ...

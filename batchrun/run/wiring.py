@@ -12,7 +12,7 @@ from typing import Any
 
 from batchrun.api.client import Client
 from batchrun.core.clock import Clock
-from batchrun.core.events import EventSink
+from batchrun.core.events import EventSink, RunTally
 from batchrun.core.identity import Identity
 from batchrun.core.limits import LimitKey, Rule
 from batchrun.pacing.ledger import Ledger
@@ -59,11 +59,13 @@ async def open_run(
     recorder: Recorder,
     scope: str,
     rng: random.Random | None = None,
+    tally: RunTally | None = None,
 ) -> AsyncIterator[Runner]:
     """A Runner wired to a Client of `target` and a Pacer over `ledger`: the one
     wiring that `submit`, the benchmarks and the tests share.
 
-    `scope` names the jobs file in each job's Idempotency-Key.
+    `scope` names the jobs file in each job's Idempotency-Key; `tally`, the
+    run's counts, is one its view reads too (`Runner`'s own if not given).
     """
     client = Client(
         base_url=target.base_url,
@@ -92,4 +94,5 @@ async def open_run(
             recorder=recorder,
             settings=settings,
             rng=rng,
+            tally=tally,
         )
