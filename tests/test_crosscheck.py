@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from batchrun.cli.news import spoken
 from batchrun.core.events import Status
 from batchrun.core.limits import LimitKey
 from batchrun.jobs.endpoints import JobType
@@ -31,7 +32,7 @@ def test_jobs_the_results_file_ended_are_not_sent_again(tmp_path):
     """Pending in the store, done or unknown after the store's offset in the
     results file: they take that state, and the message names the invite."""
     results = tmp_path / "r.jsonl"
-    said: list[str] = []
+    said: list[crosscheck.Recovered] = []
     with fresh_store(tmp_path) as store:
         crosscheck.reconcile(store, results, starting_over=False, say=said.append)
         results.write_text(line("a", "done") + line("b", "unknown", "invite"))
@@ -40,8 +41,8 @@ def test_jobs_the_results_file_ended_are_not_sent_again(tmp_path):
         assert store.ids_in([Status.UNKNOWN]) == {"b"}
         assert list(store.pending(LimitKey.RUN_QUERY)) == []
     assert len(said) == 1
-    assert "records 2 job(s), 1 of them invites" in said[0]
-    assert "1 done, 1 unknown" in said[0]
+    assert "records 2 job(s), 1 of them invites" in spoken(said[0])
+    assert "1 done, 1 unknown" in spoken(said[0])
 
 
 def test_lines_before_a_new_round_never_count(tmp_path):
@@ -49,7 +50,7 @@ def test_lines_before_a_new_round_never_count(tmp_path):
     lines leave its jobs pending."""
     results = tmp_path / "r.jsonl"
     results.write_text(line("a", "done") + line("b", "done", "invite"))
-    said: list[str] = []
+    said: list[crosscheck.Recovered] = []
     with fresh_store(tmp_path) as store:
         crosscheck.reconcile(store, results, starting_over=True, say=said.append)
         crosscheck.reconcile(store, results, starting_over=False, say=said.append)

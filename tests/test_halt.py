@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from batchrun.cli.news import halted_text
 from batchrun.core.errors import UsageError
 from batchrun.core.events import JobFinished, JobSent, RunTally, Status, Tally
 from batchrun.core.limits import LimitKey
-from batchrun.run.halt import MIN_ENDED, HaltPolicy, HaltWatch
+from batchrun.run.halt import MIN_ENDED, Halted, HaltPolicy, HaltWatch
+
+
+def halt_said(halted: Halted | None) -> str | None:
+    """What the command line says of a halt (None: none)."""
+    return None if halted is None else halted_text(halted)
 
 
 @pytest.mark.parametrize(
@@ -47,7 +53,7 @@ def test_a_count_halts_at_the_nth_failure():
     """`--halt-after 3`: two failures go on, the third halts."""
     policy = HaltPolicy(count=3)
     assert policy.reason(failed=2, ended=500) is None
-    assert policy.reason(failed=3, ended=3) == (
+    assert halt_said(policy.reason(failed=3, ended=3)) == (
         "3 job(s) failed in this run (--halt-after 3)"
     )
 
@@ -58,7 +64,7 @@ def test_a_share_waits_for_twenty_ended_jobs():
     assert policy.reason(failed=1, ended=2) is None
     assert policy.reason(failed=10, ended=MIN_ENDED - 1) is None
     assert policy.reason(failed=1, ended=MIN_ENDED) is None
-    assert policy.reason(failed=2, ended=MIN_ENDED) == (
+    assert halt_said(policy.reason(failed=2, ended=MIN_ENDED)) == (
         "2 of 20 ended jobs failed in this run (10%, --halt-after 10%)"
     )
     assert policy.reason(failed=99, ended=1000) is None
@@ -79,7 +85,7 @@ def _end(watch: HaltWatch, tally: RunTally, status: Status) -> None:
 def test_the_watch_stops_once_with_the_reason():
     """The watch reads the run's tally (unknown jobs as failed) and stops the run
     once."""
-    stops: list[str] = []
+    stops: list[Halted] = []
     tally = RunTally({LimitKey.INVITE: Tally(total=10)})
     watch = HaltWatch(HaltPolicy(count=2))
     watch.watch(tally, stops.append)
@@ -89,21 +95,25 @@ def test_the_watch_stops_once_with_the_reason():
     assert stops == []
     _end(watch, tally, Status.FAILED)
     _end(watch, tally, Status.FAILED)
-    assert stops == ["2 job(s) failed in this run (--halt-after 2)"]
+    assert [halt_said(halted) for halted in stops] == [
+        "2 job(s) failed in this run (--halt-after 2)"
+    ]
     assert watch.reason == stops[0]
 
 
 def test_a_watch_judges_the_tally_it_is_given():
     """A share counts the tally's ended jobs, also those ended before the watch
     heard of them."""
-    stops: list[str] = []
+    stops: list[Halted] = []
     tally = RunTally({LimitKey.INVITE: Tally(total=40, done=MIN_ENDED - 2)})
     watch = HaltWatch(HaltPolicy(percent=10))
     watch.watch(tally, stops.append)
     _end(watch, tally, Status.FAILED)
     assert stops == []
     _end(watch, tally, Status.FAILED)
-    assert stops == ["2 of 20 ended jobs failed in this run (10%, --halt-after 10%)"]
+    assert [halt_said(halted) for halted in stops] == [
+        "2 of 20 ended jobs failed in this run (10%, --halt-after 10%)"
+    ]
 
 
 def test_a_watch_without_its_stop_is_a_bug_said_aloud():

@@ -16,9 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batchrun.cli.news import spoken
 from batchrun.core.errors import LedgerLost
 from batchrun.core.limits import Pace, parse_rule
 from batchrun.ledgers import sqlite_ledger as ledger_module
+from batchrun.ledgers.lost import HistoryLost
 from batchrun.ledgers.sqlite_ledger import SqliteLedger
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.slots import Grant, Usage, Wait, earliest_slot
@@ -395,7 +397,7 @@ def test_a_ledger_emptied_in_place_mid_run_is_read_as_full_by_every_process(
     """Issue 40: rows deleted under running processes. The first to look again
     sets the horizon in the file (said once), so a process that opens it after
     reads every window as full too, instead of an empty budget."""
-    path, rule, said = tmp_path / "l.db", parse_rule("1/10s"), list[str]()
+    path, rule, said = tmp_path / "l.db", parse_rule("1/10s"), list[HistoryLost]()
     one = SqliteLedger(path, client="c", hold=1.0, now=lambda: 0.0, notice=said.append)
     grant = one.reserve("k", rule, Pace.EXACT, 0.0)
     assert isinstance(grant, Grant)
@@ -408,7 +410,7 @@ def test_a_ledger_emptied_in_place_mid_run_is_read_as_full_by_every_process(
     later = SqliteLedger(path, client="c", hold=1.0, now=lambda: 8.0)
     assert later.reserve("k", rule, Pace.EXACT, 8.0) == Wait(16.0)
     assert len(said) == 1
-    assert "emptied while in use" in said[0]
+    assert "emptied while in use" in spoken(said[0])
 
 
 @pytest.mark.parametrize("loss", [_deleted, _replaced])

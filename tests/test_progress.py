@@ -28,6 +28,8 @@ from batchrun.core.events import (
 )
 from batchrun.core.limits import LimitKey, Pace, parse_rule
 from batchrun.pacing.slots import eta
+from batchrun.run.exit_code import Cause
+from batchrun.run.news import News, Stopping
 from batchrun.run.view import QUIET
 
 RQ, INVITE = LimitKey.RUN_QUERY, LimitKey.INVITE
@@ -509,29 +511,29 @@ def test_a_note_prints_above_the_live_view(live, stream):
     """A note during the live view goes through its console, above the view,
     so the next redraw does not erase it."""
     live.emit(start({RQ: 10}))
-    live.note("Ctrl-C: starting no new requests")
+    live.note(Stopping(Cause.SIGINT))
     live.close()
     text = ANSI.sub("", stream.getvalue())
-    assert "Ctrl-C: starting no new requests" in text
-    assert text.index("Ctrl-C: starting") < text.rindex("Summary")
+    assert "Ctrl-C (again to stop at once): starting no new requests" in text
+    assert text.index("Ctrl-C (again") < text.rindex("Summary")
 
 
 def test_a_note_outside_the_live_view_goes_to_notes(stream, clock):
     """Before the view starts, a note goes to the `notes` callback (stderr)."""
-    said: list[str] = []
+    said: list[News] = []
     sink = open_progress(stream, live=True, clock=clock, notes=said.append)
-    sink.note("Resuming")
+    sink.note(Stopping(Cause.SIGTERM))
     sink.close()
-    assert said == ["Resuming"]
+    assert said == [Stopping(Cause.SIGTERM)]
     assert stream.getvalue() == ""
 
 
 def test_plain_notes_go_to_notes(stream, clock):
     """The plain log hands notes to the `notes` callback, not to its own lines."""
-    said: list[str] = []
+    said: list[News] = []
     sink = open_progress(stream, live=False, clock=clock, notes=said.append)
-    sink.note("Deadline reached")
-    assert said == ["Deadline reached"]
+    sink.note(Stopping(Cause.DEADLINE))
+    assert said == [Stopping(Cause.DEADLINE)]
     assert stream.getvalue() == ""
 
 
@@ -742,7 +744,7 @@ def test_a_terminal_gets_plain_lines_cut_only_between_words(clock, monkeypatch):
         tty, live=False, clock=clock, wall=lambda: datetime(2024, 5, 1, 12)
     )
     sink.emit(start({RQ: 10}))
-    sink.note("x")
+    sink.note(Stopping(Cause.DEADLINE))
     sink.emit(
         finished(
             "j1", ok=False, error="sandbox runs are not kept (their state is temporary)"

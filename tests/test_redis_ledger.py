@@ -16,8 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batchrun.cli.news import spoken
 from batchrun.core.errors import StateError, UsageError
 from batchrun.core.limits import Pace, Rule, Window, parse_rule
+from batchrun.ledgers.lost import HistoryLost
 from batchrun.ledgers.redis_ledger import RedisLedger, redacted
 from batchrun.pacing.slots import Grant, Usage, Wait, earliest_slot
 from tests.conftest import REDIS_PASSWORD, RedisServer, free_port, redis_process
@@ -419,7 +421,7 @@ def test_a_flushed_redis_reads_as_full_until_the_longest_window_passed(
     """Issue 40: a history lost under a host is read as every window full at the
     moment the loss was noticed, until the rule's longest window has passed, and
     never as an empty budget; the loss is said once."""
-    clock, rule, said = [0.0], parse_rule("2/1s+5/10s"), list[str]()
+    clock, rule, said = [0.0], parse_rule("2/1s+5/10s"), list[HistoryLost]()
     host = RedisLedger(
         redis_url,
         client="c",
@@ -440,9 +442,9 @@ def test_a_flushed_redis_reads_as_full_until_the_longest_window_passed(
     clock[0] = 12.0
     assert isinstance(host.reserve("k", rule, Pace.EXACT, 12.0), Grant)
     assert len(said) == 1
-    assert "lost its history" in said[0]
-    assert REDIS_PASSWORD not in said[0]
-    assert "redis://:***@127.0.0.1" in said[0]
+    assert "lost its history" in spoken(said[0])
+    assert REDIS_PASSWORD not in spoken(said[0])
+    assert "redis://:***@127.0.0.1" in spoken(said[0])
 
 
 def test_a_host_that_never_saw_the_loss_is_told_by_one_that_did(
@@ -483,7 +485,7 @@ def test_a_later_run_notices_a_loss_by_the_epoch_it_kept(
 ):
     """A host keeps the epoch it saw in its state folder: its next run notices a
     loss in between, which a host without the marker cannot."""
-    clock, rule, said = [0.0], parse_rule("4/1m"), list[str]()
+    clock, rule, said = [0.0], parse_rule("4/1m"), list[HistoryLost]()
 
     def run(marker) -> RedisLedger:
         return RedisLedger(

@@ -6,16 +6,30 @@ refusing), or that never reached the server (no such name, connection refused,
 no connection within the timeout), stop the run: every other job would end the
 same way, at the paced rate, using the budget. Any other answer resets the count:
 a 403 that says it is a rate limit (`Kind.RATE_LIMITED`) is the server asking to
-wait, as a 429 does, not a refused token. What the breaker says names the cause
-and its fix; what is left to send, and how, is the run's to say.
+wait, as a 429 does, not a refused token. When it trips, it tells the cause, how
+many requests met it and the last one's error (`Tripped`); the command line
+names the fix, and what is left to send.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from batchrun.api.outcome import Kind, Outcome
 
 # Consecutive requests failing the same way that stop a run.
 TRIP_AFTER = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Tripped:
+    """Why the breaker tripped: the last `count` requests met `cause` (a
+    configuration fault, `Outcome.fault`, or "network": they never reached the
+    server); `error`, the last one's."""
+
+    cause: str
+    count: int
+    error: str | None
 
 
 class Breaker:
@@ -25,10 +39,10 @@ class Breaker:
         self._trip_after = trip_after
         self._cause: str | None = None
         self._count = 0
-        self.tripped: str | None = None
+        self.tripped: Tripped | None = None
 
-    def answered(self, outcome: Outcome) -> str | None:
-        """Count `outcome`; the reason the run should stop, the first time it trips."""
+    def answered(self, outcome: Outcome) -> Tripped | None:
+        """Count `outcome`; why the run should stop, the first time it trips."""
         cause = _cause(outcome)
         if cause is None:
             self._cause, self._count = None, 0
@@ -37,7 +51,7 @@ class Breaker:
         self._cause = cause
         if self._count < self._trip_after or self.tripped is not None:
             return None
-        self.tripped = _why(cause, self._count, outcome)
+        self.tripped = Tripped(cause, self._count, outcome.error)
         return self.tripped
 
 
@@ -47,18 +61,3 @@ def _cause(outcome: Outcome) -> str | None:
     if outcome.fault is not None:
         return outcome.fault
     return None if outcome.reached else "network"
-
-
-def _why(cause: str, count: int, outcome: Outcome) -> str:
-    if cause == "token":
-        return (
-            f"the last {count} requests were refused ({outcome.error}): the token "
-            "(BATCHRUN_TOKEN or --token) is missing, wrong, expired or lacks the "
-            "rights."
-        )
-    if cause == "network":
-        return (
-            f"the last {count} requests never reached the server ({outcome.error}): "
-            "check --base-url and the network."
-        )
-    return f"the last {count} requests failed alike: {outcome.error}"

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from batchrun.core import durations
 from batchrun.core.clock import Clock
@@ -40,6 +40,9 @@ from batchrun.core.responses import Responses
 from batchrun.pacing.slots import eta
 from batchrun.run.settings import IN_FLIGHT_CEILING
 from batchrun.run.view import ProgressSink, View
+
+if TYPE_CHECKING:
+    from batchrun.run.news import News
 
 _FAILURES_RECENT = 3
 NONE = "—"
@@ -169,7 +172,7 @@ class BoardView(View, Protocol):
         self,
         *,
         clock: Clock,
-        notes: Callable[[str], None],
+        notes: Callable[[News], None],
         earlier: Mapping[Status, int] | None = None,
         responses: Responses | None = None,
         tally: RunTally | None = None,

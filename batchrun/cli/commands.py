@@ -98,7 +98,8 @@ def submit(
         job = arguments.submission(
             given, stdin=terminal.from_stdin, warn=terminal.warning
         )
-        flags.done(terminal.said_ending(submit(job, say=say), say))
+        end = submit(job, say=terminal.telling(say))
+        flags.done(terminal.said_ending(end, say))
 
 
 # The commands that send nothing, in the order `--help` lists them.

@@ -20,6 +20,7 @@ import contextlib
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Gauge, Info, write_to_textfile
 from prometheus_client.parser import text_string_to_metric_families
@@ -29,6 +30,9 @@ from batchrun.core.clock import Clock, wall_time
 from batchrun.core.events import Event, RunStarted, RunTally, Status, Tally
 from batchrun.core.responses import PERCENTILES, KeyResponses, Responses
 from batchrun.run.view import ProgressSink, View
+
+if TYPE_CHECKING:
+    from batchrun.run.news import News
 
 _PREFIX = "batchrun_"
 _LAST_SUCCESS = f"{_PREFIX}last_success_timestamp_seconds"
@@ -89,7 +93,7 @@ class MetricsFile:
         def opened(
             *,
             clock: Clock,
-            notes: Callable[[str], None],
+            notes: Callable[[News], None],
             earlier: Mapping[Status, int] | None = None,
             responses: Responses | None = None,
             tally: RunTally | None = None,
@@ -164,8 +168,8 @@ class _Metered:
         self._shown.tick()
         self._metrics.tick()
 
-    def note(self, text: str) -> None:
-        self._shown.note(text)
+    def note(self, news: News) -> None:
+        self._shown.note(news)
 
     def close(self) -> None:
         self._shown.close()

@@ -15,7 +15,7 @@ import textwrap
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from batchrun.cli.board import (
     Board,
@@ -30,6 +30,7 @@ from batchrun.cli.board import (
     summary_rows,
     tally,
 )
+from batchrun.cli.news import spoken
 from batchrun.core import durations
 from batchrun.core.clock import Clock
 from batchrun.core.events import (
@@ -43,6 +44,9 @@ from batchrun.core.events import (
     Status,
 )
 from batchrun.run.view import QUIET
+
+if TYPE_CHECKING:
+    from batchrun.run.news import News
 
 # Enough to see a pattern in a cron mail; the results file holds every failure.
 _FAILURES_LISTED = 20
@@ -94,7 +98,7 @@ class PlainLog:
         clock: Clock,
         every: float,
         wall: Callable[[], datetime],
-        notes: Callable[[str], None] | None,
+        notes: Callable[[News], None] | None,
         tag: str,
         verbosity: int = 0,
         results: Path | None = None,
@@ -105,7 +109,7 @@ class PlainLog:
         self._results = results
         self._earlier = earlier
         self._verbosity = verbosity
-        self._notes = notes or self._line
+        self._notes = notes
         self._tag = tag
         self._clock = clock
         self._said = clock.now()
@@ -143,8 +147,11 @@ class PlainLog:
         if self._board.started is not None:
             self._summary()
 
-    def note(self, text: str) -> None:
-        self._notes(text)
+    def note(self, news: News) -> None:
+        if self._notes is None:
+            self._line(spoken(news))
+        else:
+            self._notes(news)
 
     def tick(self) -> None:
         now = self._clock.now()

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -33,6 +33,7 @@ from batchrun.cli.board import (
     rule_text,
     summary_rows,
 )
+from batchrun.cli.news import spoken
 from batchrun.cli.plain_log import PlainLog, fitted, log_tag
 from batchrun.core import durations
 from batchrun.core.clock import Clock
@@ -40,6 +41,9 @@ from batchrun.core.events import Event, RunStarted, RunTally, Status
 from batchrun.core.limits import LimitKey
 from batchrun.core.responses import Responses
 from batchrun.run.view import ProgressSink
+
+if TYPE_CHECKING:
+    from batchrun.run.news import News
 
 _VIEW_COLUMNS = "endpoint,rule,done,failed,429s,retries,sending,next slot,ETA"
 # Terminals that cannot move the cursor: a live view would be a blank screen there.
@@ -53,7 +57,7 @@ def open_progress(
     clock: Clock,
     every: float = 10.0,
     wall: Callable[[], datetime] = datetime.now,
-    notes: Callable[[str], None] | None = None,
+    notes: Callable[[News], None] | None = None,
     color: bool = True,
     tag: str = "",
     verbosity: int = 0,
@@ -118,7 +122,7 @@ def view(
     def opened(
         *,
         clock: Clock,
-        notes: Callable[[str], None],
+        notes: Callable[[News], None],
         earlier: Mapping[Status, int] | None = None,
         responses: Responses | None = None,
         tally: RunTally | None = None,
@@ -154,7 +158,7 @@ class _LiveView:
         console: Console,
         *,
         clock: Clock,
-        notes: Callable[[str], None] | None,
+        notes: Callable[[News], None] | None,
         results: Path | None = None,
         earlier: Mapping[Status, int] | None = None,
         board: Board,
@@ -194,13 +198,13 @@ class _LiveView:
     def tick(self) -> None:
         """The live view redraws itself: its next slot and ETA are always there."""
 
-    def note(self, text: str) -> None:
+    def note(self, news: News) -> None:
         # While the view draws, only its console may print, above the view:
         # anything else is erased by the next redraw.
         if self._live.is_started or self._notes is None:
-            self._say(text)
+            self._say(spoken(news))
         else:
-            self._notes(text)
+            self._notes(news)
 
     def _render(self) -> RenderableType:
         # Runs on Rich's refresh thread: the board is only read under the lock

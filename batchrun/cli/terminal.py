@@ -4,7 +4,8 @@ exit code means (`MEANINGS`, the words for `errors.Exit`'s table).
 
 Every `BatchrunError` is caught once, in `reported`, printed on stderr without a
 traceback, and turned into its exit code; anything else is a bug (`internal_error`,
-`Exit.INTERNAL`). How a run ended is said by `said_ending`.
+`Exit.INTERNAL`). What a run tells on the way is said by `telling`, how it
+ended by `said_ending`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from batchrun.store.paths import StatePaths
 
 if TYPE_CHECKING:
     from batchrun.run.exit_code import Ending
+    from batchrun.run.news import News
 
 
 def interrupted() -> NoReturn:
@@ -98,16 +100,13 @@ def warning(text: str) -> None:
 
 def log_for(jobs_file: Path) -> Callable[[str], None]:
     """How `submit` writes on stderr: off a terminal (cron, a log file) each line
-    carries the time, the process and the jobs file, as the plain progress does;
-    a warning the run says ("Warning: …") is set apart, as `warning` writes it."""
+    carries the time, the process and the jobs file, as the plain progress does."""
     from batchrun.cli.plain_log import log_tag, stamped
 
     tag = log_tag(jobs_file)
 
     def say(text: str) -> None:
-        if text.startswith(_WARNING):
-            warning(text.removeprefix(_WARNING))
-        elif sys.stderr.isatty():
+        if sys.stderr.isatty():
             to_stderr(text)
         else:
             to_stderr(stamped(text, tag=tag, wall=datetime.now))
@@ -115,8 +114,20 @@ def log_for(jobs_file: Path) -> Callable[[str], None]:
     return say
 
 
-# How the run's own warnings start (store/runs.py says one before a --restart).
-_WARNING = "Warning: "
+def telling(say: Callable[[str], None]) -> Callable[[News], None]:
+    """How a run's news reaches `say`: as its sentence (`news.spoken`); a
+    warning (invites sent again on a --restart) is set apart, as `warning`
+    writes it."""
+    from batchrun.cli.news import spoken
+    from batchrun.store.runs import InvitesAgain
+
+    def tell(news: News) -> None:
+        if isinstance(news, InvitesAgain):
+            warning(spoken(news))
+        else:
+            say(spoken(news))
+
+    return tell
 
 
 @contextmanager
@@ -140,6 +151,7 @@ _FIX_THEN_RESUME = "once that is fixed, run the same command to send them."
 def said_ending(end: Ending, say: Callable[[str], None]) -> int:
     """Say what a submission left undone (jobs unknown, jobs left and why), and
     return its exit code."""
+    from batchrun.cli.news import why_text
     from batchrun.run.exit_code import Cause
 
     if end.unknown:
@@ -151,7 +163,7 @@ def said_ending(end: Ending, say: Callable[[str], None]) -> int:
     if end.left:
         stop = end.stop
         halted = None if stop is None else stop.reason(Cause.HALT)
-        why = "" if halted is None else f"Halted: {halted}. "
+        why = "" if halted is None else f"Halted: {why_text(halted)}. "
         tripped = stop is not None and stop.cause is Cause.BREAKER
         then = _FIX_THEN_RESUME if tripped else _RESUME
         say(f"{why}Stopped early with {end.left} job(s) left: {then}")

@@ -50,6 +50,7 @@ from redis.retry import Retry
 
 from batchrun.core.errors import LedgerLost, StateError, UsageError
 from batchrun.core.limits import Pace, Rule
+from batchrun.ledgers.lost import HistoryLost, Loss
 from batchrun.pacing.slots import Grant, Usage, Wait, paced, reach, spread_interval
 from batchrun.store.generation import read_marker, write_marker
 
@@ -215,7 +216,7 @@ class RedisLedger:
         hold: float,
         now: Callable[[], float],
         server_clock: Callable[[], float] | None = None,
-        notice: Callable[[str], None] | None = None,
+        notice: Callable[[HistoryLost], None] | None = None,
         marker: Path | None = None,
     ) -> None:
         self._url = url
@@ -339,12 +340,7 @@ class RedisLedger:
                 args += [f"{self._name}:{ticket}", expires, ttl]
             self._call(self._leases, keys, [_arg(a) for a in args])
         if self._notice is not None:
-            self._notice(
-                f"The send ledger at {redacted(self._url)} lost its history (Redis "
-                "restarted without persistence, was flushed or failed over, or "
-                "evicted a key): every window of every key is paced as if full "
-                "until the key's longest window has passed since the loss."
-            )
+            self._notice(HistoryLost(redacted(self._url), Loss.REDIS))
 
     def _answer_args(self, now: float) -> tuple[list[str], list[object]]:
         server = "" if self._server_clock is None else self._server_clock()

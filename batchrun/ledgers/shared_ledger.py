@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 
+from batchrun.ledgers.lost import HistoryLost
 from batchrun.ledgers.sqlite_ledger import SqliteLedger
 from batchrun.pacing.ledger import Ledger, MemoryLedger
 from batchrun.store.paths import StatePaths
@@ -24,7 +25,7 @@ def open_shared_ledger(
     hold: float,
     now: Callable[[], float],
     read_only: bool = False,
-    notice: Callable[[str], None] | None = None,
+    notice: Callable[[HistoryLost], None] | None = None,
 ) -> Ledger:
     """The client's ledger: Redis at `url` if given, else SQLite in `state`.
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from batchrun.core.clock import boot_id
 from batchrun.core.errors import LedgerLost, StateError
 from batchrun.core.limits import Pace, Rule
+from batchrun.ledgers.lost import HistoryLost, Loss
 from batchrun.pacing.slots import Grant, Usage, Wait, earliest_slot, reach
 from batchrun.store.database import open_database, write_transaction
 from batchrun.store.generation import (
@@ -155,7 +156,7 @@ class SqliteLedger:
         now: Callable[[], float],
         boot: str | None = None,
         read_only: bool = False,
-        notice: Callable[[str], None] | None = None,
+        notice: Callable[[HistoryLost], None] | None = None,
     ) -> None:
         """`now` is the machine clock (`clock.MachineClock().now`) and `boot` the
         id of the boot it counts from (`clock.boot_id()` unless given).
@@ -251,11 +252,7 @@ class SqliteLedger:
         self._generation = self._settle_generation(marker_of(self._path))
         self._seen = 0
         if self._notice is not None:
-            self._notice(
-                f"The send ledger {self._path} was emptied while in use: every "
-                "window of every key is paced as if full until the key's longest "
-                "window has passed."
-            )
+            self._notice(HistoryLost(str(self._path), Loss.EMPTIED))
 
     def _reserve(self, key: str, rule: Rule, pace: Pace, now: float) -> Grant | Wait:
         keep = max(_KEEP, reach(rule))

@@ -14,8 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from batchrun.api.breaker import Tripped
 from batchrun.core.errors import Exit, LedgerLost, StateError, rank
 from batchrun.core.events import Status
+from batchrun.run.halt import Halted
 from batchrun.store.state import RunStore
 
 
@@ -35,6 +37,10 @@ class Cause(StrEnum):
     STATE = "state"
 
 
+# Why a cause stopped a run: the halt's counts, the breaker's, or a state
+# error's message ("" for none: a deadline, a signal).
+Why = Halted | Tripped | str
+
 # The code each cause alone ends a run with.
 _CODE = {
     Cause.DEADLINE: Exit.STOPPED,
@@ -53,11 +59,11 @@ class Stop:
     ("" for none), and the state error that stopped it, if one did (only the
     first: the ledger lost or a state file unwritable, not both)."""
 
-    causes: tuple[tuple[Cause, str], ...]
+    causes: tuple[tuple[Cause, Why], ...]
     error: StateError | None = None
 
     @classmethod
-    def of(cls, cause: Cause, why: str = "") -> Stop:
+    def of(cls, cause: Cause, why: Why = "") -> Stop:
         return cls(((cause, why),))
 
     @classmethod
@@ -75,7 +81,7 @@ class Stop:
         added = tuple(c for c in later.causes if c[0] not in seen)
         return Stop(self.causes + added, self.error or later.error)
 
-    def reason(self, cause: Cause) -> str | None:
+    def reason(self, cause: Cause) -> Why | None:
         """Why `cause` stopped the run; None when it did not."""
         return next((why for met, why in self.causes if met is cause), None)
 

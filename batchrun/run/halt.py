@@ -8,7 +8,8 @@ whole night's quota on failures. As GNU parallel's `--halt soon,fail=N` (and
 A job counts as failed when it ended failed or unknown: both make the run exit 1.
 
 `HaltWatch` is an event sink: on each `JobFinished` it reads the run's tally and
-calls its `stop` (both given by whoever runs it) once, with the reason, the moment
+calls its `stop` (both given by whoever runs it) once, with the reason (`Halted`:
+the policy and the counts that met it, which the command line says), the moment
 the policy is met. The run then starts no new jobs, waits for those in flight,
 and exits 1 with the rest left for a resume.
 """
@@ -66,21 +67,26 @@ class HaltPolicy:
     def __str__(self) -> str:
         return f"{self.count}" if self.percent is None else f"{self.percent:g}%"
 
-    def reason(self, *, failed: int, ended: int) -> str | None:
+    def reason(self, *, failed: int, ended: int) -> Halted | None:
         """Why the run should halt now, with `failed` of its `ended` jobs failed;
         None while it should go on."""
         if self.count is not None:
             if failed < self.count:
                 return None
-            return f"{failed} job(s) failed in this run (--halt-after {self})"
+            return Halted(self, failed, ended)
         assert self.percent is not None
         if ended < MIN_ENDED or not failed or failed * 100 < self.percent * ended:
             return None
-        share = 100 * failed / ended
-        return (
-            f"{failed} of {ended} ended jobs failed in this run ({share:.0f}%, "
-            f"--halt-after {self})"
-        )
+        return Halted(self, failed, ended)
+
+
+@dataclass(frozen=True, slots=True)
+class Halted:
+    """Why a run halted: `failed` of its `ended` jobs failed, which met `policy`."""
+
+    policy: HaltPolicy
+    failed: int
+    ended: int
 
 
 class HaltWatch:
@@ -89,11 +95,11 @@ class HaltWatch:
 
     def __init__(self, policy: HaltPolicy) -> None:
         self._policy = policy
-        self._watched: tuple[RunTally, Callable[[str], None]] | None = None
+        self._watched: tuple[RunTally, Callable[[Halted], None]] | None = None
         # Set once the policy was met: why the run halted.
-        self.reason: str | None = None
+        self.reason: Halted | None = None
 
-    def watch(self, tally: RunTally, stop: Callable[[str], None]) -> None:
+    def watch(self, tally: RunTally, stop: Callable[[Halted], None]) -> None:
         """Judge `tally`, the run's (which counts each `JobFinished` before the
         watch hears it), and halt the run through `stop`."""
         self._watched = (tally, stop)

@@ -26,11 +26,13 @@ from batchrun.core.errors import Exit, JobsFileError, RunLocked, code_of
 from batchrun.core.events import ENDED, RunTally, Status, Tee
 from batchrun.core.limits import LimitKey, Rule, table_text
 from batchrun.core.responses import Responses
+from batchrun.ledgers.lost import HistoryLost, Loss
 from batchrun.ledgers.shared_ledger import open_shared_ledger
 from batchrun.pacing.ledger import Ledger, MemoryLedger
 from batchrun.run.exit_code import Ending, Stop, ending
 from batchrun.run.halt import HaltPolicy, HaltWatch
 from batchrun.run.journal import Journal
+from batchrun.run.news import News, NothingToSend, Resuming
 from batchrun.run.settings import Settings
 from batchrun.run.supervisor import pending_counts, supervise
 from batchrun.run.view import View
@@ -73,10 +75,11 @@ class Submission:
     ended: Callable[[int], None] | None = field(default=None, repr=False)
 
 
-def submit(job: Submission, *, say: Callable[[str], None]) -> Ending:
+def submit(job: Submission, *, say: Callable[[News], None]) -> Ending:
     """Run one submission; return how it ended, with its exit code
     (docs/reference/contract.md#exit-codes), and tell `job.ended` the code, also
-    when it raises."""
+    when it raises. `say` is told the run's news (values: `news.News`) that its
+    view does not show."""
     code: int = Exit.INTERNAL
     try:
         end = _submit(job, say)
@@ -90,7 +93,7 @@ def submit(job: Submission, *, say: Callable[[str], None]) -> Ending:
     return end
 
 
-def _submit(job: Submission, say: Callable[[str], None]) -> Ending:
+def _submit(job: Submission, say: Callable[[News], None]) -> Ending:
     """Lock the jobs file and run it; a file that cannot be taken in (missing,
     unreadable, a bad row) leaves no run folder, run store or ledger behind."""
     _readable(job.jobs_file)
@@ -105,7 +108,7 @@ def _submit(job: Submission, say: Callable[[str], None]) -> Ending:
             raise
 
 
-def _locked(job: Submission, say: Callable[[str], None]) -> Ending:
+def _locked(job: Submission, say: Callable[[News], None]) -> Ending:
     with _store(job, say) as store:
         restart = runs.starts_over(
             store, restart=job.restart, run_id=job.run_id, say=say
@@ -117,11 +120,7 @@ def _locked(job: Submission, say: Callable[[str], None]) -> Ending:
         notes = _Notes(say)
         with contextlib.closing(_ledger(job, notes)) as ledger:
             if getattr(ledger, "lost_history", False):
-                say(
-                    f"The send ledger {job.state.ledger} was emptied, deleted or "
-                    "replaced since it was last used: each window is paced as if "
-                    "it were full."
-                )
+                say(HistoryLost(str(job.state.ledger), Loss.SINCE_LAST_USED))
             _prepare(store, job, restart=restart, ended=ended, say=say)
             return _send(store, job, ledger, notes)
 
@@ -146,7 +145,7 @@ def _prepare(
     *,
     restart: bool,
     ended: int,
-    say: Callable[[str], None],
+    say: Callable[[News], None],
 ) -> None:
     """Settle what the store sends this run, and record the run's settings."""
     if job.run_id is not None:
@@ -233,7 +232,7 @@ async def _run(
 
 
 @contextlib.contextmanager
-def _store(job: Submission, say: Callable[[str], None]) -> Iterator[RunStore]:
+def _store(job: Submission, say: Callable[[News], None]) -> Iterator[RunStore]:
     """The run store of the jobs file against the target (a sandbox run's is in
     the sandbox's own state folder: `StatePaths.sandbox`)."""
     target = job.target
@@ -262,11 +261,11 @@ class _Notes:
     """Where the ledger's notes go (a history it lost mid-run): the log, or the
     run's view while one shows the run."""
 
-    def __init__(self, say: Callable[[str], None]) -> None:
+    def __init__(self, say: Callable[[News], None]) -> None:
         self.to = say
 
-    def __call__(self, text: str) -> None:
-        self.to(text)
+    def __call__(self, news: News) -> None:
+        self.to(news)
 
 
 def _ledger(job: Submission, notes: _Notes) -> Ledger:
@@ -282,23 +281,11 @@ def _ledger(job: Submission, notes: _Notes) -> Ledger:
     )
 
 
-def _announce(store: RunStore, job: Submission, say: Callable[[str], None]) -> None:
+def _announce(store: RunStore, job: Submission, say: Callable[[News], None]) -> None:
     total = runs.totals(store)
     earlier = sum(total[s] for s in ENDED)
     if earlier and total[Status.PENDING]:
-        say(
-            f"Resuming: {total[Status.DONE]} done earlier, {total[Status.PENDING]}"
-            f" to send, {total[Status.FAILED]} failed (--retry-failed retries"
-            f" them), {total[Status.UNKNOWN]} unknown (--retry-unknown)."
-        )
+        say(Resuming(total))
     if total[Status.PENDING]:
         return
-    round_ = store.get_meta("round")
-    named = f" (round {round_})" if round_ else ""
-    say(
-        f"Nothing to send: every job of {job.jobs_file} ended in an earlier run"
-        f"{named}: {total[Status.DONE]} done, {total[Status.FAILED]} failed "
-        f"(--retry-failed), {total[Status.UNKNOWN]} unknown (--retry-unknown). "
-        "To send every job again as a new round, give a new --run-id (--run-id %F: "
-        "one round a day); --restart forgets the run."
-    )
+    say(NothingToSend(job.jobs_file, store.get_meta("round"), total))

@@ -13,8 +13,9 @@ import anyio
 
 from batchrun.core.events import Status
 from batchrun.core.limits import LimitKey
-from batchrun.run.exit_code import Cause, Stop
+from batchrun.run.exit_code import Cause, Stop, Why
 from batchrun.run.halt import HaltWatch
+from batchrun.run.news import News, Stopping
 from batchrun.run.runner import Runner
 from batchrun.run.view import QUIET, ProgressSink
 from batchrun.store.state import RunStore
@@ -41,15 +42,15 @@ async def supervise(
     sources = {key: store.pending(key) for key in pending}
     said = False
 
-    def stop(text: str, cause: Cause, why: str = "") -> None:
+    def stop(cause: Cause, why: Why = "") -> None:
         nonlocal said
         if not said:
             said = True
-            say(f"{text}: starting no new requests, waiting for those in flight.")
+            say(Stopping(cause, why))
         runner.stop(Stop.of(cause, why))
 
     if halt is not None:
-        halt.watch(runner.tally, lambda why: stop(f"Halted: {why}", Cause.HALT, why))
+        halt.watch(runner.tally, lambda halted: stop(Cause.HALT, halted))
 
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(_on_signals, stop, tasks.cancel_scope, say)
@@ -61,7 +62,7 @@ async def supervise(
     return _ended(runner.stopped, say)
 
 
-def _ended(stopped: Stop | None, say: Callable[[str], None]) -> Stop | None:
+def _ended(stopped: Stop | None, say: Callable[[News], None]) -> Stop | None:
     """Say what the runner's own stop was, once those in flight have ended: the
     breaker, or a lost ledger; a state file that could not be written raises,
     unless the breaker stopped the run."""
@@ -70,9 +71,9 @@ def _ended(stopped: Stop | None, say: Callable[[str], None]) -> Stop | None:
     breaker = stopped.reason(Cause.BREAKER)
     lost = stopped.reason(Cause.LEDGER_LOST)
     if breaker is not None:
-        say(f"Circuit breaker: {breaker}")
+        say(Stopping(Cause.BREAKER, breaker))
     elif lost is not None:
-        say(f"Ledger lost: {lost}\nStarted no new requests; those in flight ended.")
+        say(Stopping(Cause.LEDGER_LOST, lost))
     elif stopped.error is not None:
         msg = (
             f"{stopped.error.message}\nThe run stopped: it started no new requests, "
@@ -84,24 +85,19 @@ def _ended(stopped: Stop | None, say: Callable[[str], None]) -> Stop | None:
 
 
 async def _on_signals(
-    stop: Callable[[str, Cause], None],
+    stop: Callable[[Cause], None],
     everything: anyio.CancelScope,
-    say: Callable[[str], None],
+    say: Callable[[News], None],
 ) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         interrupts = 0
         async for signum in signals:
             interrupts += signum == signal.SIGINT
             if interrupts >= 2:
-                say(
-                    "Second Ctrl-C: stopping now; in-flight jobs are settled on resume."
-                )
+                say(Stopping(Cause.SIGINT, at_once=True))
                 everything.cancel()
                 return
-            if signum == signal.SIGINT:
-                stop("Ctrl-C (again to stop at once)", Cause.SIGINT)
-            else:
-                stop("SIGTERM (Ctrl-C to stop at once)", Cause.SIGTERM)
+            stop(Cause.SIGINT if signum == signal.SIGINT else Cause.SIGTERM)
 
 
 async def _heartbeat(tick: Callable[[], None]) -> None:
@@ -111,6 +107,6 @@ async def _heartbeat(tick: Callable[[], None]) -> None:
         tick()
 
 
-async def _after(seconds: float, stop: Callable[[str, Cause], None]) -> None:
+async def _after(seconds: float, stop: Callable[[Cause], None]) -> None:
     await anyio.sleep(seconds)
-    stop("Deadline reached", Cause.DEADLINE)
+    stop(Cause.DEADLINE)

@@ -1,18 +1,22 @@
 """What a run asks of the view it is shown in, which its caller opens for it.
 
-The run emits its events to a `ProgressSink`, passes it notes (a signal's
-acknowledgement), ticks it in quiet spells, and closes it at the end; the caller
-(the command line's live view or plain log) decides what a person sees.
+The run emits its events to a `ProgressSink`, passes it its news (a signal's
+acknowledgement: `news.News`, values), ticks it in quiet spells, and closes it
+at the end; the caller (the command line's live view or plain log) decides what
+a person sees.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from batchrun.core.clock import Clock
 from batchrun.core.events import EventSink, RunTally, Status
 from batchrun.core.responses import Responses
+
+if TYPE_CHECKING:
+    from batchrun.run.news import News
 
 # A plain log quiet this long (a long wait for a slot or a cool-down) says what it
 # waits for; `tick()` is called often enough that a cron log gets a line a minute.
@@ -26,8 +30,8 @@ class ProgressSink(EventSink, Protocol):
         """Stop any live display and print the final summary; idempotent."""
         ...
 
-    def note(self, text: str) -> None:
-        """Show a message (a signal's acknowledgement) without breaking the view."""
+    def note(self, news: News) -> None:
+        """Show `news` (a signal's acknowledgement) without breaking the view."""
         ...
 
     def tick(self) -> None:
@@ -36,8 +40,8 @@ class ProgressSink(EventSink, Protocol):
 
 
 class View(Protocol):
-    """Opens the sink a run is shown in: it reads `clock`, and says its notes
-    through `notes` unless it draws them itself. `earlier`: the file's jobs that
+    """Opens the sink a run is shown in: it reads `clock`, and hands the news it
+    is given to `notes` unless it draws them itself. `earlier`: the file's jobs that
     ended in earlier runs, by how they ended (`events.ENDED`), so that a
     resumed run's summary counts the whole file. `responses`: the run's answers
     by code, which the run counts (it keeps them for `status`), and `tally`: the
@@ -48,7 +52,7 @@ class View(Protocol):
         self,
         *,
         clock: Clock,
-        notes: Callable[[str], None],
+        notes: Callable[[News], None],
         earlier: Mapping[Status, int] | None = None,
         responses: Responses | None = None,
         tally: RunTally | None = None,

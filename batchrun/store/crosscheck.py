@@ -21,7 +21,8 @@ loses the offset's moves with them).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from batchrun.core.events import Status
@@ -29,6 +30,19 @@ from batchrun.store.results import ends_since
 from batchrun.store.state import RunStore
 
 _SEEN = "results_seen"
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """Jobs the results file `results` records as ended, which the run store
+    still had to send, took their ends: how many by state (`ended`), how many
+    of them not safe to send twice (`unsafe`), and whether those are all
+    invites."""
+
+    results: Path
+    ended: Mapping[Status, int]
+    unsafe: int
+    invites: bool
 
 
 def seen(store: RunStore, results: Path, offset: int) -> None:
@@ -61,7 +75,7 @@ def reconcile(
     results: Path,
     *,
     starting_over: bool,
-    say: Callable[[str], None],
+    say: Callable[[Recovered], None],
 ) -> None:
     """Settle the jobs the results file records as ended but the store does not;
     a run that starts over (or a store that never recorded the file) reads
@@ -74,27 +88,15 @@ def reconcile(
     changed = store.settle(ends)
     seen(store, results, end)
     if changed:
-        say(_told(changed, results))
+        say(_recovered(changed, results))
 
 
-def _told(changed: dict[tuple[str, bool, Status], int], results: Path) -> str:
+def _recovered(
+    changed: dict[tuple[str, bool, Status], int], results: Path
+) -> Recovered:
     by_state = {
         s: sum(n for (_, _, st), n in changed.items() if st is s) for s in Status
     }
     unsafe = sum(n for (_, flag, _), n in changed.items() if flag)
     kinds = {kind for (kind, flag, _) in changed if flag}
-    what = "invites" if kinds == {"invite"} else "not safe to send twice"
-    named = f", {unsafe} of them {what}," if unsafe else ""
-    kind = ", ".join(
-        f"{by_state[s]} {s.value}"
-        for s in (Status.DONE, Status.UNKNOWN, Status.FAILED)
-        if by_state[s]
-    )
-    total = sum(changed.values())
-    return (
-        f"The results file {results} records {total} job(s){named} as ended that "
-        f"the run store still had to send ({kind}): the store lost its latest "
-        "writes (its -wal file deleted while in use? a state folder restored from "
-        "a backup?). They are not sent again; --retry-unknown and --retry-failed "
-        "resend those asked for."
-    )
+    return Recovered(results, by_state, unsafe, invites=kinds == {"invite"})

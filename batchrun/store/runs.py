@@ -20,6 +20,9 @@ the run over (a new night of a nightly file), as `--restart` does; both say how
 many done invites go out again before any does. Each round's requests carry
 Idempotency-Keys of their own, so a server does not drop them as repeats.
 
+What it tells on the way (a run followed across a move, a run started over) are
+values, which the command line says.
+
 Invariant: no store that holds sent jobs of the file is silently passed over.
 """
 
@@ -29,6 +32,7 @@ import contextlib
 import itertools
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from batchrun.core.errors import BatchrunError, StateError, UsageError
@@ -52,13 +56,42 @@ _SAMPLE = 200
 _SUFFIXES = (".db", ".db-wal", ".db-shm", ".generation")
 
 
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """The run of `recorded` (the path its store recorded) resumes: its file
+    moved to `jobs_file`."""
+
+    recorded: str
+    jobs_file: Path
+
+
+@dataclass(frozen=True, slots=True)
+class StartedOver:
+    """The run starts over, every job sent again: a new round named `run_id`
+    (None: --restart), after the round `before` (None: unnamed), of which
+    `done` jobs were done and `never_sent` never sent."""
+
+    run_id: str | None
+    before: str | None
+    done: int
+    never_sent: int
+
+
+@dataclass(frozen=True, slots=True)
+class InvitesAgain:
+    """A warning before a run starts over: `invites` invites done or unknown in
+    the earlier run are sent again."""
+
+    invites: int
+
+
 def locate(
     paths: StatePaths,
     jobs_file: Path,
     *,
     base_url: str,
     client: str,
-    say: Callable[[str], None],
+    say: Callable[[Moved], None],
 ) -> Path:
     """The run store of `jobs_file` against `base_url`: where it is, or where it
     moves to from a legacy name or a moved file's folder.
@@ -82,7 +115,7 @@ def locate(
                 recorded = _meta(other, "jobs_file") or "?"
                 with RunLock(other.parent, Path(recorded)):
                     _move(other, path)
-                say(f"Resuming the run of {recorded}, which moved to {jobs_file}.")
+                say(Moved(recorded, jobs_file))
                 return path
     return path
 
@@ -235,7 +268,7 @@ def starts_over(
     *,
     restart: bool,
     run_id: str | None,
-    say: Callable[[str], None],
+    say: Callable[[StartedOver | InvitesAgain], None],
 ) -> bool:
     """Whether the run starts over: --restart, or a --run-id other than the
     store's round. Says what is sent again, invites first."""
@@ -252,17 +285,9 @@ def starts_over(
         if key is LimitKey.INVITE and state in (Status.DONE, Status.UNKNOWN)
     )
     left = total[Status.PENDING] + total[Status.IN_FLIGHT]
-    why = f"New round {run_id}" if new_round else "--restart"
-    say(
-        f"{why}: every job is sent again, {total[Status.DONE]} done in the "
-        f"earlier run{f' (round {before})' if before else ''} included; "
-        f"{left} of it were never sent."
-    )
+    say(StartedOver(run_id if new_round else None, before, total[Status.DONE], left))
     if invites:
-        say(
-            f"Warning: {invites} invite(s) done or unknown in the earlier run will "
-            "be sent again: each invitee gets the email again."
-        )
+        say(InvitesAgain(invites))
     return True
 
 
