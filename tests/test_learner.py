@@ -4,11 +4,12 @@ format the ledger keeps (batchrun/pacing/kept.py)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import anyio
 
 from batchrun.core.clock import LoopClock, wall_time
-from batchrun.core.events import RuleLearned
+from batchrun.core.events import Because, Evidence, RuleLearned
 from batchrun.core.limits import LimitKey, Pace, Rule, Window, parse_rule
 from batchrun.pacing.kept import (
     KEPT_FOR,
@@ -30,7 +31,7 @@ TEN = Candidate(LimiterKind.SLIDING, parse_rule("10/2s"))
 
 
 def kept(candidate: Candidate = TEN, *, began: float, life: float = 4.0) -> Kept:
-    return Kept(candidate, "2 requests refused", began, began + life, life)
+    return Kept(candidate, Evidence(Because.REFUSED, 2), began, began + life, life)
 
 
 def test_a_lesson_reads_back_as_kept_for_its_own_rule_only():
@@ -43,6 +44,21 @@ def test_a_lesson_reads_back_as_kept_for_its_own_rule_only():
     assert read_lesson("{not json", given=GIVEN, now=now) is None
     old = lesson_text(kept(began=now - KEPT_FOR - 60), given=GIVEN)
     assert read_lesson(old, given=GIVEN, now=now) is None
+
+
+def test_why_a_lesson_was_learned_is_kept_as_a_value():
+    """The evidence reads back as it was kept: the refusals, or the rule the
+    server stated; a kind of evidence no batchrun wrote reads as nothing."""
+    now = wall_time()
+    stated = Evidence(Because.STATED, rule=parse_rule("10/2s+500/1h"))
+    for why in (Evidence(Because.AGAIN, 7), stated):
+        lesson = replace(kept(began=now), why=why)
+        back = read_lesson(lesson_text(lesson, given=GIVEN), given=GIVEN, now=now)
+        assert back is not None
+        assert back.why == why
+    fields = json.loads(lesson_text(kept(began=now), given=GIVEN))
+    fields["because"] = "a hunch"
+    assert read_lesson(json.dumps(fields), given=GIVEN, now=now) is None
 
 
 def test_a_kept_text_looser_than_the_given_rule_reads_as_nothing():

@@ -11,6 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from batchrun.cli.metrics import MetricsFile, last_success
 from batchrun.cli.progress import open_progress, view
 from batchrun.core.events import (
+    Because,
+    Evidence,
     JobAnswered,
     JobFinished,
     JobRequeued,
@@ -27,6 +29,7 @@ from batchrun.core.responses import Responses
 
 RQ = LimitKey.RUN_QUERY
 INV = LimitKey.INVITE
+REFUSED = Evidence(Because.REFUSED, 2)
 
 
 def read(path) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -72,7 +75,7 @@ def _a_run(metrics: MetricsFile) -> None:
     metrics.emit(JobFinished(3.0, RQ, "b", Status.FAILED, 1, 400, "HTTP 400"))
     metrics.emit(JobFinished(3.0, INV, "c", Status.DONE, 1, 201, None))
     metrics.emit(JobFinished(3.0, INV, "d", Status.UNKNOWN, 1, None, "timeout"))
-    metrics.emit(RuleLearned(4.0, RQ, parse_rule("10/1m"), False, "two 429s"))
+    metrics.emit(RuleLearned(4.0, RQ, parse_rule("10/1m"), False, REFUSED))
 
 
 def test_an_ended_run_writes_every_count_the_issue_names(tmp_path):

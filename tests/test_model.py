@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batchrun.core.events import Because, Evidence
 from batchrun.core.limits import Pace, Rule, Window, parse_rule
 from batchrun.pacing.limiters import LimiterKind, make_limiter
 from batchrun.pacing.model import (
@@ -28,6 +29,7 @@ from batchrun.pacing.model import (
 )
 from batchrun.pacing.slots import Usage, earliest_slot
 
+WHY = Evidence(Because.REFUSED, 2)
 GIVEN = parse_rule("30/2s")
 LENGTHS = lengths(GIVEN)
 
@@ -141,7 +143,7 @@ def test_a_retry_after_says_when_a_request_would_still_be_refused():
 def test_every_lesson_is_re_tested_within_its_lifetime():
     """Adopted at t, a lesson paces the key until t + its life, then G does."""
     model = KeyModel(GIVEN, LENGTHS)
-    lesson = model.adopt(Candidate(LimiterKind.SLIDING, parse_rule("10/2s")), "x", 5.0)
+    lesson = model.adopt(Candidate(LimiterKind.SLIDING, parse_rule("10/2s")), WHY, 5.0)
     assert lesson.life == FIRST_LIFE * 2.0
     assert model.current(5.0 + lesson.life - 1e-6).rule == parse_rule("10/2s")
     assert model.current(5.0 + lesson.life).rule == GIVEN
@@ -152,7 +154,7 @@ def test_a_lesson_the_server_confirms_again_lives_twice_as_long():
     twice its life; one that does not is not."""
     model = KeyModel(GIVEN, LENGTHS)
     ten = Candidate(LimiterKind.SLIDING, parse_rule("10/2s"))
-    model.adopt(ten, "x", 0.0)
+    model.adopt(ten, WHY, 0.0)
     model.current(4.0)  # expired
     for answer in answered(
         "10/2s", LimiterKind.SLIDING, [4.0 + 0.01 * n for n in range(12)]
@@ -170,9 +172,9 @@ def test_a_lessons_life_counts_in_its_own_windows_not_in_gs():
     given = parse_rule("15/2s+500/2m")
     model = KeyModel(given, lengths(given))
     ten = Candidate(LimiterKind.SLIDING, parse_rule("15/2s+20/10s+500/2m"))
-    assert model.adopt(ten, "x", 0.0).life == FIRST_LIFE * 10.0
+    assert model.adopt(ten, WHY, 0.0).life == FIRST_LIFE * 10.0
     shape = Candidate(LimiterKind.WEIGHTED, given)
-    assert model.adopt(shape, "x", 0.0).life == FIRST_LIFE * 2.0
+    assert model.adopt(shape, WHY, 0.0).life == FIRST_LIFE * 2.0
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -205,7 +207,7 @@ def test_a_lesson_ends_when_the_answers_choose_g():
     """A lesson slower than the answers show (a window of G accepted in full
     since, refusals only past it) ends at the next reading: G paces again."""
     model = KeyModel(GIVEN, LENGTHS)
-    model.adopt(Candidate(LimiterKind.SLIDING, parse_rule("5/2s")), "x", 0.0)
+    model.adopt(Candidate(LimiterKind.SLIDING, parse_rule("5/2s")), WHY, 0.0)
     for answer in answered("30/2s", LimiterKind.SLIDING, [0.01 * n for n in range(34)]):
         model.add(answer, answer.latest)
     assert model.decide(0.5) is None

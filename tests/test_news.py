@@ -9,8 +9,9 @@ import pytest
 
 from batchrun.api.breaker import Tripped
 from batchrun.cli import terminal
-from batchrun.cli.news import spoken, why_text
-from batchrun.core.events import Status
+from batchrun.cli.news import evidence_text, spoken, why_text
+from batchrun.core.events import Because, Evidence, Status
+from batchrun.core.limits import parse_rule
 from batchrun.ledgers.lost import HistoryLost, Loss
 from batchrun.run.exit_code import Cause
 from batchrun.run.halt import Halted, HaltPolicy
@@ -166,3 +167,23 @@ def test_a_warning_is_set_apart(capsys):
         "again: each invitee gets the email again.\n"
     )
     assert said == [f"Deadline reached{WAITING}"]
+
+
+@pytest.mark.parametrize(
+    ("evidence", "text"),
+    [
+        (Evidence(Because.REFUSED, 2), "2 requests refused"),
+        (Evidence(Because.AGAIN, 7), "7 requests refused again"),
+        (
+            Evidence(Because.STATED, rule=parse_rule("10/2s+500/1h")),
+            "the server states 10/2s+500/1h in its rate-limit headers",
+        ),
+        (
+            Evidence(Because.SAFER, rule=parse_rule("15/1m+500/1h")),
+            "the safer statement 15/1m+500/1h",
+        ),
+    ],
+)
+def test_why_a_rule_was_learned_is_said_as_before(evidence: Evidence, text: str):
+    """The learner keeps its evidence as a value; the words are the cli's."""
+    assert evidence_text(evidence) == text

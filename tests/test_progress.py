@@ -16,6 +16,8 @@ from batchrun.cli.plain_log import fitted, log_tag, stamped
 from batchrun.cli.progress import open_progress
 from batchrun.core import durations
 from batchrun.core.events import (
+    Because,
+    Evidence,
     InFlightCapped,
     JobFinished,
     JobRequeued,
@@ -633,19 +635,23 @@ def test_a_learned_rule_is_a_plain_line_and_marks_the_live_rule(plain, stream):
     """RuleLearned prints one line naming the new rule and why; the board's rule
     for the key becomes it, marked as learned."""
     plain.emit(start())
-    plain.emit(RuleLearned(1.0, RQ, parse_rule("10/2s"), False, "8 refused after 10"))
+    plain.emit(
+        RuleLearned(1.0, RQ, parse_rule("10/2s"), False, Evidence(Because.REFUSED, 8))
+    )
     assert (
         "run-query: the server allows less than the rule; now 10/2s"
         in stream.getvalue()
     )
-    assert "(8 refused after 10)" in stream.getvalue()
+    assert "(8 requests refused)" in stream.getvalue()
 
 
 def test_live_row_marks_a_learned_rule(live, stream):
     """The live table marks a learned rule with `*`, said under the table, so the
     rule column never wraps."""
     live.emit(start())
-    live.emit(RuleLearned(1.0, RQ, parse_rule("10/2s"), True, "why"))
+    live.emit(
+        RuleLearned(1.0, RQ, parse_rule("10/2s"), True, Evidence(Because.REFUSED, 2))
+    )
     live.close()
     frame = last_frame(stream)
     assert row(frame, RQ).split()[1:3] == ["10/2s*", "0/10"]
@@ -655,7 +661,11 @@ def test_live_row_marks_a_learned_rule(live, stream):
 def test_live_rule_column_does_not_wrap_at_80_columns(live, stream):
     """A learned two-window rule beside 4-digit counts stays on its row."""
     live.emit(start({RQ: 1200, INVITE: 200}, {RQ: "15/1m+500/1h", INVITE: "15/5m"}))
-    live.emit(RuleLearned(1.0, RQ, parse_rule("15/10s+500/1h"), False, "why"))
+    live.emit(
+        RuleLearned(
+            1.0, RQ, parse_rule("15/10s+500/1h"), False, Evidence(Because.REFUSED, 2)
+        )
+    )
     live.close()
     frame = last_frame(stream).splitlines()
     rows = [line for line in frame if line.strip()][1:]

@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from batchrun.cli.news import evidence_text
 from batchrun.core import durations
 from batchrun.core.clock import Clock
 from batchrun.core.events import (
     Event,
+    Evidence,
     InFlightCapped,
     JobAnswered,
     JobFinished,
@@ -65,7 +67,7 @@ class KeyCounts:
     # From the last SlotWait: None waits for an answer; -inf once a request left.
     slot: float | None = -math.inf
     # Set once the server showed a stricter limit than the rule (RuleLearned).
-    learned: str | None = None
+    learned: Evidence | None = None
     spread: bool = False
 
     @property
@@ -219,11 +221,12 @@ def _eta(state: KeyCounts, pace: Pace, now: float) -> float:
 def learned_text(event: RuleLearned) -> str:
     """A line saying what the server showed about a key's limit, and what now."""
     pace = ", spaced evenly" if event.spread else ""
+    evidence = evidence_text(event.evidence)
     if event.kept:
-        return f"{event.key}: {event.rule}{pace}, {event.evidence}"
+        return f"{event.key}: {event.rule}{pace}, {evidence}"
     return (
         f"{event.key}: the server allows less than the rule; now {event.rule}{pace} "
-        f"({event.evidence})"
+        f"({evidence})"
     )
 
 

@@ -8,9 +8,12 @@ reason, a ledger's lost history); the words are all here.
 
 from __future__ import annotations
 
+import time
+
 from batchrun.api.breaker import Tripped
-from batchrun.core.events import Status
+from batchrun.core.events import Because, Evidence, Status
 from batchrun.ledgers.lost import HistoryLost, Loss
+from batchrun.pacing.kept import Kept
 from batchrun.run.exit_code import Cause, Why
 from batchrun.run.halt import Halted
 from batchrun.run.news import News, NothingToSend, Resuming, Stopping
@@ -164,3 +167,26 @@ def _history_lost(news: HistoryLost) -> str:
         f"The send ledger {news.ledger} was emptied while in use: every window of "
         "every key is paced as if full until the key's longest window has passed."
     )
+
+
+def evidence_text(evidence: Evidence) -> str:
+    """Why a key is paced by a learned rule, in words."""
+    match evidence.because:
+        case Because.REFUSED:
+            return f"{evidence.refused} requests refused"
+        case Because.AGAIN:
+            return f"{evidence.refused} requests refused again"
+        case Because.STATED:
+            return f"the server states {_grammar(evidence)} in its rate-limit headers"
+        case Because.SAFER:
+            return f"the safer statement {evidence.rule}"
+
+
+def learned_text(kept: Kept) -> str:
+    """When a kept lesson was learned, and why."""
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(kept.began))
+    return f"learned {when}: {evidence_text(kept.why)}"
+
+
+def _grammar(evidence: Evidence) -> str:
+    return "" if evidence.rule is None else evidence.rule.grammar

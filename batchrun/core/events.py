@@ -128,6 +128,30 @@ class SlotWait:
     until: float | None
 
 
+class Because(StrEnum):
+    """Why a key is paced by a rule other than its own (`Evidence`)."""
+
+    # That many requests were refused, as the rule explains.
+    REFUSED = "refused"
+    # A lesson that had expired explains that many refusals again.
+    AGAIN = "again"
+    # The server states the rule's windows in its rate-limit headers.
+    STATED = "stated"
+    # --profile auto starts from the safer statement, until the server settles it.
+    SAFER = "safer"
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """Why a key is paced by a learned rule, as a value (`cli` words it):
+    `refused` requests (REFUSED, AGAIN), or the `rule` the server stated or
+    the safer statement (STATED, SAFER)."""
+
+    because: Because
+    refused: int = 0
+    rule: Rule | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class RuleLearned:
     """The server showed it allows less than `key`'s rule: it now paces by `rule`
@@ -138,7 +162,7 @@ class RuleLearned:
     key: LimitKey
     rule: Rule
     spread: bool
-    evidence: str
+    evidence: Evidence
     kept: bool = False
 
 

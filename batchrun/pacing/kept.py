@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from batchrun.core.errors import UsageError
+from batchrun.core.events import Because, Evidence
 from batchrun.core.limits import Rule, Window
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.model import Candidate
@@ -44,7 +44,7 @@ class Kept:
     seconds (`life`: its length)."""
 
     candidate: Candidate
-    why: str
+    why: Evidence
     began: float
     expires: float
     life: float
@@ -64,7 +64,9 @@ def lesson_text(kept: Kept, *, given: Rule) -> str:
             "burst": candidate.rule.burst,
             "origin": candidate.origin,
             "counts_refused": candidate.counts_refused,
-            "why": kept.why,
+            "because": kept.why.because.value,
+            "refused": kept.why.refused,
+            "rule": None if kept.why.rule is None else _pairs(kept.why.rule),
             "given": _pairs(given),
             "began": kept.began,
             "expires": kept.expires,
@@ -91,17 +93,17 @@ def read_lesson(text: str | None, *, given: Rule, now: float) -> Kept | None:
         )
         began, expires = float(fields["began"]), float(fields["expires"])
         life = float(fields["life"])
-        why = str(fields["why"])
+        named = fields["rule"]
+        why = Evidence(
+            Because(fields["because"]),
+            int(fields["refused"]),
+            None if named is None else Rule(_windows(named)),
+        )
     except _UNREADABLE:
         return None
     if not now - KEPT_FOR <= began <= now + _SLACK or not _within(rule, given):
         return None
     return Kept(candidate, why, began, expires, life)
-
-
-def learned_when(kept: Kept) -> str:
-    """When the lesson began, as a person reads it."""
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(kept.began))
 
 
 def record_text(record: dict[float, int], *, given: Rule, at: float) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from batchrun.core.clock import Clock, wall_time
-from batchrun.core.events import EventSink, RuleLearned
+from batchrun.core.events import Because, EventSink, Evidence, RuleLearned
 from batchrun.core.limits import LimitKey, Pace, Rule, Window
 from batchrun.pacing.kept import (
     RECORD_SUFFIX,
@@ -90,9 +90,8 @@ class Learner:
             lesson = self._recalled(state.model, kept, now, wall)
             if lesson is None and key in self._fallback:
                 safer = Candidate(LimiterKind.SLIDING, self._fallback[key])
-                lesson = state.model.adopt(
-                    safer, f"the safer statement {safer.rule}", now
-                )
+                why = Evidence(Because.SAFER, rule=safer.rule)
+                lesson = state.model.adopt(safer, why, now)
             if lesson is not None:
                 self._pace(key, lesson, kept=kept is not None)
         found, self._reports = self._reports, []
@@ -182,8 +181,7 @@ class Learner:
         candidate = Candidate(LimiterKind.SLIDING, rule)
         if candidate.speed <= held.speed:
             return
-        stated = "+".join(str(w) for w in policy)
-        why = f"the server states {stated} in its rate-limit headers"
+        why = Evidence(Because.STATED, rule=Rule(tuple(policy)))
         self._pace(key, model.adopt(candidate, why, now))
 
     def opens(

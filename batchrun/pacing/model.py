@@ -62,6 +62,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from batchrun.core.events import Because, Evidence
 from batchrun.core.limits import Pace, Rule, Window
 from batchrun.pacing.limiters import Limiter, LimiterKind, make_limiter
 
@@ -399,7 +400,7 @@ class Lesson:
     pacer's clock), and its lifetime."""
 
     candidate: Candidate
-    why: str
+    why: Evidence
     began: float
     expires: float
     life: float
@@ -438,7 +439,12 @@ class KeyModel:
         return self.plain if self.lesson is None else self.lesson.candidate
 
     def adopt(
-        self, candidate: Candidate, why: str, now: float, *, life: float | None = None
+        self,
+        candidate: Candidate,
+        why: Evidence,
+        now: float,
+        *,
+        life: float | None = None,
     ) -> Lesson:
         """Pace by `candidate` from `now` for `life` (default: `FIRST_LIFE` of
         the longest of its own windows)."""
@@ -476,7 +482,7 @@ class KeyModel:
         if again is not None and explains(again.candidate, evidence):
             life = GROWTH * again.life
             refused = sum(not a.accepted for a in evidence)
-            why = f"{refused} requests refused again"
+            why = Evidence(Because.AGAIN, refused)
             return self.adopt(again.candidate, why, now, life=life)
         told = [*evidence, *said(evidence)]
         if self.read or (held != self.plain and explains(held, told)):
@@ -500,7 +506,7 @@ class KeyModel:
             # acceptance.
             self.read = refusals > TAU
             return None  # what paces the key stays
-        return self.adopt(candidate, f"{refusals} requests refused", now)
+        return self.adopt(candidate, Evidence(Because.REFUSED, refusals), now)
 
     def lesson_ends(self, now: float) -> None:
         """The lesson in force ends at `now`, as if it expired."""

@@ -27,7 +27,7 @@ from batchrun.core.limits import LimitKey, Pace, Rule, read_table
 from batchrun.core.responses import Responses
 from batchrun.jobs.job import read_jobs
 from batchrun.ledgers.shared_ledger import open_shared_ledger
-from batchrun.pacing.kept import RECORD_SUFFIX, Kept, learned_when, read_lesson
+from batchrun.pacing.kept import RECORD_SUFFIX, Kept, read_lesson
 from batchrun.pacing.ledger import Ledger
 from batchrun.pacing.slots import eta
 from batchrun.store.paths import StatePaths
@@ -78,7 +78,6 @@ class _InForce:
 
     rule: Rule
     spread: bool = False
-    evidence: str = ""
     kept: Kept | None = None
 
 
@@ -92,21 +91,21 @@ def _in_force(key: LimitKey, rule: Rule, text: str | None, budget: _Budget) -> _
         return _InForce(budget.fallback.get(key, rule))
     candidate = kept.candidate
     spread = candidate.pace is Pace.SPREAD
-    why = f"learned {learned_when(kept)}: {kept.why}"
-    return _InForce(candidate.rule, spread, why, kept)
+    return _InForce(candidate.rule, spread, kept)
 
 
 @dataclass(frozen=True, slots=True)
 class KeyPlan:
     """One endpoint: jobs left, the rule in force, the budget in use now, and the
-    time left; `learned` says why, if the rule was learned from the server."""
+    time left; `learned`: the lesson kept, if the rule was learned from the
+    server."""
 
     key: LimitKey
     jobs: int
     rule: Rule
     used: list[tuple[str, int]]
     seconds: float
-    learned: str | None = None
+    learned: Kept | None = None
     # How many of `jobs` are request jobs (the others are of the key's type).
     requests: int = 0
 
@@ -333,8 +332,7 @@ def _plan(
         for w in rule.windows
     ]
     moment = eta(jobs, rule, now=now, pace=pace, recent=usage.finished)
-    learned = force.evidence or None
-    return KeyPlan(key, jobs, rule, used, max(0.0, moment - now), learned)
+    return KeyPlan(key, jobs, rule, used, max(0.0, moment - now), force.kept)
 
 
 def _store_path(
@@ -358,7 +356,7 @@ class KeyLimit:
     given: Rule
     rule: Rule
     spread: bool
-    learned: str | None
+    learned: Kept | None
     until: float | None = None
 
 
@@ -379,7 +377,7 @@ def limits(
         for key, rule in rules.items():
             force = _in_force(key, rule, ledger.recall(key.value), budget)
             until = None if force.kept is None else force.kept.expires
-            why = force.evidence or None
+            why = force.kept
             found.append(KeyLimit(key, rule, force.rule, force.spread, why, until))
     return found
 
