@@ -19,6 +19,7 @@ import typer.core
 
 from batchrun import __version__
 from batchrun.cli import config
+from batchrun.core.errors import Exit
 from batchrun.core.limits import Pace, Profile
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.sandbox.policy_headers import HeaderStyle
@@ -428,7 +429,10 @@ DeadlineOpt = Annotated[
     str | None,
     typer.Option(
         metavar="DURATION",
-        help="Stop starting requests after this long (e.g. 55m), then exit 75.",
+        help=(
+            "Stop starting requests after this long (e.g. 55m), then exit "
+            f"{Exit.STOPPED.value}."
+        ),
         rich_help_panel="Run control",
     ),
 ]
