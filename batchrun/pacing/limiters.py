@@ -26,6 +26,7 @@ Pure and stdlib only, so tests, benches and the sandbox can all drive them.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -109,7 +110,7 @@ class SlidingLog:
             log.popleft()
         wait = _sliding_wait(log, self.rule, now)
         if wait is None or self.count_refused:
-            log.append(now)
+            bisect.insort(log, now)  # at the end, unless told of an earlier one
         return wait
 
     def replay(self, client: str, key: str, now: float, *, accepted: bool) -> bool:
@@ -118,30 +119,37 @@ class SlidingLog:
             log.popleft()
         fits = _sliding_wait(log, self.rule, now) is None
         if accepted or self.count_refused:
-            log.append(now)
+            bisect.insort(log, now)
         return fits
 
     def quotas(self, client: str, key: str, now: float) -> tuple[Quota, ...]:
         log = self._logs.get((client, key), deque())
         quotas = []
         for window in self.rule.windows:
-            inside = [t for t in log if t + window.seconds > now]
-            left = max(0, window.count - len(inside))
+            first = _first_inside(log, window, now)
+            inside = len(log) - first
+            left = max(0, window.count - inside)
             # The oldest arrival that holds room leaves first; with none left,
             # the count-th newest.
-            oldest = inside[max(0, len(inside) - window.count)] if inside else now
+            oldest = log[first + max(0, inside - window.count)] if inside else now
             quotas.append(Quota(window, left, max(0.0, oldest + window.seconds - now)))
         return tuple(quotas)
+
+
+def _first_inside(log: deque[float], window: Window, now: float) -> int:
+    """The index of the oldest arrival of `log` (ascending) still inside
+    `window` at `now` (`t + W > now`, the sum the pacer makes; monotone in t)."""
+    return bisect.bisect_right(log, now, key=lambda t: t + window.seconds)
 
 
 def _sliding_wait(log: deque[float], rule: Rule, now: float) -> float | None:
     """None if one more request fits every window now, else seconds until it does."""
     wait = None
     for window in rule.windows:
-        inside = [t for t in log if t + window.seconds > now]
-        if len(inside) >= window.count:
+        inside = len(log) - _first_inside(log, window, now)
+        if inside >= window.count:
             # It fits once the count-th newest arrival has left the window.
-            leaves = inside[-window.count] + window.seconds - now
+            leaves = log[len(log) - window.count] + window.seconds - now
             wait = max(wait or 0.0, leaves)
     return wait
 
