@@ -166,6 +166,9 @@ class _Changing:
     def replay(self, client: str, key: str, now: float, *, accepted: bool) -> bool:
         return self._change(now).replay(client, key, now, accepted=accepted)
 
+    def room(self, client: str, key: str, now: float) -> int:
+        return self._change(now).room(client, key, now)
+
 
 @dataclass(frozen=True, slots=True)
 class Arrival:

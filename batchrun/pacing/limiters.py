@@ -83,6 +83,11 @@ class Limiter(Protocol):
         counts refusals). A learner replays a log of answers this way."""
         ...
 
+    def room(self, client: str, key: str, now: float) -> int:
+        """How many more requests it would accept now: the least `remaining`
+        of `quotas`, read without the resets."""
+        ...
+
 
 @dataclass(slots=True, kw_only=True)
 class SlidingLog:
@@ -121,6 +126,13 @@ class SlidingLog:
         if accepted or self.count_refused:
             bisect.insort(log, now)
         return fits
+
+    def room(self, client: str, key: str, now: float) -> int:
+        log = self._logs.get((client, key), deque())
+        left = [
+            w.count - len(log) + _first_inside(log, w, now) for w in self.rule.windows
+        ]
+        return max(0, min(left))
 
     def quotas(self, client: str, key: str, now: float) -> tuple[Quota, ...]:
         log = self._logs.get((client, key), deque())
@@ -212,6 +224,14 @@ class FixedWindow:
         for slot, index, count in slots:
             self._counts[slot] = (index, count + 1)
 
+    def room(self, client: str, key: str, now: float) -> int:
+        left = []
+        for position, window in enumerate(self.rule.windows):
+            index = _index(window, self.origin, now)
+            seen, count = self._counts.get((client, key, position), (index, 0))
+            left.append(window.count - (count if seen == index else 0))
+        return max(0, min(left))
+
     def quotas(self, client: str, key: str, now: float) -> tuple[Quota, ...]:
         quotas = []
         for position, window in enumerate(self.rule.windows):
@@ -275,6 +295,17 @@ class WeightedCounter:
             counts[index] = counts.get(index, 0) + 1
             for old in [i for i in counts if i < index - 1]:
                 del counts[old]
+
+    def room(self, client: str, key: str, now: float) -> int:
+        left = []
+        for position, window in enumerate(self.rule.windows):
+            counts = self._counts.get((client, key, position), {})
+            index = _index(window, self.origin, now)
+            start = self.origin + index * window.seconds
+            previous, current = counts.get(index - 1, 0), counts.get(index, 0)
+            estimate = previous * (1 - (now - start) / window.seconds) + current
+            left.append(math.ceil(window.count - estimate))
+        return max(0, min(left))
 
     def quotas(self, client: str, key: str, now: float) -> tuple[Quota, ...]:
         quotas = []
@@ -370,6 +401,9 @@ class LeakyBucket:
         need = excess + _MILLI - self.burst * _MILLI
         drained_at = last + -(-need * _MILLI // self._rate)
         return drained_at / _MILLI - now
+
+    def room(self, client: str, key: str, now: float) -> int:
+        return self.quotas(client, key, now)[0].remaining
 
     def quotas(self, client: str, key: str, now: float) -> tuple[Quota, ...]:
         """One quota: `burst + 1` requests per `(burst + 1) / rate` seconds rounded
