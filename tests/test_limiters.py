@@ -176,7 +176,8 @@ def test_the_sandbox_counts_with_the_model_it_is_told(kind, rule, times):
 @given(rule=rules, times=arrivals, later=st.integers(0, 16).map(lambda k: k / 8))
 def test_quotas_say_how_many_more_fit_and_when(kind, rule, times, later):
     """`remaining` more requests at `now` are accepted one after another, and the
-    next is not; with none left, the latest reset is the wait admit gives."""
+    next is not (`room` says the least of them); with none left, the latest
+    reset is the wait admit gives."""
     limiter = make_limiter(kind, rule)
     for now in times:
         limiter.admit("c", "k", now)
@@ -184,6 +185,7 @@ def test_quotas_say_how_many_more_fit_and_when(kind, rule, times, later):
     quotas = limiter.quotas("c", "k", now)
     assert quotas == limiter.quotas("c", "k", now)  # reading changes nothing
     left = min(q.remaining for q in quotas)
+    assert limiter.room("c", "k", now) == left  # the same, without the resets
     trial = copy.deepcopy(limiter)
     assert all(trial.admit("c", "k", now) is None for _ in range(left))
     wait = trial.admit("c", "k", now)
