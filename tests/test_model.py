@@ -261,3 +261,30 @@ def test_paced_by_its_choices_a_stricter_log_stops_refusing(count, seconds, seed
             model.decide(now + 0.002)
     assert now < 40.0, "still refused after 40 s"
     assert len(refused_at) <= TAU + 1 + len(LENGTHS) * 2
+
+
+@pytest.mark.parametrize("server", ["3/2.5s", "4/3s", "2/1.5s", "5/5s"])
+@pytest.mark.parametrize("seed", range(2))
+def test_a_window_between_the_usual_lengths_is_paced_within_twice(server, seed):
+    """Told 15/10s, a sliding log whose window is none of the lengths G or the
+    usual ones name: the grid of lengths (`GRID` apart) holds one within
+    twice it, so once the refusals are read the key sends at least half the
+    server's rate (the next usual length up, 10 s, was a third or less)."""
+    given, rule = parse_rule("15/10s"), parse_rule(server)
+    limiter = make_limiter(LimiterKind.SLIDING, rule)
+    model = KeyModel(given, lengths(given))
+    rng = random.Random(seed)
+    sends: list[float] = []
+    now = 0.0
+    while now < 60.0:
+        chosen = model.current(now)
+        slot = earliest_slot(Usage(0, sends, sends[-1] if sends else None), chosen.rule)
+        now = max(now, slot or now) + rng.uniform(0, 0.001)
+        ok = limiter.admit("c", "k", now + 0.001) is None
+        sends.append(now + 0.002)
+        model.add(Answer(now, now + 0.002, ok), now + 0.002)
+        if not ok:
+            model.decide(now + 0.002)
+    late = sum(moment > 40.0 for moment in sends) / 20.0
+    assert late >= 0.5 / rule.interval
+

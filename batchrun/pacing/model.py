@@ -6,12 +6,13 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
     G's windows and one window of some length and count, in some shape (a
     sliding log, counting refusals or not; a fixed window or a weighted counter
     at a phase; a leaky bucket at G's rate with some burst).
-    Lengths: G's, a tenth of its shortest, and the usual ones (1 s, 10 s, 1 m,
-    5 m, 1 h, 1 d at the run's --time-scale) up to half the horizon, none
-    longer than the evidence spans or G's shortest window (each request is a
-    new peak of a longer one, so any refusal would fit it). Phases:
-    two per length, and those the last two refusals name (their own moments,
-    and where a Retry-After says the window ends).
+    Lengths: G's, a tenth of its shortest, the usual ones (1 s, 10 s, 1 m,
+    5 m, 1 h, 1 d at the run's --time-scale), and a grid (`GRID` apart from
+    that tenth) up to half the horizon, none longer than the evidence spans
+    or G's shortest window (each request is a new peak of a longer one, so
+    any refusal would fit it). Phases: two per length, and those the last
+    two refusals name (where each came, and where a Retry-After says the
+    window ends).
 
     Replay. Each candidate replays the answers through the server model of
     `limiters` that the sandbox and the simulation use, once with every
@@ -24,7 +25,8 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
     Evidence. Answers within the horizon (`HORIZON` of G's longest window, at
     most `KEPT`); refusals only since the lesson in force expired. A refusal is
     read once every request sent before it has its answer; a reading that
-    changed nothing is not made again before an acceptance.
+    changed nothing is not made again before an acceptance and more than
+    `TAU` refusals.
 
     Count. Per shape, length and phase, by search (each is monotone in its
     count): the least count no acceptance rules out; then the largest that
@@ -112,6 +114,11 @@ USUAL = (1.0, 10.0, 60.0, 300.0, 3600.0, 86400.0)
 # it; shorter ones are lost in the arrival's spread) to half the horizon (two
 # of them fit in the evidence).
 SHORTEST_SHARE = 0.1
+# And lengths on a grid of this ratio from that tenth: a server's window may be
+# none of the usual lengths (2.5 s), and the fastest candidate in the next
+# usual length up can be four times too slow (bench.draws seeds 10180 and
+# 10189). Two: a window between grid points is at most twice one of them.
+GRID = 2.0
 
 
 def lengths(
@@ -124,6 +131,11 @@ def lengths(
     high = HORIZON * given.longest / 2
     found = {low, *(w.seconds for w in given.windows)}
     found |= {s for s in (*usual, *named) if low <= s <= high}
+    steps = math.ceil(math.log(high / low, GRID)) if high > low else 0
+    for seconds in (low * GRID**step for step in range(1, steps)):
+        # Only where no length tried is as near (the gaps between them).
+        if all(abs(math.log(seconds / s, GRID)) >= 0.5 for s in found):
+            found.add(seconds)
     return tuple(sorted(found))
 
 
@@ -264,7 +276,12 @@ class Judge:
     its arrival), and which refusals it explains (it refuses them at one end
     at least)."""
 
-    def __init__(self, family: Family, answers: Sequence[Answer]) -> None:
+    def __init__(
+        self,
+        family: Family,
+        answers: Sequence[Answer],
+        ends: tuple[Arrivals, Arrivals] | None = None,
+    ) -> None:
         self.family = family
         self._answers = answers
         # Per answer and end, the least count that accepts it: a replay's state
@@ -273,8 +290,8 @@ class Judge:
         # bucket is replayed for each count asked.
         self._ends: tuple[list[int], list[int]] | None = None
         if family.kind is not LimiterKind.LEAKY:
-            early = _held(family, answers, lambda a: a.sent)
-            late = _held(family, answers, lambda a: a.latest)
+            sent, latest = ends or both_ends(answers)
+            early, late = _held(family, sent), _held(family, latest)
             self._ends = ([e + 1 for e in early], [lt + 1 for lt in late])
 
     def _refusals(self, count: int) -> list[tuple[bool, bool]]:
@@ -305,20 +322,32 @@ class Judge:
         )
 
 
-def _held(
-    family: Family, answers: Sequence[Answer], at: Callable[[Answer], float]
-) -> list[int]:
-    """How full the family's window was as each answer arrived at `at(answer)`,
-    replayed through its model with a count no answer reaches."""
-    room = len(answers) + family.most + 1
+# The answers in the order they arrived at one end: index, moment, said, accepted.
+Arrivals = list[tuple[int, float, bool, bool]]
+
+
+def arrivals(answers: Sequence[Answer], at: Callable[[Answer], float]) -> Arrivals:
+    """The answers in the order they arrived at `at(answer)` (one end)."""
+    ends = ((i, at(a), a.said, a.accepted) for i, a in enumerate(answers))
+    return sorted(ends, key=lambda arrival: arrival[1])
+
+
+def both_ends(answers: Sequence[Answer]) -> tuple[Arrivals, Arrivals]:
+    """The answers as they arrived at their sends, and at their latest."""
+    return arrivals(answers, lambda a: a.sent), arrivals(answers, lambda a: a.latest)
+
+
+def _held(family: Family, ends: Arrivals) -> list[int]:
+    """How full the family's window was as each answer arrived (at one of
+    its `ends`), replayed through its model with a count no answer reaches."""
+    room = len(ends) + family.most + 1
     limiter = family.at(room, alone=True).limiter()
-    held = [0] * len(answers)
-    for index in sorted(range(len(answers)), key=lambda i: at(answers[i])):
-        moment, answer = at(answers[index]), answers[index]
-        (quota,) = limiter.quotas("", "", moment)
-        held[index] = room - quota.remaining
-        if not answer.said:
-            limiter.replay("", "", moment, accepted=answer.accepted)
+    left, count = limiter.room, limiter.replay
+    held = [0] * len(ends)
+    for index, moment, said, accepted in ends:
+        held[index] = room - left("", "", moment)
+        if not said:
+            count("", "", moment, accepted=accepted)
     return held
 
 
@@ -380,7 +409,8 @@ def choose(
     plain = Candidate(LimiterKind.SLIDING, given)
     if sum(not a.accepted and not a.echo for a in answers) <= TAU:
         return None
-    judges = [Judge(f, answers) for f in families(given, lengths, phases)]
+    ends = both_ends(answers)
+    judges = [Judge(f, answers, ends) for f in families(given, lengths, phases)]
     standing = [(j, low) for j in judges if (low := least(j)) is not None]
     explicable = frozenset().union(*(j.explained(low) for j, low in standing))
     if len(explicable) <= TAU:
@@ -421,8 +451,12 @@ class KeyModel:
     # (for one more of its lifetimes).
     expired: Lesson | None = None
     # A reading that changed nothing is not made again before an acceptance
-    # (a server that refuses everything is read once, not at every 429).
+    # (a server that refuses everything is read once, not at every 429) and
+    # more than `TAU` refusals after it (a lone stray 429 is not read again
+    # with the strays read before it: they were explained by nothing then).
     read: bool = False
+    accepted_since: bool = False
+    refused_since: int = 0
 
     @property
     def plain(self) -> Candidate:
@@ -465,8 +499,11 @@ class KeyModel:
     def add(self, answer: Answer, now: float) -> None:
         """Take one answer as evidence (within the horizon)."""
         self.answers.append(answer)
-        self.read = self.read and not answer.accepted
-        horizon = now - HORIZON * max(*self.lengths, self.given.longest)
+        self.accepted_since |= answer.accepted
+        self.refused_since += not answer.accepted and not answer.said
+        if self.accepted_since and self.refused_since > TAU:
+            self.read = False
+        horizon = now - HORIZON * self.given.longest
         if len(self.answers) > KEPT or self.answers[0].latest < horizon:
             self.answers = [a for a in self.answers if a.latest >= horizon][-KEPT:]
 
@@ -505,6 +542,7 @@ class KeyModel:
             # Read (more than a lone 429), and no news: not again before an
             # acceptance.
             self.read = refusals > TAU
+            self.accepted_since, self.refused_since = False, 0
             return None  # what paces the key stays
         return self.adopt(candidate, Evidence(Because.REFUSED, refusals), now)
 
