@@ -7,10 +7,10 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
     sliding log, counting refusals or not; a fixed window or a weighted counter
     at a phase; a leaky bucket at G's rate with some burst).
     Lengths: G's, a tenth of its shortest, the usual ones (1 s, 10 s, 1 m,
-    5 m, 1 h, 1 d at the run's --time-scale), and a grid (`GRID` apart from
-    that tenth) up to half the horizon, none longer than the evidence spans
-    or G's shortest window (each request is a new peak of a longer one, so
-    any refusal would fit it). Phases: two per length, and those the last
+    5 m, 1 h, 1 d, divided as G is by --time-scale), and a grid (`GRID`
+    apart from that tenth) up to half the horizon, none longer than the
+    evidence spans or G's shortest window (each request is a new peak of a
+    longer one, so any refusal would fit it). Phases: two per length, and those the last
     two refusals name (where each came, and where a Retry-After says the
     window ends).
 
