@@ -7,12 +7,12 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
     sliding log, counting refusals or not; a fixed window or a weighted counter
     at a phase; a leaky bucket at G's rate with some burst).
     Lengths: G's, a tenth of its shortest, the usual ones (1 s, 10 s, 1 m,
-    5 m, 1 h, 1 d, divided as G is by --time-scale), and a grid (`GRID`
-    apart from that tenth) up to half the horizon, none longer than the
-    evidence spans or G's shortest window (each request is a new peak of a
-    longer one, so any refusal would fit it). Phases: two per length, and those the last
-    two refusals name (where each came, and where a Retry-After says the
-    window ends).
+    5 m, 1 h, 1 d, divided as G is by --time-scale) up to half the horizon,
+    and a grid (`GRID` apart) from that tenth to G's shortest; none longer
+    than the evidence spans or G's shortest window (each request is a new
+    peak of a longer one, so any refusal would fit it). Phases: two per
+    length, and those the last two refusals name (where each came, and
+    where a Retry-After says the window ends).
 
     Replay. Each candidate replays the answers through the server model of
     `limiters` that the sandbox and the simulation use, once with every
@@ -114,10 +114,13 @@ USUAL = (1.0, 10.0, 60.0, 300.0, 3600.0, 86400.0)
 # it; shorter ones are lost in the arrival's spread) to half the horizon (two
 # of them fit in the evidence).
 SHORTEST_SHARE = 0.1
-# And lengths on a grid of this ratio from that tenth: a server's window may be
-# none of the usual lengths (2.5 s), and the fastest candidate in the next
-# usual length up can be four times too slow (bench.draws seeds 10180 and
-# 10189). Two: a window between grid points is at most twice one of them.
+# And lengths on a grid of this ratio from that tenth to G's shortest window,
+# where no length tried is as near: a server's window may be none of the usual
+# lengths (2.5 s under 15/10s), and the fastest candidate in the next usual
+# length up was four times too slow (bench.draws seeds 10180 and 10189). Two:
+# a window between grid points is at most twice one of them. None longer than
+# G's shortest: after an outage, a longer one explains its refusals and slows
+# the key (bench.draws --cases, the outage under --profile auto: 1.35 x).
 GRID = 2.0
 
 
@@ -125,13 +128,15 @@ def lengths(
     given: Rule, *, usual: Iterable[float] = USUAL, named: Iterable[float] = ()
 ) -> tuple[float, ...]:
     """The window lengths candidates are tried in: G's, a tenth of its
-    shortest (`SHORTEST_SHARE`: a burst limit), and the `usual` ones (in G's
-    time) and any the server `named`, between those and half the horizon."""
+    shortest (`SHORTEST_SHARE`: a burst limit), the `usual` ones (in G's
+    time) and any the server `named`, between those and half the horizon,
+    and the `GRID` from that tenth to G's shortest."""
     low = given.shortest.seconds * SHORTEST_SHARE
     high = HORIZON * given.longest / 2
     found = {low, *(w.seconds for w in given.windows)}
     found |= {s for s in (*usual, *named) if low <= s <= high}
-    steps = math.ceil(math.log(high / low, GRID)) if high > low else 0
+    top = given.shortest.seconds
+    steps = math.ceil(math.log(top / low, GRID)) if top > low else 0
     for seconds in (low * GRID**step for step in range(1, steps)):
         # Only where no length tried is as near (the gaps between them).
         if all(abs(math.log(seconds / s, GRID)) >= 0.5 for s in found):
