@@ -45,6 +45,7 @@ WING_ORDER = {wing: i for i, wing in enumerate(WINGS)} | {
 BENCH = [
     [
         "anchors",
+        "learner_cpu",
         "chart",
         "fastserver",
         "progress",

@@ -9,6 +9,7 @@ reason, a ledger's lost history); the words are all here.
 from __future__ import annotations
 
 import time
+from typing import assert_never
 
 from batchrun.api.breaker import Tripped
 from batchrun.core.events import Because, Evidence, Status
@@ -55,6 +56,8 @@ def spoken(news: News) -> str:
             return _recovered(news)
         case HistoryLost():
             return _history_lost(news)
+        case _:
+            assert_never(news)
 
 
 def why_text(why: Why) -> str:
@@ -66,6 +69,8 @@ def why_text(why: Why) -> str:
             return tripped_text(why)
         case str():
             return why
+        case _:
+            assert_never(why)
 
 
 def halted_text(halted: Halted) -> str:
@@ -117,8 +122,6 @@ def _stopping(news: Stopping) -> str:
         return f"Circuit breaker: {why}"
     if news.cause is Cause.LEDGER_LOST:
         return f"Ledger lost: {why}\nStarted no new requests; those in flight ended."
-    if news.cause is Cause.STATE:
-        return f"{why}\nStarted no new requests; those in flight ended."
     head = f"Halted: {why}" if news.cause is Cause.HALT else _STOPPING[news.cause]
     return f"{head}: starting no new requests, waiting for those in flight."
 
@@ -180,9 +183,11 @@ def evidence_text(evidence: Evidence) -> str:
             return f"the server states {_grammar(evidence)} in its rate-limit headers"
         case Because.SAFER:
             return f"the safer statement {evidence.rule}"
+        case _:
+            assert_never(evidence.because)
 
 
-def learned_text(kept: Kept) -> str:
+def kept_text(kept: Kept) -> str:
     """When a kept lesson was learned, and why."""
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(kept.began))
     return f"learned {when}: {evidence_text(kept.why)}"

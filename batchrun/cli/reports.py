@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchrun.cli.board import response_lines
-from batchrun.cli.news import learned_text
+from batchrun.cli.news import kept_text
 from batchrun.core import durations, events
 from batchrun.core.responses import PERCENTILES, Responses
 
@@ -248,7 +248,7 @@ def _plan_json(plan: KeyPlan) -> dict[str, object]:
         "requests_left": plan.requests,
         "rule": plan.rule.grammar,
         "burst": plan.rule.burst,
-        "learned": None if plan.learned is None else learned_text(plan.learned),
+        "learned": None if plan.learned is None else kept_text(plan.learned),
         "in_use": dict(plan.used),
         "eta_seconds": round(plan.seconds, 3),
     }
@@ -289,7 +289,7 @@ def _limit_lines(item: KeyLimit) -> list[str]:
     else:
         spread = ", evenly spaced" if item.spread else ""
         lines = [f"{item.key.value}: {item.rule}{spread} (given {item.given})"]
-        lines.append(f"  {learned_text(item.learned)}")
+        lines.append(f"  {kept_text(item.learned)}")
         if item.until is not None:
             lines.append(f"  kept until {_minute(item.until)}, then tested again")
     return lines
@@ -307,7 +307,7 @@ def limits_json(found: list[KeyLimit]) -> dict[str, object]:
             "burst": item.rule.burst,
             "given": str(item.given),
             "spread": item.spread,
-            "learned": None if item.learned is None else learned_text(item.learned),
+            "learned": None if item.learned is None else kept_text(item.learned),
             "until": item.until,
         }
         for item in found

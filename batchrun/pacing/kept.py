@@ -97,7 +97,10 @@ def read_lesson(text: str | None, *, given: Rule, now: float) -> Kept | None:
         why = Evidence(
             Because(fields["because"]),
             int(fields["refused"]),
-            None if named is None else Rule(_windows(named)),
+            # In the order the server stated them.
+            None
+            if named is None
+            else Rule(tuple(Window(int(c), float(s)) for c, s in named)),
         )
     except _UNREADABLE:
         return None

@@ -194,12 +194,12 @@ class Learner:
         state, lengths = self._keys[key], self._lengths(key)
         if state.unread is not None and state.log.beyond(lengths, now):
             return math.inf  # a refusal not read yet: no probe before it is
-        interval = self._pacer.rules[key].interval
+        interval = self._pacer.rule(key).interval
         at_once = 1 if round_ is None else max(1, math.ceil(round_ / interval))
         return state.log.gated(lengths, now, reach, at_once)
 
     def _lengths(self, key: LimitKey) -> tuple[float, ...]:
-        rules = (self._pacer.rules[key], self._given[key])
+        rules = (self._pacer.rule(key), self._given[key])
         return tuple(sorted({w.seconds for rule in rules for w in rule.windows}))
 
     def _pace(self, key: LimitKey, lesson: Lesson, *, kept: bool = False) -> None:

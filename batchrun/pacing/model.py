@@ -43,12 +43,12 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
     Lifetime. A lesson (a choice other than G) lives `FIRST_LIFE` of the
     longest of its own windows (those not G's), or of G's shortest if
     longer. It ends then, or sooner when more than `TAU` refusals come that
-    neither it nor any other candidate explains. Then G paces
-    the key again: past what the server was seen
-    to accept (capped by the lesson, and by what any window held when a 429
-    came), requests are probes, one at a time (`log.KeyLog.gated`). If the
-    expired lesson explains the refusals that follow, it comes back for
-    `GROWTH` times its last life. Kept in the ledger, a lesson lives on in
+    neither it nor any other candidate explains. Then G paces the key
+    again: past what the server was seen to accept (capped by the lesson,
+    and by what any window held when a 429 came), requests are probes, a
+    round's worth at a time (`log.KeyLog.gated`). If the expired lesson
+    explains the refusals that follow, it comes back for `GROWTH` times its
+    last life. Kept in the ledger, a lesson lives on in
     later runs and other processes by the same clock (wall time).
 
     Cool-down (`run.settlement`). A 429 with a Retry-After holds the key as
@@ -124,19 +124,16 @@ SHORTEST_SHARE = 0.1
 GRID = 2.0
 
 
-def lengths(
-    given: Rule, *, usual: Iterable[float] = USUAL, named: Iterable[float] = ()
-) -> tuple[float, ...]:
+def lengths(given: Rule, *, usual: Iterable[float] = USUAL) -> tuple[float, ...]:
     """The window lengths candidates are tried in: G's, a tenth of its
     shortest (`SHORTEST_SHARE`: a burst limit), the `usual` ones (in G's
-    time) and any the server `named`, between those and half the horizon,
-    and the `GRID` from that tenth to G's shortest."""
+    time) between that tenth and half the horizon, and the `GRID` from that
+    tenth to G's shortest. (A window the server states joins G itself.)"""
     low = given.shortest.seconds * SHORTEST_SHARE
     high = HORIZON * given.longest / 2
     found = {low, *(w.seconds for w in given.windows)}
-    found |= {s for s in (*usual, *named) if low <= s <= high}
-    top = given.shortest.seconds
-    steps = math.ceil(math.log(top / low, GRID)) if top > low else 0
+    found |= {s for s in usual if low <= s <= high}
+    steps = math.ceil(math.log(given.shortest.seconds / low, GRID))
     for seconds in (low * GRID**step for step in range(1, steps)):
         # Only where no length tried is as near (the gaps between them).
         if all(abs(math.log(seconds / s, GRID)) >= 0.5 for s in found):
@@ -296,6 +293,9 @@ class Judge:
         self._ends: tuple[list[int], list[int]] | None = None
         if family.kind is not LimiterKind.LEAKY:
             sent, latest = ends or both_ends(answers)
+            if not len(sent) == len(latest) == len(answers):
+                msg = "the arrivals given are of other answers"
+                raise ValueError(msg)
             early, late = _held(family, sent), _held(family, latest)
             self._ends = ([e + 1 for e in early], [lt + 1 for lt in late])
 
@@ -347,12 +347,12 @@ def _held(family: Family, ends: Arrivals) -> list[int]:
     its `ends`), replayed through its model with a count no answer reaches."""
     room = len(ends) + family.most + 1
     limiter = family.at(room, alone=True).limiter()
-    left, count = limiter.room, limiter.replay
+    left, replay = limiter.room, limiter.replay
     held = [0] * len(ends)
     for index, moment, said, accepted in ends:
         held[index] = room - left("", "", moment)
         if not said:
-            count("", "", moment, accepted=accepted)
+            replay("", "", moment, accepted=accepted)
     return held
 
 
@@ -460,8 +460,8 @@ class KeyModel:
     # more than `TAU` refusals after it (a lone stray 429 is not read again
     # with the strays read before it: they were explained by nothing then).
     read: bool = False
-    accepted_since: bool = False
-    refused_since: int = 0
+    accepted_since_read: bool = False
+    refused_since_read: int = 0
 
     @property
     def plain(self) -> Candidate:
@@ -504,9 +504,9 @@ class KeyModel:
     def add(self, answer: Answer, now: float) -> None:
         """Take one answer as evidence (within the horizon)."""
         self.answers.append(answer)
-        self.accepted_since |= answer.accepted
-        self.refused_since += not answer.accepted and not answer.said
-        if self.accepted_since and self.refused_since > TAU:
+        self.accepted_since_read |= answer.accepted
+        self.refused_since_read += not answer.accepted
+        if self.accepted_since_read and self.refused_since_read > TAU:
             self.read = False
         horizon = now - HORIZON * self.given.longest
         if len(self.answers) > KEPT or self.answers[0].latest < horizon:
@@ -547,7 +547,7 @@ class KeyModel:
             # Read (more than a lone 429), and no news: not again before an
             # acceptance.
             self.read = refusals > TAU
-            self.accepted_since, self.refused_since = False, 0
+            self.accepted_since_read, self.refused_since_read = False, 0
             return None  # what paces the key stays
         return self.adopt(candidate, Evidence(Because.REFUSED, refusals), now)
 

@@ -74,6 +74,10 @@ class Pacer:
         """The rule each key is paced by now."""
         return {key: sending.rule for key, sending in self._keys.items()}
 
+    def rule(self, key: LimitKey) -> Rule:
+        """The rule `key` is paced by now."""
+        return self._keys[key].rule
+
     def pace(self, key: LimitKey) -> Pace:
         """How `key` is paced now: exactly, or evenly."""
         return self._keys[key].pace

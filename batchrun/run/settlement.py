@@ -115,7 +115,7 @@ class Settlement:
             return outcome.retry_after
         if streak == 1:
             return 0.0
-        rule = self._pacer.rules[key]
+        rule = self._pacer.rule(key)
         return self._backoff(streak - 1, cap=rule.longest, base=rule.interval)
 
     def _transient(
