@@ -5,6 +5,7 @@ from __future__ import annotations
 import email.utils
 import socket
 import ssl
+from typing import Any
 
 import httpx
 import pytest
@@ -92,17 +93,24 @@ def test_a_401_is_a_token_fault():
     assert (outcome.fault, outcome.maybe_processed) == ("token", False)
 
 
+def answering(answer: httpx.Response, **options: Any) -> Client:
+    """A client whose every request gets `answer`."""
+    transport = httpx.MockTransport(lambda request: answer)
+    return Client(
+        base_url="https://api.test",
+        token=None,
+        scope="s",
+        transport=transport,
+        **options,
+    )
+
+
 async def test_a_key_with_a_long_window_honours_a_long_retry_after():
     """A 500/1h key told to wait 40 min waits 40 min: its cap is its longest
     window, not the 15 min every other key keeps."""
     answer = httpx.Response(429, headers={"Retry-After": "2400"})
-    async with Client(
-        base_url="https://api.test",
-        token=None,
-        scope="s",
-        transport=httpx.MockTransport(lambda request: answer),
-        waits={Job("q", JobType.RUN_QUERY, "t").key: 3600.0},
-    ) as client:
+    waits = {Job("q", JobType.RUN_QUERY, "t").key: 3600.0}
+    async with answering(answer, waits=waits) as client:
         long = await client.send(Job("q", JobType.RUN_QUERY, "t"))
         short = await client.send(Job("a", JobType.AVATAR))
     assert (long.retry_after, long.note) == (2400.0, None)
@@ -113,13 +121,7 @@ async def test_the_retry_after_cap_is_the_one_given():
     """Under --time-scale 30 the cap is 30 s, not 15 min: a scaled sandbox's
     day-long Retry-After waits as long as a real one's would, scaled."""
     answer = httpx.Response(429, headers={"Retry-After": "86400"})
-    async with Client(
-        base_url="https://api.test",
-        token=None,
-        scope="s",
-        transport=httpx.MockTransport(lambda request: answer),
-        retry_after_cap=30.0,
-    ) as client:
+    async with answering(answer, retry_after_cap=30.0) as client:
         outcome = await client.send(Job("a", JobType.AVATAR))
     assert outcome.retry_after == 30.0
     assert "capped" in (outcome.note or "")

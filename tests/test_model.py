@@ -5,6 +5,7 @@ server model of `limiters` answered."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from batchrun.core.events import Because, Evidence
 from batchrun.core.limits import Pace, Rule, Window, parse_rule
-from batchrun.pacing.limiters import LimiterKind, make_limiter
+from batchrun.pacing.limiters import Limiter, LimiterKind, make_limiter
 from batchrun.pacing.model import (
     FIRST_LIFE,
     TAU,
@@ -249,6 +250,33 @@ def test_lengths_span_a_tenth_of_the_shortest_to_half_the_horizon():
     assert found == pytest.approx((0.2, 1 / 3, 0.8, 2.0))
 
 
+def paced(
+    model: KeyModel,
+    server: Limiter,
+    seed: int,
+    more: Callable[[float, list[float]], bool],
+) -> tuple[float, list[float], list[float]]:
+    """Closed loop: send as the model's choice allows, against `server`,
+    reading each refusal, while `more(now, refused)`; the moment it stopped,
+    and when requests were accepted and refused."""
+    rng = random.Random(seed)
+    sends: list[float] = []
+    accepted: list[float] = []
+    refused: list[float] = []
+    now = 0.0
+    while more(now, refused):
+        chosen = model.current(now)
+        slot = earliest_slot(Usage(0, sends, sends[-1] if sends else None), chosen.rule)
+        now = max(now, slot or now) + rng.uniform(0, 0.001)
+        ok = server.admit("c", "k", now + 0.001) is None
+        sends.append(now + 0.002)
+        model.add(Answer(now, now + 0.002, ok), now + 0.002)
+        (accepted if ok else refused).append(now)
+        if not ok:
+            model.decide(now + 0.002)
+    return now, accepted, refused
+
+
 @settings(max_examples=20, deadline=None)
 @given(st.integers(2, 20), st.sampled_from([0.5, 1.0, 2.0]), st.integers(0, 2**32 - 1))
 def test_paced_by_its_choices_a_stricter_log_stops_refusing(count, seconds, seed):
@@ -257,21 +285,12 @@ def test_paced_by_its_choices_a_stricter_log_stops_refusing(count, seconds, seed
     rules out, so after a few refusals (a lone one, then at most one per
     length tried) the key sends a further window with none."""
     server = make_limiter(LimiterKind.SLIDING, Rule((Window(count, seconds),)))
-    model = KeyModel(GIVEN, LENGTHS)
-    rng = random.Random(seed)
-    sends: list[float] = []
-    refused_at: list[float] = []
-    now = 0.0
-    while now < 40.0 and (not refused_at or now < refused_at[-1] + 4.0):
-        chosen = model.current(now)
-        slot = earliest_slot(Usage(0, sends, sends[-1] if sends else None), chosen.rule)
-        now = max(now, slot or now) + rng.uniform(0, 0.001)
-        ok = server.admit("c", "k", now + 0.001) is None
-        sends.append(now + 0.002)
-        model.add(Answer(now, now + 0.002, ok), now + 0.002)
-        if not ok:
-            refused_at.append(now)
-            model.decide(now + 0.002)
+    now, _, refused_at = paced(
+        KeyModel(GIVEN, LENGTHS),
+        server,
+        seed,
+        lambda now, refused: now < 40.0 and (not refused or now < refused[-1] + 4.0),
+    )
     assert now < 40.0, "still refused after 40 s"
     assert len(refused_at) <= TAU + 1 + len(LENGTHS) * 2
 
@@ -286,20 +305,6 @@ def test_a_window_between_the_usual_lengths_is_paced_within_twice(server, seed):
     given, rule = parse_rule("15/10s"), parse_rule(server)
     limiter = make_limiter(LimiterKind.SLIDING, rule)
     model = KeyModel(given, lengths(given))
-    rng = random.Random(seed)
-    sends: list[float] = []
-    accepted: list[float] = []
-    now = 0.0
-    while now < 60.0:
-        chosen = model.current(now)
-        slot = earliest_slot(Usage(0, sends, sends[-1] if sends else None), chosen.rule)
-        now = max(now, slot or now) + rng.uniform(0, 0.001)
-        ok = limiter.admit("c", "k", now + 0.001) is None
-        sends.append(now + 0.002)
-        model.add(Answer(now, now + 0.002, ok), now + 0.002)
-        if ok:
-            accepted.append(now)
-        else:
-            model.decide(now + 0.002)
+    _, accepted, _ = paced(model, limiter, seed, lambda now, _: now < 60.0)
     late = sum(moment > 40.0 for moment in accepted) / 20.0
     assert late >= 0.5 / rule.interval

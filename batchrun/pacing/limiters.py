@@ -296,25 +296,32 @@ class WeightedCounter:
             for old in [i for i in counts if i < index - 1]:
                 del counts[old]
 
+    def _estimate(
+        self, client: str, key: str, position: int, now: float
+    ) -> tuple[float, float, int, int]:
+        """A window's estimate at `now`: it, the aligned window's start, and
+        the previous and current windows' counts."""
+        window = self.rule.windows[position]
+        counts = self._counts.get((client, key, position), {})
+        index = _index(window, self.origin, now)
+        start = self.origin + index * window.seconds
+        previous, current = counts.get(index - 1, 0), counts.get(index, 0)
+        estimate = previous * (1 - (now - start) / window.seconds) + current
+        return estimate, start, previous, current
+
     def room(self, client: str, key: str, now: float) -> int:
-        left = []
-        for position, window in enumerate(self.rule.windows):
-            counts = self._counts.get((client, key, position), {})
-            index = _index(window, self.origin, now)
-            start = self.origin + index * window.seconds
-            previous, current = counts.get(index - 1, 0), counts.get(index, 0)
-            estimate = previous * (1 - (now - start) / window.seconds) + current
-            left.append(math.ceil(window.count - estimate))
+        left = [
+            math.ceil(window.count - self._estimate(client, key, position, now)[0])
+            for position, window in enumerate(self.rule.windows)
+        ]
         return max(0, min(left))
 
     def quotas(self, client: str, key: str, now: float) -> tuple[Quota, ...]:
         quotas = []
         for position, window in enumerate(self.rule.windows):
-            counts = self._counts.get((client, key, position), {})
-            index = _index(window, self.origin, now)
-            start = self.origin + index * window.seconds
-            previous, current = counts.get(index - 1, 0), counts.get(index, 0)
-            estimate = previous * (1 - (now - start) / window.seconds) + current
+            estimate, start, previous, current = self._estimate(
+                client, key, position, now
+            )
             # Accepted while estimate + k < COUNT, for the k-th more request.
             left = max(0, math.ceil(window.count - estimate))
             reset = 0.0
