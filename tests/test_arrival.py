@@ -213,6 +213,29 @@ def test_a_slow_answer_counts_until_its_bounded_arrival():
     ]
 
 
+def test_a_slow_answer_counts_no_longer_than_its_send_plus_d_and_the_allowance():
+    """Answers that vary: the quickest four took 0.20-0.21 s, then one takes
+    0.8 s. Its answer less the floor (0.8 - 0.19) would hold its slot 0.61 s
+    past its send; it counts until its send plus D plus a twentieth of the
+    rule's shortest window (the wait before its count allowed for), 0.1 s of
+    2 s, and no longer."""
+    made, ledger, clock = pacer("30/2s")
+    for spent in (0.200, 0.205, 0.207, 0.210):
+        ticket = grant(made, ledger, clock)
+        sent = clock.now()
+        clock.advance(spent)
+        trip = Trip(written=sent, round_trip=0.010, accepted=True)
+        made.release(KEY, ticket, trip=trip)
+    d = made.arrival.bound
+    assert d is not None
+    sent = clock.now()
+    ticket = grant(made, ledger, clock)
+    clock.advance(0.8)
+    made.release(KEY, ticket, trip=Trip(written=sent, accepted=True))
+    last = list(ledger.usage(KEY.value, made.rules[KEY]).finished)[-1]
+    assert last == pytest.approx(sent + d + 0.1)
+
+
 def test_a_quick_answer_counts_until_its_answer():
     """An answer sooner than the bound is the better bound: it is kept."""
     made, ledger, clock = pacer("1/1s")

@@ -240,8 +240,10 @@ def test_no_server_window_is_exceeded_when_answers_vary_and_requests_queue(
     """On the virtual clock, a server that counts on arrival after a queue of
     up to `queue` s (for a share `queued` of the requests), then works `work`
     to `work + spread` s on each: counted until the answer less the floor
-    (the quickest exchange less D less its gap to the fourth quickest), no
-    window the server keeps holds more than its count, so it refuses none.
+    (the quickest exchange less D less its gap to the fourth quickest), and no
+    later than the send plus D plus a twentieth of the window (a queue of up
+    to 50 ms is within it), no window the server keeps holds more than its
+    count, so it refuses none.
     Probes are not gated, so windows fill as fast as the floor allows."""
     monkeypatch.setattr(Learner, "opens", lambda self, key, now, reach, round_: None)
     rule = parse_rule(count)
@@ -262,6 +264,29 @@ def test_no_server_window_is_exceeded_when_answers_vary_and_requests_queue(
     assert (
         most_in_any_window(arrivals, rule.windows[0].seconds) <= rule.windows[0].count
     )
+
+
+@pytest.mark.parametrize(("queue", "queued"), [(1.0, 0.1), (0.3, 0.3)])
+def test_a_queue_past_the_allowance_costs_a_few_429s_not_one_a_window(queue, queued):
+    """A request counts no longer than its send plus D plus a twentieth of the
+    shortest window (0.1 s of 2 s): a server that holds some requests up to
+    0.3-1 s before its limiter counts them (answers 0.2-0.8 s after) may refuse
+    one that the bound let through. The refusal's whole trip holds the queue
+    and raises D, and its 429 doubles D: 600 jobs (20 windows) cost a few 429s,
+    not one a window (1-4 in five seeds of each; 1-8 without either)."""
+    server = Server(LimiterKind.SLIDING, parse_rule("30/2s"), work=0.2, work_spread=0.6)
+    network = Network(traced=True, connections=32, queue=queue, queued=queued)
+    for seed in range(5):
+        run = simulate(
+            client="30/2s",
+            server=server,
+            count=600,
+            seed=seed,
+            latency=(0.002, 0.01),
+            network=network,
+        )
+        assert run.finished
+        assert run.tally.rate_limited <= 4, seed
 
 
 def test_answers_of_0_2_to_0_8_s_keep_most_of_the_least_work(monkeypatch):

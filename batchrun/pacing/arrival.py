@@ -42,6 +42,15 @@ until its answer. The gap to the fourth quickest does not grow with the spread
 of the work, only with how sparse the quickest answers are: there the floor
 keeps nearly the least work (0.2 s less a few hundredths).
 
+A queue is allowed for, not charged: a request counts no longer than its send
+plus D plus a twentieth of the rule's shortest window (`_QUEUE_SHARE`), however
+long its answer took. Where answers vary (0.2-0.8 s of a 2 s window) the floor
+alone charged each request its own work above the least: 1.55 x the ideal
+where a script counting from the send took 1.46 x. So the bound is safe where
+no request waits before its count longer than that allowance (plus what D
+covers) more than the quickest did; a longer queue may cost a 429, whose whole
+trip (the queue in it) raises D at once, and which doubles it.
+
 A refusal or an error (no work to take off), an exchange the transport did not
 trace, and every exchange before a round trip has been seen count until their
 answers. The learner places an arrival by the network alone (`latest`): an
@@ -60,6 +69,13 @@ from dataclasses import dataclass
 _ALPHA = 1 / 8
 _BETA = 1 / 4
 _K = 4
+# The wait before the count allowed for, as a share of the rule's shortest
+# window: it caps what counting a request past its arrival can cost (a
+# twentieth of each window, 5 %), and it covers the queues seen on loopback
+# with the sandbox sharing the client's CPU (14 ms where D was 4 ms, at scaled
+# windows of 1-2 s: an allowance of 50-100 ms). At real scale, 3 s of a minute:
+# a longer queue shows in the trip of the 429 it may cause (`_sample`).
+_QUEUE_SHARE = 1 / 20
 # The floor reads the quickest exchanges of a key: the quickest, less its gap to
 # the fourth quickest (an estimate of the least exchange from its lower
 # spacings, `ArrivalBound.floor`). Four: the gap of three spacings falls short
@@ -166,26 +182,36 @@ class ArrivalBound:
             return None
         return seen.times.mean + _K * seen.times.deviation
 
-    def counts_until(self, key: str, trip: Trip, now: float, reach: float) -> float:
-        """Until when a request of `key` answered `now` counts (`counted_by`),
-        having learnt from it (`observe`). A refusal of a request that left
-        while a floor was in play (until `reach`, the rule's, after the last
-        answer counted short) widens D, lowering every floor."""
+    def counts_until(
+        self, key: str, trip: Trip, now: float, reach: float, shortest: float
+    ) -> float:
+        """Until when a request of `key` answered `now` counts (`counted_by`,
+        with the rule's `shortest` window), having learnt from it (`observe`).
+        A refusal of a request that left while a floor was in play (until
+        `reach`, the rule's, after the last answer counted short) widens D,
+        lowering every floor."""
         if trip.refused and trip.written < self._bounded.get(key, -math.inf) + reach:
             self.widen(trip, now)
         self.observe(key, trip, now)
-        counted = self.counted_by(key, trip, now)
+        counted = self.counted_by(key, trip, now, shortest * _QUEUE_SHARE)
         if counted < now:
             self._bounded[key] = now
         return counted
 
-    def counted_by(self, key: str, trip: Trip, answered: float) -> float:
+    def counted_by(
+        self, key: str, trip: Trip, answered: float, queue: float = math.inf
+    ) -> float:
         """The latest moment the server can have counted a request of `key`
-        answered at `answered` (`observe`d): the answer less the key's floor
-        for an acceptance, else the answer. Never before the send plus D, as
-        the floor is at most this exchange less D."""
+        answered at `answered` (`observe`d): for an acceptance once the key has
+        a floor, the answer less the floor, and no later than its send plus D
+        plus `queue` (the wait before its count allowed for); else the answer.
+        Never before the send plus D, as the floor is at most this exchange
+        less D."""
         floor = self.floor(key) if trip.accepted else None
-        return answered if floor is None else answered - floor
+        bound = self.bound
+        if floor is None or bound is None:
+            return answered
+        return min(answered - floor, trip.written + bound + queue)
 
     def observe(self, key: str, trip: Trip, answered: float) -> None:
         """Learn from one exchange of `key`: its connect and a refusal's whole

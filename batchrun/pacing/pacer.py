@@ -113,8 +113,11 @@ class Pacer:
         now = self._clock.now()
         ends = now
         if trip is not None:
-            span = reach(self._keys[key].rule)
-            ends = self.arrival.counts_until(key.value, trip, now, span)
+            rule = self._keys[key].rule
+            shortest = min(w.seconds for w in rule.windows)
+            ends = self.arrival.counts_until(
+                key.value, trip, now, reach(rule), shortest
+            )
         self.ledger.release(ticket, ends, sent=sent)
         self._keys[key].answered(ticket, sent=sent)
         self._wake(key)
