@@ -174,6 +174,28 @@ def test_submit_to_sandbox_sends_every_job_and_exits_0(tmp_path):
     assert "3 done, 0 failed, 0 left" in result.stdout
 
 
+def test_restart_sends_again_what_a_results_file_ended_in_a_fresh_state_folder(
+    tmp_path,
+):
+    """A new state folder (another machine, one emptied) finds the results file
+    of an earlier run: its done jobs are not sent again unasked, and the
+    message names --restart; --restart forgets that run, and every job goes."""
+    path = jobs_file(tmp_path)
+
+    def submit(folder, *more):
+        state = ["--state-dir", str(tmp_path / folder)]
+        return runner.invoke(app, ["submit", str(path), *FAST, *state, *more])
+
+    assert submit("one").exit_code == 0
+    kept = submit("two")
+    assert kept.exit_code == 0
+    assert "Nothing to send" in kept.stdout + kept.stderr
+    assert "--restart forgets the run" in kept.stdout + kept.stderr
+    again = submit("three", "--restart")
+    assert again.exit_code == 0, again.stderr
+    assert "3 done, 0 failed, 0 left" in again.stdout
+
+
 def test_submit_refuses_a_bad_file_before_sending(tmp_path):
     """A bad row: exit 2, nothing sent, no results file."""
     path = jobs_file(tmp_path, ["a,avatar,,", "b,invite,,"])

@@ -150,7 +150,10 @@ def _prepare(
     """Settle what the store sends this run, and record the run's settings."""
     if job.run_id is not None:
         store.set_meta("round", job.run_id)
-    crosscheck.reconcile(store, job.results, starting_over=restart, say=say)
+    # --restart forgets earlier runs of the file, those of a store it has not
+    # got too (a new state folder): their result lines count for none.
+    over = restart or job.restart
+    crosscheck.reconcile(store, job.results, starting_over=over, say=say)
     store.recover(retry_failed=job.retry_failed, retry_unknown=job.retry_unknown)
     if _ended(store) < ended:
         # Jobs that ended are sent again: their new lines replace the old.
