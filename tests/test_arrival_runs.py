@@ -294,7 +294,9 @@ def test_answers_of_0_2_to_0_8_s_keep_most_of_the_least_work(monkeypatch):
     queue. Four deviations of the exchange times (the floor before) took all
     of it off (about 0.6 s); the gap to the fourth quickest keeps most of the
     least work, so each window opens sooner, with no 429 (virtual clock, probes
-    not gated, 32 in flight: 1.42-1.50 x before, 1.34-1.42 x after)."""
+    not gated, 32 in flight: 1.42-1.50 x before, 1.34-1.42 x with the gap);
+    and a request counting no longer than its send plus D and a twentieth of
+    the window keeps its own work above the least out too (1.18-1.21 x)."""
     monkeypatch.setattr(Learner, "opens", lambda self, key, now, reach, round_: None)
     server = Server(LimiterKind.SLIDING, parse_rule("30/2s"), work=0.2, work_spread=0.6)
     ratios = []
@@ -310,4 +312,4 @@ def test_answers_of_0_2_to_0_8_s_keep_most_of_the_least_work(monkeypatch):
         )
         assert run.tally.rate_limited == 0
         ratios.append(run.ratio)
-    assert max(ratios) < 1.45
+    assert max(ratios) < 1.30
