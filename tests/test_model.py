@@ -81,6 +81,22 @@ def test_a_lone_429_never_changes_the_pace(accepted, moment):
     assert choose(GIVEN, answers, LENGTHS) is None
 
 
+def test_refusals_the_given_rule_explains_are_no_news():
+    """G's count probed over 0.86 s, the 30th answer saying none remain for
+    0.615 s (a refusal of the next request, which G itself refuses), then an
+    outage's first 429 where G had room, with a Retry-After of 2 s (and its
+    echo): one refusal G does not explain is a lone 429, and nothing changes.
+    Seed 10043 of the random draws: a weighted 29/2s explained both, and paced
+    the next run evenly at 1.5 x."""
+    sends = [0.0, *(0.105 + 0.0262 * n for n in range(29))]
+    probes = [Answer(t, t + 0.013, True) for t in sends]
+    edge = Answer(sends[-1], sends[-1] + 0.013, False, wait=0.615, said=True)
+    outage = Answer(2.105, 2.114, False, wait=2.0)
+    answers = [*probes, edge, outage, *said([outage])]
+    phases = [outage.latest + 2.0, outage.sent, outage.latest]
+    assert choose(GIVEN, answers, LENGTHS, phases) is None
+
+
 def test_two_refusals_a_stricter_log_explains_choose_it():
     """Ten accepted at once, then two refused: the fastest candidate that
     explains both is a log of 10 per some window, never looser than G."""

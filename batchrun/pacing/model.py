@@ -33,8 +33,9 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
     explains every refusal that some standing candidate explains (the others,
     a stray 429 or an outage, are set aside).
 
-    Choice. With at most `TAU` refusals, or no more explicable, no change
-    (what paces the key stays). Else the
+    Choice. With at most `TAU` refusals, or at most `TAU` explicable that
+    G does not explain too (G's own edge is no news), no change (what paces
+    the key stays). Else the
     fastest such candidate (as fast: a log, then a fixed window, a weighted
     counter, a bucket); kept exactly, a weighted counter evenly, a bucket as
     a bucket. What paces the key stays while it explains
@@ -409,8 +410,8 @@ def choose(
     phases: Iterable[float] = (),
 ) -> Candidate | None:
     """The candidate that paces the key (the module docstring's Choice); None
-    when the answers change nothing (at most `TAU` refusals, or no more
-    explicable): what paces the key stays."""
+    when the answers change nothing (at most `TAU` refusals, or at most `TAU`
+    explicable that G does not explain too): what paces the key stays."""
     plain = Candidate(LimiterKind.SLIDING, given)
     if sum(not a.accepted and not a.echo for a in answers) <= TAU:
         return None
@@ -418,8 +419,8 @@ def choose(
     judges = [Judge(f, answers, ends) for f in families(given, lengths, phases)]
     standing = [(j, low) for j in judges if (low := least(j)) is not None]
     explicable = frozenset().union(*(j.explained(low) for j, low in standing))
-    if len(explicable) <= TAU:
-        return None
+    if len(explicable - _explained(plain, answers)) <= TAU:
+        return None  # G explains all but a lone one: nothing says slow down
     found = [c for j, low in standing if (c := fastest(j, low, explicable))]
     if not found:
         return None
@@ -565,6 +566,18 @@ def phases_of(answers: Sequence[Answer]) -> list[float]:
     refused = [a for a in answers if not a.accepted and not a.said][-RECENT:]
     named = [a.latest + a.wait for a in refused if a.wait]
     return [*named, *(a.sent for a in refused), *(a.latest for a in refused)]
+
+
+def _explained(candidate: Candidate, answers: Sequence[Answer]) -> frozenset[int]:
+    """The refusals of `answers` (indexes) that `candidate` refuses at one end
+    at least."""
+    early = _accepted(candidate, answers, lambda a: a.sent)
+    late = _accepted(candidate, answers, lambda a: a.latest)
+    return frozenset(
+        i
+        for i, (answer, e, lt) in enumerate(zip(answers, early, late, strict=True))
+        if not answer.accepted and not (e and lt)
+    )
 
 
 def explains(candidate: Candidate, answers: Sequence[Answer]) -> bool:
