@@ -568,24 +568,29 @@ def phases_of(answers: Sequence[Answer]) -> list[float]:
     return [*named, *(a.sent for a in refused), *(a.latest for a in refused)]
 
 
+def _verdicts(
+    candidate: Candidate, answers: Sequence[Answer]
+) -> list[tuple[Answer, bool, bool]]:
+    """Each answer, and whether `candidate` accepts it at its send and at its
+    latest arrival."""
+    early = _accepted(candidate, answers, lambda a: a.sent)
+    late = _accepted(candidate, answers, lambda a: a.latest)
+    return list(zip(answers, early, late, strict=True))
+
+
 def _explained(candidate: Candidate, answers: Sequence[Answer]) -> frozenset[int]:
     """The refusals of `answers` (indexes) that `candidate` refuses at one end
     at least."""
-    early = _accepted(candidate, answers, lambda a: a.sent)
-    late = _accepted(candidate, answers, lambda a: a.latest)
+    verdicts = enumerate(_verdicts(candidate, answers))
     return frozenset(
-        i
-        for i, (answer, e, lt) in enumerate(zip(answers, early, late, strict=True))
-        if not answer.accepted and not (e and lt)
+        i for i, (a, e, lt) in verdicts if not a.accepted and not (e and lt)
     )
 
 
 def explains(candidate: Candidate, answers: Sequence[Answer]) -> bool:
     """Whether `candidate` explains every refusal of `answers` and no
     acceptance rules it out."""
-    early = _accepted(candidate, answers, lambda a: a.sent)
-    late = _accepted(candidate, answers, lambda a: a.latest)
-    for answer, e, lt in zip(answers, early, late, strict=True):
+    for answer, e, lt in _verdicts(candidate, answers):
         if answer.accepted and not (e or lt):
             return False
         if not answer.accepted and e and lt:
