@@ -417,6 +417,22 @@ def test_no_gate_once_answered_or_within_what_the_server_accepted():
     assert log.gated([2.0], 1.2, None) is None
 
 
+def test_a_refusal_caps_the_record_at_what_the_server_let_through():
+    """Thirty sent in a window, ten accepted and nineteen refused, then one
+    more refused: the server let ten through, not one more, so the record is
+    ten and the next request is a probe. Counting every request the window
+    held, refused ones too, made it 29: the pacer sent 19 more as proven, and
+    a tightening cost 38 429s (26 now)."""
+    log = KeyLog()
+    log.record = {2.0: 30}
+    for n in range(30):
+        entry = log.started(0.01 * n)
+        log.answered(entry, 0.01 * n + 0.005, refused=n >= 10)
+    log.doubt([2.0], 0.3)
+    assert log.record[2.0] == 10
+    assert log.beyond([2.0], 0.31)
+
+
 def test_an_arrival_is_estimated_within_its_bound_not_its_answer():
     """Answered 100 ms after it left, but known to have arrived within 2 ms:
     the estimate and its leeway come from the bound."""

@@ -158,12 +158,12 @@ class KeyLog:
 
     def doubt(self, lengths: Iterable[float], now: float) -> None:
         """A refusal answered `now`: what the server was seen to accept in each
-        of `lengths` is proven only below what the window held then (it let
-        that many through, not one more), until acceptances show more."""
+        of `lengths` is proven only up to what the window held then, those it
+        accepted and those on their way (it let that many through, not one
+        more), until acceptances show more."""
         for seconds in lengths:
-            held = self.unanswered + len(self.ends)
-            held -= bisect.bisect_right(self.ends, now - seconds)
-            self.record[seconds] = min(self.proven(seconds), max(0, held - 1))
+            held = self.unanswered + count_within(self.seen.arrivals, now, seconds)
+            self.record[seconds] = min(self.proven(seconds), held)
         self.accepted.clear()
 
     def settled(self, since: float) -> bool:

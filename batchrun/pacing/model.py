@@ -46,7 +46,7 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
     longer. It ends then, or sooner when more than `TAU` refusals come that
     neither it nor any other candidate explains. Then G paces the key
     again: past what the server was seen to accept (capped by the lesson,
-    and by what any window held when a 429 came), requests are probes, a
+    and by what any window let through when a 429 came), requests are probes, a
     round's worth at a time (`log.KeyLog.gated`). If the expired lesson
     explains the refusals that follow, it comes back for `GROWTH` times its
     last life. Kept in the ledger, a lesson lives on in
