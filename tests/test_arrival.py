@@ -236,6 +236,28 @@ def test_a_slow_answer_counts_no_longer_than_its_send_plus_d_and_the_allowance()
     assert last == pytest.approx(sent + d + 0.1)
 
 
+def test_where_answers_hold_no_work_a_late_one_counts_until_its_answer():
+    """The quickest four took 5-6 ms (no work: a floor near 0), then one takes
+    0.15 s: it waited in a queue (a loopback server sharing the client's CPU),
+    so it counts until its answer, not its send plus D plus the allowance."""
+    made, ledger, clock = pacer("30/2s")
+    for spent in (0.005, 0.0052, 0.0055, 0.006):
+        ticket = grant(made, ledger, clock)
+        sent = clock.now()
+        clock.advance(spent)
+        trip = Trip(written=sent, round_trip=0.004, accepted=True)
+        made.release(KEY, ticket, trip=trip)
+    sent = clock.now()
+    ticket = grant(made, ledger, clock)
+    clock.advance(0.15)
+    made.release(KEY, ticket, trip=Trip(written=sent, accepted=True))
+    floor = made.arrival.floor(KEY.value)
+    assert floor is not None
+    assert floor < 0.05
+    last = list(ledger.usage(KEY.value, made.rules[KEY]).finished)[-1]
+    assert last == pytest.approx(sent + 0.15 - floor)
+
+
 def test_a_quick_answer_counts_until_its_answer():
     """An answer sooner than the bound is the better bound: it is kept."""
     made, ledger, clock = pacer("1/1s")
