@@ -213,26 +213,36 @@ def test_a_slow_answer_counts_until_its_bounded_arrival():
     ]
 
 
+def answered_after(
+    quickest: tuple[float, ...], connect: float, then: float
+) -> tuple[Pacer, float, float]:
+    """A 30/2s key whose four exchanges took `quickest` (the first over a new
+    connection of `connect`), then one that took `then`: the pacer, when that
+    one left, and until when it counts."""
+    made, ledger, clock = pacer("30/2s")
+    for spent in quickest:
+        ticket = grant(made, ledger, clock)
+        sent = clock.now()
+        clock.advance(spent)
+        trip = Trip(written=sent, round_trip=connect, accepted=True)
+        made.release(KEY, ticket, trip=trip)
+    sent = clock.now()
+    ticket = grant(made, ledger, clock)
+    clock.advance(then)
+    made.release(KEY, ticket, trip=Trip(written=sent, accepted=True))
+    last = list(ledger.usage(KEY.value, made.rules[KEY]).finished)[-1]
+    return made, sent, last
+
+
 def test_a_slow_answer_counts_no_longer_than_its_send_plus_d_and_the_allowance():
     """Answers that vary: the quickest four took 0.20-0.21 s, then one takes
     0.8 s. Its answer less the floor (0.8 - 0.19) would hold its slot 0.61 s
     past its send; it counts until its send plus D plus a twentieth of the
     rule's shortest window (the wait before its count allowed for), 0.1 s of
     2 s, and no longer."""
-    made, ledger, clock = pacer("30/2s")
-    for spent in (0.200, 0.205, 0.207, 0.210):
-        ticket = grant(made, ledger, clock)
-        sent = clock.now()
-        clock.advance(spent)
-        trip = Trip(written=sent, round_trip=0.010, accepted=True)
-        made.release(KEY, ticket, trip=trip)
+    made, sent, last = answered_after((0.200, 0.205, 0.207, 0.210), 0.010, 0.8)
     d = made.arrival.bound
     assert d is not None
-    sent = clock.now()
-    ticket = grant(made, ledger, clock)
-    clock.advance(0.8)
-    made.release(KEY, ticket, trip=Trip(written=sent, accepted=True))
-    last = list(ledger.usage(KEY.value, made.rules[KEY]).finished)[-1]
     assert last == pytest.approx(sent + d + 0.1)
 
 
@@ -240,21 +250,10 @@ def test_where_answers_hold_no_work_a_late_one_counts_until_its_answer():
     """The quickest four took 5-6 ms (no work: a floor near 0), then one takes
     0.15 s: it waited in a queue (a loopback server sharing the client's CPU),
     so it counts until its answer, not its send plus D plus the allowance."""
-    made, ledger, clock = pacer("30/2s")
-    for spent in (0.005, 0.0052, 0.0055, 0.006):
-        ticket = grant(made, ledger, clock)
-        sent = clock.now()
-        clock.advance(spent)
-        trip = Trip(written=sent, round_trip=0.004, accepted=True)
-        made.release(KEY, ticket, trip=trip)
-    sent = clock.now()
-    ticket = grant(made, ledger, clock)
-    clock.advance(0.15)
-    made.release(KEY, ticket, trip=Trip(written=sent, accepted=True))
+    made, sent, last = answered_after((0.005, 0.0052, 0.0055, 0.006), 0.004, 0.15)
     floor = made.arrival.floor(KEY.value)
     assert floor is not None
     assert floor < 0.05
-    last = list(ledger.usage(KEY.value, made.rules[KEY]).finished)[-1]
     assert last == pytest.approx(sent + 0.15 - floor)
 
 
