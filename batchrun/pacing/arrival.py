@@ -74,11 +74,12 @@ _ALPHA = 1 / 8
 _BETA = 1 / 4
 _K = 4
 # The wait before the count allowed for, as a share of the rule's shortest
-# window: it caps what counting a request past its arrival can cost (a
-# twentieth of each window, 5 %), and it covers the queues seen on loopback
-# with the sandbox sharing the client's CPU (14 ms where D was 4 ms, at scaled
-# windows of 1-2 s: an allowance of 50-100 ms). At real scale, 3 s of a minute:
-# a longer queue shows in the trip of the 429 it may cause (`_sample`).
+# window, on keys whose floor shows server work (half of it or more): it caps
+# what counting a request past its arrival can cost (a twentieth of each
+# window, 5 %); at real scale 3 s of a minute, and a longer queue shows in the
+# trip of the 429 it may cause (`_sample`). Keys whose answers hold no work get
+# none: there a late answer is a queue (a loopback sandbox sharing the client's
+# CPU held requests past D + 100 ms).
 _QUEUE_SHARE = 1 / 20
 # The floor reads the quickest exchanges of a key: the quickest, less its gap to
 # the fourth quickest (an estimate of the least exchange from its lower

@@ -114,9 +114,8 @@ class Pacer:
         ends = now
         if trip is not None:
             rule = self._keys[key].rule
-            shortest = min(w.seconds for w in rule.windows)
             ends = self.arrival.counts_until(
-                key.value, trip, now, reach(rule), shortest
+                key.value, trip, now, reach(rule), rule.shortest.seconds
             )
         self.ledger.release(ticket, ends, sent=sent)
         self._keys[key].answered(ticket, sent=sent)
