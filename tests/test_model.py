@@ -26,6 +26,7 @@ from batchrun.pacing.model import (
     choose,
     explains,
     lengths,
+    phases_of,
     said,
 )
 from batchrun.pacing.slots import Usage, earliest_slot
@@ -93,8 +94,19 @@ def test_refusals_the_given_rule_explains_are_no_news():
     edge = Answer(sends[-1], sends[-1] + 0.013, False, wait=0.615, said=True)
     outage = Answer(2.105, 2.114, False, wait=2.0)
     answers = [*probes, edge, outage, *said([outage])]
-    phases = [outage.latest + 2.0, outage.sent, outage.latest]
-    assert choose(GIVEN, answers, LENGTHS, phases) is None
+    assert choose(GIVEN, answers, LENGTHS, phases_of(answers)) is None
+
+
+def test_a_fixed_window_is_tried_from_after_a_refusal_a_weighted_from_before():
+    """A fixed window refuses at its end, so the next begins after the refusal
+    arrived; a weighted counter refuses at its start, so it began before; both
+    begin where a Retry-After says the window ends. Only the last two count."""
+    old = Answer(0.5, 0.51, False)
+    first, second = Answer(1.0, 1.02, False, wait=1.0), Answer(1.1, 1.13, False)
+    accepted = Answer(1.2, 1.21, True)
+    phases = phases_of([old, first, accepted, second])
+    assert sorted(phases.fixed) == [1.02, 1.13, 2.02]
+    assert sorted(phases.weighted) == [1.0, 1.1, 2.02]
 
 
 def test_two_refusals_a_stricter_log_explains_choose_it():

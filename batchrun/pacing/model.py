@@ -11,8 +11,9 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
     and a grid (`GRID` apart) from that tenth to G's shortest; none longer
     than the evidence spans or G's shortest window (each request is a new
     peak of a longer one, so any refusal would fit it). Phases: two per
-    length, and those the last two refusals name (where each came, and
-    where a Retry-After says the window ends).
+    length, and those the last two refusals name: where a Retry-After says
+    the window ends; a fixed window's just after each arrived (it refuses at
+    its end), a weighted counter's just before (it refuses at its start).
 
     Replay. Each candidate replays the answers through the server model of
     `limiters` that the sandbox and the simulation use, once with every
@@ -67,6 +68,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from batchrun.core.events import Because, Evidence
 from batchrun.core.limits import Pace, Rule, Window
@@ -253,24 +255,24 @@ def _implies(strict: Window, loose: Window) -> bool:
 
 
 def families(
-    given: Rule, lengths: Iterable[float], phases: Iterable[float] = ()
+    given: Rule, lengths: Iterable[float], phases: Phases | None = None
 ) -> list[Family]:
     """Every family of candidates for `given` (the module docstring's
-    Candidates); `phases`: window ends a Retry-After named."""
-    named = tuple(phases)
+    Candidates); `phases`: where the refusals say windows begin."""
+    named = Phases([], []) if phases is None else phases
     found = []
     for seconds in sorted(set(lengths)):
-        origins = {share * seconds for share in PHASES} | {p % seconds for p in named}
         for refused in (False, True):
             found.append(Family(LimiterKind.SLIDING, given, seconds, 0.0, refused))
-        found += [
-            Family(LimiterKind.FIXED, given, seconds, origin)
-            for origin in sorted(origins)
-        ]
-        found += [
-            Family(LimiterKind.WEIGHTED, given, seconds, origin)
-            for origin in sorted(origins)
-        ]
+        base = {share * seconds for share in PHASES}
+        for kind, said in (
+            (LimiterKind.FIXED, named.fixed),
+            (LimiterKind.WEIGHTED, named.weighted),
+        ):
+            origins = base | {p % seconds for p in said}
+            found += [
+                Family(kind, given, seconds, origin) for origin in sorted(origins)
+            ]
         if seconds == given.shortest.seconds:
             found.append(Family(LimiterKind.LEAKY, given, seconds))
     return found
@@ -410,7 +412,7 @@ def choose(
     given: Rule,
     answers: Sequence[Answer],
     lengths: Iterable[float],
-    phases: Iterable[float] = (),
+    phases: Phases | None = None,
 ) -> Candidate | None:
     """The candidate that paces the key (the module docstring's Choice); None
     when the answers change nothing (at most `TAU` refusals, or at most `TAU`
@@ -562,13 +564,23 @@ class KeyModel:
             self.current(now)
 
 
-def phases_of(answers: Sequence[Answer]) -> list[float]:
-    """Where a window may begin, as the refusals say: where a Retry-After says
-    it ends, and at the last few refusals (a fixed window refuses at its end,
-    a weighted counter at its start)."""
+class Phases(NamedTuple):
+    """Where the refusals say a fixed window and a weighted counter begin."""
+
+    fixed: list[float]
+    weighted: list[float]
+
+
+def phases_of(answers: Sequence[Answer]) -> Phases:
+    """Where a window may begin, as the last few refusals say: where a
+    Retry-After says it ends; a fixed window refuses at its end, so one
+    begins right after a refusal arrived (its latest arrival), and a
+    weighted counter at its start, so one begins right before (its send)."""
     refused = [a for a in answers if not a.accepted and not a.said][-RECENT:]
     named = [a.latest + a.wait for a in refused if a.wait]
-    return [*named, *(a.sent for a in refused), *(a.latest for a in refused)]
+    return Phases(
+        [*named, *(a.latest for a in refused)], [*named, *(a.sent for a in refused)]
+    )
 
 
 def _verdicts(
