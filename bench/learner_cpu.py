@@ -4,7 +4,7 @@ A run of `--jobs` jobs (10,000 by default) told 30/2s against a sliding log of
 30/2s whose accepted answers are 429s with `--strays` probability (1 %), no
 Retry-After, in virtual time (`support.simulation`). Under cProfile, the CPU
 spent inside the learner's entry points (`Learner.answered`, `.opens`, `.sent`,
-`.remaining`, `.stated`) is divided by the whole run's; also printed: the readings
+`.stated`) is divided by the whole run's; also printed: the readings
 (`KeyModel.decide`) and their mean CPU. cProfile slows everything alike, so the
 share, not the seconds, is the figure.
 
@@ -24,7 +24,7 @@ from support.simulation import Server, simulate
 
 # The learner's entry points from the runner and the pacer: everything it does
 # happens under one of them.
-ENTRIES = ("answered", "opens", "sent", "remaining", "stated")
+ENTRIES = ("answered", "opens", "sent", "stated")
 
 
 def share(jobs: int, strays: float, seed: int) -> dict[str, float]:

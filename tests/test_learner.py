@@ -4,11 +4,9 @@ format the ledger keeps (batchrun/pacing/kept.py)."""
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import replace
 
 import anyio
-import pytest
 
 from batchrun.core.clock import LoopClock, wall_time
 from batchrun.core.events import Because, Evidence, RuleLearned
@@ -161,38 +159,6 @@ async def test_none_remaining_teaches_the_count_without_a_429():
     assert rule != GIVEN
     assert rule.interval >= 0.1 - 1e-9, rule
     assert pacer.pace(KEY) in (Pace.EXACT, Pace.SPREAD)
-
-
-async def test_what_the_server_says_remains_holds_sends_until_it_says_more():
-    """An answer saying 3 remain, with 2 requests still on their way, lets one
-    more leave; then none until its reset, where one slot frees; and with
-    none on their way, a probe goes (its answer will say more)."""
-    _, learner, _ = _learner(MemoryLedger())
-    learner.recall([KEY])
-    now = anyio.current_time()
-    for n in range(20):  # a window ago: none of these is a probe
-        entry = learner.sent(KEY, now - 3 + 0.01 * n)
-        learner.answered(KEY, entry, now - 3 + 0.01 * n + 0.005, refused=False)
-    first, *flying = (learner.sent(KEY, now) for _ in range(3))
-    learner.answered(KEY, first, now + 0.1, refused=False)
-    learner.remaining(KEY, first, 3, 1.0)
-    assert learner.opens(KEY, now + 0.1, None, None) is None
-    late = learner.sent(KEY, now + 0.1)
-    assert learner.opens(KEY, now + 0.2, None, None) == pytest.approx(
-        now + 1.0, abs=0.05
-    )
-    assert learner.opens(KEY, now + 1.1, None, None) is None  # the reset's slot
-    learner.sent(KEY, now + 1.1)
-    assert learner.opens(KEY, now + 1.2, None, None) == math.inf  # an answer
-    for entry in (*flying, late):
-        learner.answered(KEY, entry, now + 1.3, refused=False)
-    learner.remaining(KEY, late, 0, 0.5)  # its answer: none for 0.5 s
-    assert learner.opens(KEY, now + 0.2, None, None) == pytest.approx(
-        now + 0.5, abs=0.05
-    )
-    # An answer that says nothing ends the statement.
-    learner.remaining(KEY, late, None, None)
-    assert learner.opens(KEY, now + 0.2, None, None) is None
 
 
 def test_a_rule_is_kept_with_the_given_rule_it_tightened():

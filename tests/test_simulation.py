@@ -13,7 +13,6 @@ from batchrun.pacing.kept import KEPT_FOR, read_record, record_text
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.slots import eta
-from batchrun.sandbox.policy_headers import HeaderStyle
 from support.script_client import script
 from support.simulation import Server, carried, ideal, scenarios, simulate
 
@@ -153,26 +152,3 @@ def test_the_accepted_record_is_kept_only_for_its_rule():
     scaled = record_text({0.2: 5}, given=rule.scaled(10), at=now)
     assert back(scaled) == {}
     assert back(scaled, rule.scaled(10)) == {0.2: 5}
-
-
-@settings(max_examples=12, deadline=None)
-@given(
-    kind=st.sampled_from([LimiterKind.SLIDING, LimiterKind.FIXED]),
-    style=st.sampled_from(
-        [HeaderStyle.X_RATELIMIT, HeaderStyle.DRAFT7, HeaderStyle.IETF]
-    ),
-    count=st.integers(4, 15),
-    work=st.sampled_from([0.0, 0.1, 0.3]),
-    seed=st.integers(0, 3),
-)
-def test_no_429_is_sent_after_the_server_said_what_remains(
-    kind, style, count, work, seed
-):
-    """A server stricter than the told 30/2s that states its budget in every
-    answer (X-RateLimit states no window): no request sent after the first
-    answer is refused (issue 36's figure for a stated policy)."""
-    server = Server(kind, Rule((Window(count, 2.0),)), headers=style, work=work)
-    run = simulate(client="30/2s", server=server, count=40, seed=seed)
-    first = min(at for at, _ in run.answers)
-    assert run.finished
-    assert [a for a in run.arrivals if a.status == 429 and a.sent > first] == []

@@ -38,10 +38,6 @@ class _Key:
     # The latest send of a refused request not yet read: it is read once every
     # request sent before it has its answer.
     unread: float | None = None
-    # What the server last said remains (`Learner.remaining`): how many more
-    # may leave, and until when that statement holds.
-    left: int | None = None
-    until: float = -math.inf
 
 
 class Learner:
@@ -121,10 +117,8 @@ class Learner:
 
     def sent(self, key: LimitKey, at: float) -> Sent:
         """Log a request of `key` leaving at `at`."""
-        state = self._keys[key]
-        if state.left is not None:
-            state.left -= 1
-        return state.log.started(at, probe=state.log.beyond(self._lengths(key), at))
+        log = self._keys[key].log
+        return log.started(at, probe=log.beyond(self._lengths(key), at))
 
     def answered(
         self,
@@ -190,21 +184,6 @@ class Learner:
         why = Evidence(Because.STATED, rule=Rule(tuple(policy)))
         self._pace(key, model.adopt(candidate, why, now))
 
-    def remaining(
-        self, key: LimitKey, entry: Sent, left: int | None, reset: float | None
-    ) -> None:
-        """The answer of `entry` said `left` more requests would be accepted,
-        and one more in `reset` seconds (a sliding log's next slot; a fixed
-        window's are all): no more than that leave until the next answer says
-        more, less those that may have arrived after it (`KeyLog.after`). An
-        answer that says nothing ends the statement."""
-        state = self._keys[key]
-        if left is None or reset is None:
-            state.left = None
-            return
-        state.left = left - state.log.after(entry)
-        state.until = self._clock.now() + reset
-
     def opens(
         self, key: LimitKey, now: float, reach: float | None, round_: float | None
     ) -> float | None:
@@ -213,14 +192,6 @@ class Learner:
         the rule's rate fills in a `round_` (the time one takes to surely
         arrive), one at least; none while a refusal waits to be read."""
         state, lengths = self._keys[key], self._lengths(key)
-        if state.left is not None:
-            if now >= state.until:
-                # Its reset: one more slot (with none on its way, a probe
-                # goes whatever the count), then the next answer says more.
-                least = 0 if state.log.unanswered else 1
-                state.left, state.until = max(state.left + 1, least), math.inf
-            if state.left <= 0:
-                return state.until  # none remain, said the server
         if state.unread is not None and state.log.beyond(lengths, now):
             return math.inf  # a refusal not read yet: no probe before it is
         interval = self._pacer.rule(key).interval

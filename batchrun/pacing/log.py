@@ -87,8 +87,6 @@ class KeyLog:
     unanswered: int = 0
     # Probes in flight, in the order they left.
     flying: list[Sent] = field(default_factory=list)
-    # The longest a request took from its send to its answer.
-    longest: float = 0.0
 
     def started(self, at: float, *, probe: bool = False) -> Sent:
         """Log a request that leaves at `at`; `answered` fills in its answer."""
@@ -107,26 +105,12 @@ class KeyLog:
         entry.end, entry.refused = at, refused
         entry.by = None if by is None else min(max(by, entry.start), at)
         self.unanswered -= 1
-        self.longest = max(self.longest, at - entry.start)
         if entry.probe:
             self.flying.remove(entry)
         _bounded_insort(self.ends, at)
         if refused is False:
             self.accepted.add(arrived(entry))
             self.seen.add(arrived(entry))
-
-    def after(self, entry: Sent) -> int:
-        """How many other requests may have reached the server after `entry`
-        did: those on their way, and those answered that may have arrived
-        after it left (`latest`). Only requests sent within the longest trip
-        seen before it can be such."""
-        count = self.unanswered
-        for other in reversed(self.sent):
-            if other.start < entry.start - self.longest:
-                break
-            if other is not entry and other.end is not None:
-                count += latest(other) >= entry.start
-        return count
 
     def proven(self, seconds: float) -> int:
         """The most accepted requests the server was seen to let through in W."""

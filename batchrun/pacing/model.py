@@ -40,10 +40,7 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
     fastest such candidate (as fast: a log, then a fixed window, a weighted
     counter, a bucket); kept exactly, a weighted counter evenly, a bucket as
     a bucket. What paces the key stays while it explains
-    the answers and is no slower. A policy the server states joins G outright;
-    one that states only what remains (X-RateLimit) holds the key to it: no
-    more leave than remain, less those that may have arrived after, until an
-    answer says more (at its reset, one more).
+    the answers and is no slower. A policy the server states joins G outright.
 
     Lifetime. A lesson (a choice other than G) lives `FIRST_LIFE` of the
     longest of its own windows (those not G's), or of G's shortest if

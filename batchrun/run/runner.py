@@ -43,7 +43,6 @@ from batchrun.core.limits import LimitKey, Rule
 from batchrun.jobs.job import Job
 from batchrun.pacing.arrival import Trip
 from batchrun.pacing.learner import Learner
-from batchrun.pacing.log import Sent
 from batchrun.pacing.pacer import Pacer
 from batchrun.pacing.slots import eta
 from batchrun.run.exit_code import Cause, Stop
@@ -334,7 +333,7 @@ class Runner:
             # so the next run resends the job if safe, else leaves it unknown.
             self.stop(Stop.failing(exc))
         with self._stopping():
-            self._heed(key, sent, outcome.hints)
+            self._heed(key, outcome.hints)
         if self._idle:
             self._notify()  # an answer may free a slot, or end the run
 
@@ -357,19 +356,13 @@ class Runner:
         by = None if trip is None else self._pacer.arrival.latest(trip.written)
         return outcome, by
 
-    def _heed(self, key: LimitKey, sent: Sent, hints: Hints | None) -> None:
+    def _heed(self, key: LimitKey, hints: Hints | None) -> None:
         """Follow what an answer's headers say: a stated policy is the learner's
-        (`Learner.stated`), and without one what remains (`Learner.remaining`);
-        a spent budget waits for its reset, unless the client's own record
-        already waits (a reset is often rounded up)."""
+        (`Learner.stated`); a spent budget waits for its reset, unless the
+        client's own record already waits (a reset is often rounded up)."""
         if hints is None:
-            self._learner.remaining(key, sent, None, None)
             return
         self._learner.stated(key, hints.policy)
-        # A server that states its windows is paced by them; one that states
-        # only what remains (X-RateLimit) is held to that.
-        left = None if hints.policy else hints.remaining
-        self._learner.remaining(key, sent, left, hints.reset)
         if hints.remaining == 0 and hints.reset and not self._pacer.full(key):
             self._pacer.hold(key, self._clock.now() + hints.reset)
 
