@@ -251,6 +251,13 @@ def _implies(strict: Window, loose: Window) -> bool:
     return strict.seconds >= loose.seconds and strict.count <= loose.count
 
 
+class Phases(NamedTuple):
+    """Where the refusals say a fixed window and a weighted counter begin."""
+
+    fixed: list[float]
+    weighted: list[float]
+
+
 def families(
     given: Rule, lengths: Iterable[float], phases: Phases | None = None
 ) -> list[Family]:
@@ -417,11 +424,15 @@ def choose(
     plain = Candidate(LimiterKind.SLIDING, given)
     if sum(not a.accepted and not a.echo for a in answers) <= TAU:
         return None
+    news = frozenset(i for i, a in enumerate(answers) if not a.accepted)
+    news -= _explained(plain, answers)
+    if len(news) <= TAU:
+        return None  # G explains all but a lone one, without a replay more
     ends = both_ends(answers)
     judges = [Judge(f, answers, ends) for f in families(given, lengths, phases)]
     standing = [(j, low) for j in judges if (low := least(j)) is not None]
     explicable = frozenset().union(*(j.explained(low) for j, low in standing))
-    if len(explicable - _explained(plain, answers)) <= TAU:
+    if len(explicable & news) <= TAU:
         return None  # G explains all but a lone one: nothing says slow down
     found = [c for j, low in standing if (c := fastest(j, low, explicable))]
     if not found:
@@ -559,13 +570,6 @@ class KeyModel:
         if self.lesson is not None:
             self.lesson.expires = now
             self.current(now)
-
-
-class Phases(NamedTuple):
-    """Where the refusals say a fixed window and a weighted counter begin."""
-
-    fixed: list[float]
-    weighted: list[float]
 
 
 def phases_of(answers: Sequence[Answer]) -> Phases:
