@@ -133,6 +133,21 @@ def test_a_stricter_sliding_server_is_explained_by_what_is_chosen(seed):
     assert chosen.rule.interval >= 0.2 - 1e-9  # no faster than the server
 
 
+@pytest.mark.parametrize("kind", [LimiterKind.SLIDING, LimiterKind.FIXED])
+def test_refusals_answered_before_the_work_of_those_sent_with_them(kind):
+    """Nine requests leave together; a server of 7 a window accepts seven and
+    answers them after 0.1 s of work, and refuses two at once. Each end puts
+    the refusals first (the same send; an earlier latest arrival), but the
+    server counted the seven before them: its own rule explains both."""
+    burst = [Answer(1.0, 1.002, False), Answer(1.0, 1.003, False)]
+    burst += [Answer(1.0, 1.05, True) for _ in range(7)]
+    server = Family(kind, GIVEN, 0.5, origin=0.75).at(7)
+    assert explains(server, burst)
+    judge = Judge(Family(kind, GIVEN, 0.5, origin=0.75), burst)
+    assert judge.explained(7) == {0, 1}
+    assert not judge.ruled_out(7)
+
+
 def test_refusals_that_no_candidate_explains_are_set_aside():
     """Refusals of requests sent while the window was all but empty (a stray
     429, an outage), after acceptances at G's full count: nothing changes."""

@@ -16,10 +16,13 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
     its end), a weighted counter's just before (it refuses at its start).
 
     Replay. Each candidate replays the answers through the server model of
-    `limiters` that the sandbox and the simulation use, once with every
-    request arriving at its send and once at its latest arrival, counting what
-    the server counted. An acceptance it refuses at both ends rules it out. A
-    refusal it refuses at one end at least, it explains. The server's word is
+    `limiters` that the sandbox and the simulation use, counting what the
+    server counted, at three ends (`ENDS`): every request arriving at its
+    send; every one at its latest arrival; each refusal at its latest and each
+    acceptance at its send (a refusal is answered before any work, so at the
+    other two it seems to arrive before the acceptances that left with it).
+    An acceptance it refuses at the first two rules it out. A refusal it
+    refuses at one end at least, it explains. The server's word is
     read as refusals no model counts: an answer saying none remain, a refusal
     of the next request; a Retry-After of W s, a refusal W - 1 s later.
 
@@ -292,7 +295,7 @@ class Judge:
         self,
         family: Family,
         answers: Sequence[Answer],
-        ends: tuple[Arrivals, Arrivals] | None = None,
+        ends: tuple[Arrivals, ...] | None = None,
     ) -> None:
         self.family = family
         self._answers = answers
@@ -300,31 +303,30 @@ class Judge:
         # does not depend on the count asked about, as it counts what the
         # server counted; but a bucket's does (its rate is the count), so a
         # bucket is replayed for each count asked.
-        self._ends: tuple[list[int], list[int]] | None = None
+        self._ends: tuple[list[int], ...] | None = None
         if family.kind is not LimiterKind.LEAKY:
-            sent, latest = ends or both_ends(answers)
-            if not len(sent) == len(latest) == len(answers):
+            found = ends or all_ends(answers)
+            if any(len(end) != len(answers) for end in found):
                 msg = "the arrivals given are of other answers"
                 raise ValueError(msg)
-            early, late = _held(family, sent), _held(family, latest)
-            self._ends = ([e + 1 for e in early], [lt + 1 for lt in late])
+            self._ends = tuple([h + 1 for h in held] for held in _fills(family, found))
 
-    def _refusals(self, count: int) -> list[tuple[bool, bool]]:
-        """Whether the candidate of `count` refuses each answer, at each end."""
+    def _refusals(self, count: int) -> list[tuple[bool, ...]]:
+        """Whether the candidate of `count` refuses each answer, at each of
+        `ENDS` (early, late, a refusal's latest)."""
         if self._ends is not None:
-            early, late = self._ends
-            return [(count < e, count < lt) for e, lt in zip(early, late, strict=True)]
+            per_answer = zip(*self._ends, strict=True)
+            return [tuple(count < e for e in least) for least in per_answer]
         candidate = self.family.at(count, alone=True)
-        early_ok = _accepted(candidate, self._answers, lambda a: a.sent)
-        late_ok = _accepted(candidate, self._answers, lambda a: a.latest)
-        return [(not e, not lt) for e, lt in zip(early_ok, late_ok, strict=True)]
+        accepts = [_accepted(candidate, self._answers, at) for at in ENDS]
+        return [tuple(not ok for ok in oks) for oks in zip(*accepts, strict=True)]
 
     def ruled_out(self, count: int) -> bool:
         """Whether some acceptance rules the candidate of `count` out."""
         ends = self._refusals(count)
         return any(
-            e and lt and a.accepted
-            for (e, lt), a in zip(ends, self._answers, strict=True)
+            a.accepted and ref[0] and ref[1]
+            for ref, a in zip(ends, self._answers, strict=True)
         )
 
     def explained(self, count: int) -> frozenset[int]:
@@ -332,8 +334,8 @@ class Judge:
         ends = self._refusals(count)
         return frozenset(
             i
-            for i, ((e, lt), a) in enumerate(zip(ends, self._answers, strict=True))
-            if (e or lt) and not a.accepted
+            for i, (ref, a) in enumerate(zip(ends, self._answers, strict=True))
+            if any(ref) and not a.accepted
         )
 
 
@@ -347,23 +349,63 @@ def arrivals(answers: Sequence[Answer], at: Callable[[Answer], float]) -> Arriva
     return sorted(ends, key=lambda arrival: arrival[1])
 
 
-def both_ends(answers: Sequence[Answer]) -> tuple[Arrivals, Arrivals]:
-    """The answers as they arrived at their sends, and at their latest."""
-    return arrivals(answers, lambda a: a.sent), arrivals(answers, lambda a: a.latest)
+def _last_refused(a: Answer) -> float:
+    """A refusal at its latest arrival, an acceptance at its send."""
+    return a.sent if a.accepted else a.latest
 
 
-def _held(family: Family, ends: Arrivals) -> list[int]:
+# Where each answer is replayed as arriving: every one at its send (early), every
+# one at its latest (late), and each refusal at its latest with each acceptance
+# at its send (the window as full as it can be when a refusal comes: a refusal,
+# answered before any work, has a shorter interval than the acceptances that
+# left with it, and at either of the other two ends arrives before them).
+ENDS: tuple[Callable[[Answer], float], ...] = (
+    lambda a: a.sent,
+    lambda a: a.latest,
+    _last_refused,
+)
+
+
+def all_ends(answers: Sequence[Answer]) -> tuple[Arrivals, ...]:
+    """The answers in the order they arrived at each of `ENDS`."""
+    return tuple(arrivals(answers, at) for at in ENDS)
+
+
+def _fills(family: Family, ends: tuple[Arrivals, ...]) -> list[list[int]]:
+    """`_held` at each of `ENDS` (as `all_ends` orders them). Where the family
+    counts no refusal, the third end replays just what the first does (the
+    acceptances at their sends): one replay reads both."""
+    early, late, last_refused = ends
+    if family.counts_refused:
+        return [_held(family, end)[0] for end in ends]
+    refusals = [arrival for arrival in last_refused if not arrival[3]]
+    held, read = _held(family, early, refusals)
+    mixed = [read.get(i, fill) for i, fill in enumerate(held)]
+    return [held, _held(family, late)[0], mixed]
+
+
+def _held(
+    family: Family, ends: Arrivals, reads: Sequence[tuple[int, float, bool, bool]] = ()
+) -> tuple[list[int], dict[int, int]]:
     """How full the family's window was as each answer arrived (at one of
-    its `ends`), replayed through its model with a count no answer reaches."""
+    its `ends`), replayed through its model with a count no answer reaches;
+    and how full it was at each of `reads` (in order), replaying none of them."""
     room = len(ends) + family.most + 1
     limiter = family.at(room, alone=True).limiter()
     left, replay = limiter.room, limiter.replay
-    held = [0] * len(ends)
+    held, read = [0] * len(ends), {}
+    pending = iter(reads)
+    then = next(pending, None)
     for index, moment, said, accepted in ends:
+        while then is not None and (then[1], then[0]) < (moment, index):
+            read[then[0]] = room - left("", "", then[1])
+            then = next(pending, None)
         held[index] = room - left("", "", moment)
         if not said:
             replay("", "", moment, accepted=accepted)
-    return held
+    for later in [] if then is None else [then, *pending]:
+        read[later[0]] = room - left("", "", later[1])
+    return held, read
 
 
 def _accepted(
@@ -428,7 +470,7 @@ def choose(
     news -= _explained(plain, answers)
     if len(news) <= TAU:
         return None  # G explains all but a lone one, without a replay more
-    ends = both_ends(answers)
+    ends = all_ends(answers)
     judges = [Judge(f, answers, ends) for f in families(given, lengths, phases)]
     standing = [(j, low) for j in judges if (low := least(j)) is not None]
     explicable = frozenset().union(*(j.explained(low) for j, low in standing))
@@ -586,29 +628,26 @@ def phases_of(answers: Sequence[Answer]) -> Phases:
 
 def _verdicts(
     candidate: Candidate, answers: Sequence[Answer]
-) -> list[tuple[Answer, bool, bool]]:
-    """Each answer, and whether `candidate` accepts it at its send and at its
-    latest arrival."""
-    early = _accepted(candidate, answers, lambda a: a.sent)
-    late = _accepted(candidate, answers, lambda a: a.latest)
-    return list(zip(answers, early, late, strict=True))
+) -> list[tuple[Answer, tuple[bool, ...]]]:
+    """Each answer, and whether `candidate` accepts it at each of `ENDS`."""
+    accepts = [_accepted(candidate, answers, at) for at in ENDS]
+    return list(zip(answers, zip(*accepts, strict=True), strict=True))
 
 
 def _explained(candidate: Candidate, answers: Sequence[Answer]) -> frozenset[int]:
     """The refusals of `answers` (indexes) that `candidate` refuses at one end
     at least."""
     verdicts = enumerate(_verdicts(candidate, answers))
-    return frozenset(
-        i for i, (a, e, lt) in verdicts if not a.accepted and not (e and lt)
-    )
+    return frozenset(i for i, (a, oks) in verdicts if not a.accepted and not all(oks))
 
 
 def explains(candidate: Candidate, answers: Sequence[Answer]) -> bool:
     """Whether `candidate` explains every refusal of `answers` and no
     acceptance rules it out."""
-    for answer, e, lt in _verdicts(candidate, answers):
-        if answer.accepted and not (e or lt):
-            return False
-        if not answer.accepted and e and lt:
-            return False
+    for answer, oks in _verdicts(candidate, answers):
+        early, late = oks[:2]
+        if answer.accepted and not (early or late):
+            return False  # refused at both its ends
+        if not answer.accepted and all(oks):
+            return False  # accepted at every end
     return True
