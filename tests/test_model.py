@@ -286,11 +286,11 @@ def test_lengths_span_a_tenth_of_the_shortest_to_half_the_horizon():
     assert max(found) <= 2 * 3600.0
     # The usual lengths as a run at --time-scale 30 gives them: 1/3 s (10 s)
     # and 2 s (1 m) fall in range; 1/30 s (1 s) is under a tenth of 2 s. The
-    # grid (0.2 s times powers of 2) adds 0.8 s, not 0.4 s and 1.6 s
-    # (within a square root of 2 of 1/3 s and 2 s), and nothing past G's 2 s.
+    # grid (halves down from G's 2 s) adds 1 s and 0.5 s, not 0.25 s (within
+    # a square root of 2 of the tenth, 0.2 s), and nothing past G's 2 s.
     usual = [seconds / 30 for seconds in USUAL]
     found = lengths(parse_rule("30/2s"), usual=usual)
-    assert found == pytest.approx((0.2, 1 / 3, 0.8, 2.0))
+    assert found == pytest.approx((0.2, 1 / 3, 0.5, 1.0, 2.0))
 
 
 def paced(

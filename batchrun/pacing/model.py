@@ -8,7 +8,7 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
     at a phase; a leaky bucket at G's rate with some burst).
     Lengths: G's, a tenth of its shortest, the usual ones (1 s, 10 s, 1 m,
     5 m, 1 h, 1 d, divided as G is by --time-scale) up to half the horizon,
-    and a grid (`GRID` apart) from that tenth to G's shortest; none longer
+    and a grid down from G's shortest (halves, to that tenth); none longer
     than the evidence spans or G's shortest window (each request is a new
     peak of a longer one, so any refusal would fit it). Phases: two per
     length, and those the last two refusals name: where a Retry-After says
@@ -120,27 +120,31 @@ USUAL = (1.0, 10.0, 60.0, 300.0, 3600.0, 86400.0)
 # it; shorter ones are lost in the arrival's spread) to half the horizon (two
 # of them fit in the evidence).
 SHORTEST_SHARE = 0.1
-# And lengths on a grid of this ratio from that tenth to G's shortest window,
-# where no length tried is as near: a server's window may be none of the usual
-# lengths (2.5 s under 15/10s), and the fastest candidate in the next usual
-# length up was four times too slow (bench.draws seeds 10180 and 10189). Two:
-# a window between grid points is at most twice one of them. None longer than
-# G's shortest: after an outage, a longer one explains its refusals and slows
-# the key (bench.draws --cases, the outage under --profile auto: 1.35 x).
+# And lengths on a grid of this ratio down from G's shortest window to that
+# tenth, where no length tried is as near: a server's window may be none of
+# the usual lengths (2.5 s under 15/10s), and the fastest candidate in the next
+# usual length up was four times too slow (bench.draws seeds 10180 and 10189).
+# Two: a window between grid points is at most twice one of them; and a
+# server that cuts the rule's window into parts cuts it in halves and quarters
+# (7/500ms under 30/2s was read as nothing from 0.4 s, 0.8 s and 1 s: bench.draws
+# seed 10032; from G down rather than from the tenth up, the sums of the
+# draws' ratios fell 1.2 and 2.7). None longer than G's shortest: after an
+# outage, a longer one explains its refusals and slows the key (bench.draws
+# --cases, the outage under --profile auto: 1.35 x).
 GRID = 2.0
 
 
 def lengths(given: Rule, *, usual: Iterable[float] = USUAL) -> tuple[float, ...]:
     """The window lengths candidates are tried in: G's, a tenth of its
     shortest (`SHORTEST_SHARE`: a burst limit), the `usual` ones (in G's
-    time) between that tenth and half the horizon, and the `GRID` from that
-    tenth to G's shortest. (A window the server states joins G itself.)"""
+    time) between that tenth and half the horizon, and the `GRID` down from
+    G's shortest to that tenth. (A window the server states joins G itself.)"""
     low = given.shortest.seconds * SHORTEST_SHARE
     high = HORIZON * given.longest / 2
     found = {low, *(w.seconds for w in given.windows)}
     found |= {s for s in usual if low <= s <= high}
     steps = math.ceil(math.log(given.shortest.seconds / low, GRID))
-    for seconds in (low * GRID**step for step in range(1, steps)):
+    for seconds in (given.shortest.seconds / GRID**step for step in range(1, steps)):
         # Only where no length tried is as near (the gaps between them).
         if all(abs(math.log(seconds / s, GRID)) >= 0.5 for s in found):
             found.add(seconds)
