@@ -126,9 +126,9 @@ SHORTEST_SHARE = 0.1
 # usual length up was four times too slow (bench.draws seeds 10180 and 10189).
 # Two: a window between grid points is at most twice one of them; and a
 # server that cuts the rule's window into parts cuts it in halves and quarters
-# (7/500ms under 30/2s was read as nothing from 0.4 s, 0.8 s and 1 s: bench.draws
-# seed 10032; from G down rather than from the tenth up, the sums of the
-# draws' ratios fell 1.2 and 2.7). None longer than G's shortest: after an
+# (7/500ms under 30/2s fits neither 0.4 s nor 1 s: bench.draws seed 10032;
+# from G down rather than from the tenth up, the sums of the draws' ratios
+# fell 1.2 and 2.7). None longer than G's shortest: after an
 # outage, a longer one explains its refusals and slows the key (bench.draws
 # --cases, the outage under --profile auto: 1.35 x).
 GRID = 2.0
@@ -326,7 +326,9 @@ class Judge:
         return [tuple(not ok for ok in oks) for oks in zip(*accepts, strict=True)]
 
     def ruled_out(self, count: int) -> bool:
-        """Whether some acceptance rules the candidate of `count` out."""
+        """Whether some acceptance rules the candidate of `count` out: it
+        refuses the acceptance at its send and at its latest (`ENDS`' first
+        two; at the third an acceptance is where it is at the first)."""
         ends = self._refusals(count)
         return any(
             a.accepted and ref[0] and ref[1]
