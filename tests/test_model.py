@@ -15,6 +15,7 @@ from batchrun.core.events import Because, Evidence
 from batchrun.core.limits import Pace, Rule, Window, parse_rule
 from batchrun.pacing.limiters import Limiter, LimiterKind, make_limiter
 from batchrun.pacing.model import (
+    ENDS,
     FIRST_LIFE,
     TAU,
     USUAL,
@@ -162,6 +163,57 @@ def test_a_weighted_counter_is_kept_evenly():
     weighted = Family(LimiterKind.WEIGHTED, GIVEN, 2.0).at(20)
     assert weighted.pace is Pace.SPREAD
     assert Family(LimiterKind.FIXED, GIVEN, 2.0).at(20).pace is Pace.EXACT
+
+
+def replayed(candidate: Candidate, answers: list[Answer]) -> frozenset[int]:
+    """The refusals `candidate` refuses at one of `ENDS` at least, each end
+    replayed afresh through its server model."""
+    found = set()
+    for at in ENDS:
+        limiter = candidate.limiter()
+        for i in sorted(range(len(answers)), key=lambda i: at(answers[i])):
+            a = answers[i]
+            ok = limiter.replay("", "", at(a), accepted=a.accepted)
+            if not ok and not a.accepted:
+                found.add(i)
+    return frozenset(found)
+
+
+# Answers crowded into a few windows of 1 s, so that where each arrived matters.
+crowded = st.lists(
+    st.tuples(st.floats(0, 3, allow_nan=False), st.floats(0, 0.3), st.booleans()).map(
+        lambda t: Answer(t[0], t[0] + t[1], t[2])
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    crowded,
+    st.sampled_from([LimiterKind.SLIDING, LimiterKind.FIXED, LimiterKind.WEIGHTED]),
+)
+def test_a_count_read_off_the_replay_is_what_a_search_finds(answers, kind):
+    """A family replayed once reads its least count and its fastest off the
+    replay; each is the count a search over the count finds (ruling out and
+    explaining are monotone in it)."""
+    judge = Judge(Family(kind, GIVEN, 1.0, origin=0.3), answers)
+    most = judge.family.most
+    counts = range(1, most + 1)
+    standing = [n for n in counts if not judge.ruled_out(n)]
+    assert judge.least() == (standing[0] if standing else None)
+    refusals = frozenset(i for i, a in enumerate(answers) if not a.accepted)
+    for count in (1, most // 2, most):
+        assert judge.explained(count) == replayed(
+            judge.family.at(count, alone=True), answers
+        )
+    for low in (1, most // 2, most):
+        explaining = [n for n in counts if n >= low and refusals <= judge.explained(n)]
+        found = judge.fastest(low, refusals)
+        if explaining and explaining[0] == low:
+            assert found == judge.family.at(explaining[-1])
+        else:
+            assert found is None
 
 
 def test_counts_are_searched_and_monotone():

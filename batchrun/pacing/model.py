@@ -32,8 +32,9 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
     changed nothing is not made again before an acceptance and more than
     `TAU` refusals.
 
-    Count. Per shape, length and phase, by search (each is monotone in its
-    count): the least count no acceptance rules out; then the largest that
+    Count. Per shape, length and phase, by search, or read off the replay
+    (each is monotone in its count): the least count no acceptance rules
+    out; then the largest that
     explains every refusal that some standing candidate explains (the others,
     a stray 429 or an outage, are set aside).
 
@@ -314,6 +315,12 @@ class Judge:
                 msg = "the arrivals given are of other answers"
                 raise ValueError(msg)
             self._ends = tuple([h + 1 for h in held] for held in _fills(family, found))
+            # Per answer, the least count that accepts it at its send or at its
+            # latest (an acceptance rules out every count below), and the
+            # count below which some end refuses it (a refusal is explained).
+            early, late = self._ends[0], self._ends[1]
+            self._accepts = [min(e, lt) for e, lt in zip(early, late, strict=True)]
+            self._explains = [max(at) for at in zip(*self._ends, strict=True)]
 
     def _refusals(self, count: int) -> list[tuple[bool, ...]]:
         """Whether the candidate of `count` refuses each answer, at each of
@@ -337,12 +344,59 @@ class Judge:
 
     def explained(self, count: int) -> frozenset[int]:
         """The refusals (indexes into the evidence) the candidate explains."""
+        answers = self._answers
+        if self._ends is not None:
+            below = self._explains
+            return frozenset(
+                i for i, a in enumerate(answers) if not a.accepted and count < below[i]
+            )
         ends = self._refusals(count)
         return frozenset(
             i
-            for i, (ref, a) in enumerate(zip(ends, self._answers, strict=True))
+            for i, (ref, a) in enumerate(zip(ends, answers, strict=True))
             if any(ref) and not a.accepted
         )
+
+    def least(self) -> int | None:
+        """The family's least count no acceptance rules out (None: not even its
+        largest). Ruling out is monotone in the count: a family replayed once
+        knows the least count each acceptance allows, and takes the largest;
+        a bucket's count is searched."""
+        most = self.family.most
+        if self._ends is not None:
+            pairs = zip(self._accepts, self._answers, strict=True)
+            need = max((n for n, a in pairs if a.accepted), default=1)
+            return None if need > most else max(1, need)
+        low, high = 1, most
+        if self.ruled_out(high):
+            return None
+        while low < high:
+            middle = (low + high) // 2
+            if self.ruled_out(middle):
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    def fastest(self, low: int, refusals: frozenset[int]) -> Candidate | None:
+        """The family's largest count from `low` that explains every one of
+        `refusals`; None if even `low` does not. Explaining is monotone too:
+        a family replayed once knows the count below which each refusal is
+        explained, and takes the least; a bucket's count is searched."""
+        high = self.family.most
+        if self._ends is not None:
+            below = min((self._explains[i] for i in refusals), default=high + 1)
+            top = min(high, below - 1)
+            return None if top < low else self.family.at(top)
+        if not refusals <= self.explained(low):
+            return None
+        while low < high:
+            middle = (low + high + 1) // 2
+            if refusals <= self.explained(middle):
+                low = middle
+            else:
+                high = middle - 1
+        return self.family.at(low)
 
 
 # The answers in the order they arrived at one end: index, moment, said, accepted.
@@ -430,36 +484,6 @@ def _accepted(
     return accepts
 
 
-def least(judge: Judge) -> int | None:
-    """The family's least count no acceptance rules out (None: not even its
-    largest), by search: ruling out is monotone in the count."""
-    low, high = 1, judge.family.most
-    if judge.ruled_out(high):
-        return None
-    while low < high:
-        middle = (low + high) // 2
-        if judge.ruled_out(middle):
-            low = middle + 1
-        else:
-            high = middle
-    return low
-
-
-def fastest(judge: Judge, low: int, refusals: frozenset[int]) -> Candidate | None:
-    """The family's largest count from `low` that explains every one of
-    `refusals`; None if even `low` does not."""
-    high = judge.family.most
-    if not refusals <= judge.explained(low):
-        return None
-    while low < high:
-        middle = (low + high + 1) // 2
-        if refusals <= judge.explained(middle):
-            low = middle
-        else:
-            high = middle - 1
-    return judge.family.at(low)
-
-
 def choose(
     given: Rule,
     answers: Sequence[Answer],
@@ -478,11 +502,11 @@ def choose(
         return None  # G explains all but a lone one, without a replay more
     ends = all_ends(answers)
     judges = [Judge(f, answers, ends) for f in families(given, lengths, phases)]
-    standing = [(j, low) for j in judges if (low := least(j)) is not None]
+    standing = [(j, low) for j in judges if (low := j.least()) is not None]
     explicable = frozenset().union(*(j.explained(low) for j, low in standing))
     if len(explicable & news) <= TAU:
         return None  # G explains all but a lone one: nothing says slow down
-    found = [c for j, low in standing if (c := fastest(j, low, explicable))]
+    found = [c for j, low in standing if (c := j.fastest(low, explicable))]
     if not found:
         return None
     chosen = min(found, key=lambda c: (c.speed, SHAPES.index(c.kind)))
