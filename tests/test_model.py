@@ -165,18 +165,18 @@ def test_a_weighted_counter_is_kept_evenly():
     assert Family(LimiterKind.FIXED, GIVEN, 2.0).at(20).pace is Pace.EXACT
 
 
-def replayed(candidate: Candidate, answers: list[Answer]) -> frozenset[int]:
-    """The refusals `candidate` refuses at one of `ENDS` at least, each end
-    replayed afresh through its server model."""
-    found = set()
+def refused_at(candidate: Candidate, answers: list[Answer]) -> list[set[int]]:
+    """The answers `candidate` refuses at each of `ENDS`, each end replayed
+    afresh through its server model."""
+    found = []
     for at in ENDS:
-        limiter = candidate.limiter()
+        limiter, refused = candidate.limiter(), set()
         for i in sorted(range(len(answers)), key=lambda i: at(answers[i])):
             a = answers[i]
-            ok = limiter.replay("", "", at(a), accepted=a.accepted)
-            if not ok and not a.accepted:
-                found.add(i)
-    return frozenset(found)
+            if not limiter.replay("", "", at(a), accepted=a.accepted):
+                refused.add(i)
+        found.append(refused)
+    return found
 
 
 # Answers crowded into a few windows of 1 s, so that where each arrived matters.
@@ -204,9 +204,10 @@ def test_a_count_read_off_the_replay_is_what_a_search_finds(answers, kind):
     assert judge.least() == (standing[0] if standing else None)
     refusals = frozenset(i for i, a in enumerate(answers) if not a.accepted)
     for count in (1, most // 2, most):
-        assert judge.explained(count) == replayed(
-            judge.family.at(count, alone=True), answers
-        )
+        early, late, last = refused_at(judge.family.at(count, alone=True), answers)
+        accepted = {i for i, a in enumerate(answers) if a.accepted}
+        assert judge.explained(count) == (early | late | last) - accepted
+        assert judge.ruled_out(count) == bool(early & late & accepted)
     for low in (1, most // 2, most):
         explaining = [n for n in counts if n >= low and refusals <= judge.explained(n)]
         found = judge.fastest(low, refusals)

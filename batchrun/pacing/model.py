@@ -67,6 +67,7 @@ Pure and synchronous: `learner.Learner` asks after each answer.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -304,30 +305,28 @@ class Judge:
     ) -> None:
         self.family = family
         self._answers = answers
-        # Per answer and end, the least count that accepts it: a replay's state
-        # does not depend on the count asked about, as it counts what the
-        # server counted; but a bucket's does (its rate is the count), so a
-        # bucket is replayed for each count asked.
-        self._ends: tuple[list[int], ...] | None = None
+        # A replay's state does not depend on the count asked about, as it
+        # counts what the server counted: one replay a family gives, per
+        # answer, the least count that accepts it at its send or at its latest
+        # (an acceptance rules out every count below it), and the count below
+        # which some end of `ENDS` refuses it (a refusal is explained). A
+        # bucket's state does depend on its count (its rate), so a bucket is
+        # replayed for each count asked.
+        self._accepts: list[int] | None = None
+        self._explains: list[int] | None = None
         if family.kind is not LimiterKind.LEAKY:
             found = ends or all_ends(answers)
             if any(len(end) != len(answers) for end in found):
                 msg = "the arrivals given are of other answers"
                 raise ValueError(msg)
-            self._ends = tuple([h + 1 for h in held] for held in _fills(family, found))
-            # Per answer, the least count that accepts it at its send or at its
-            # latest (an acceptance rules out every count below), and the
-            # count below which some end refuses it (a refusal is explained).
-            early, late = self._ends[0], self._ends[1]
+            fills = [[h + 1 for h in held] for held in _fills(family, found)]
+            early, late = fills[0], fills[1]
             self._accepts = [min(e, lt) for e, lt in zip(early, late, strict=True)]
-            self._explains = [max(at) for at in zip(*self._ends, strict=True)]
+            self._explains = [max(at) for at in zip(*fills, strict=True)]
 
-    def _refusals(self, count: int) -> list[tuple[bool, ...]]:
-        """Whether the candidate of `count` refuses each answer, at each of
+    def _bucket_refusals(self, count: int) -> list[tuple[bool, ...]]:
+        """Whether the bucket of `count` refuses each answer, at each of
         `ENDS` (early, late, a refusal's latest)."""
-        if self._ends is not None:
-            per_answer = zip(*self._ends, strict=True)
-            return [tuple(count < e for e in least) for least in per_answer]
         candidate = self.family.at(count, alone=True)
         accepts = [_accepted(candidate, self._answers, at) for at in ENDS]
         return [tuple(not ok for ok in oks) for oks in zip(*accepts, strict=True)]
@@ -336,21 +335,25 @@ class Judge:
         """Whether some acceptance rules the candidate of `count` out: it
         refuses the acceptance at its send and at its latest (`ENDS`' first
         two; at the third an acceptance is where it is at the first)."""
-        ends = self._refusals(count)
+        answers = self._answers
+        if self._accepts is not None:
+            pairs = zip(self._accepts, answers, strict=True)
+            return any(a.accepted and count < n for n, a in pairs)
+        ends = self._bucket_refusals(count)
         return any(
             a.accepted and ref[0] and ref[1]
-            for ref, a in zip(ends, self._answers, strict=True)
+            for ref, a in zip(ends, answers, strict=True)
         )
 
     def explained(self, count: int) -> frozenset[int]:
         """The refusals (indexes into the evidence) the candidate explains."""
         answers = self._answers
-        if self._ends is not None:
+        if self._explains is not None:
             below = self._explains
             return frozenset(
                 i for i, a in enumerate(answers) if not a.accepted and count < below[i]
             )
-        ends = self._refusals(count)
+        ends = self._bucket_refusals(count)
         return frozenset(
             i
             for i, (ref, a) in enumerate(zip(ends, answers, strict=True))
@@ -363,7 +366,7 @@ class Judge:
         knows the least count each acceptance allows, and takes the largest;
         a bucket's count is searched."""
         most = self.family.most
-        if self._ends is not None:
+        if self._accepts is not None:
             pairs = zip(self._accepts, self._answers, strict=True)
             need = max((n for n, a in pairs if a.accepted), default=1)
             return None if need > most else max(1, need)
@@ -384,7 +387,7 @@ class Judge:
         a family replayed once knows the count below which each refusal is
         explained, and takes the least; a bucket's count is searched."""
         high = self.family.most
-        if self._ends is not None:
+        if self._explains is not None:
             below = min((self._explains[i] for i in refusals), default=high + 1)
             top = min(high, below - 1)
             return None if top < low else self.family.at(top)
@@ -399,8 +402,10 @@ class Judge:
         return self.family.at(low)
 
 
-# The answers in the order they arrived at one end: index, moment, said, accepted.
-Arrivals = list[tuple[int, float, bool, bool]]
+# One answer arriving at one end: its index, the moment, said, accepted.
+Arrival = tuple[int, float, bool, bool]
+# The answers in the order they arrived at one end.
+Arrivals = list[Arrival]
 
 
 def arrivals(answers: Sequence[Answer], at: Callable[[Answer], float]) -> Arrivals:
@@ -445,7 +450,7 @@ def _fills(family: Family, ends: tuple[Arrivals, ...]) -> list[list[int]]:
 
 
 def _held(
-    family: Family, ends: Arrivals, reads: Sequence[tuple[int, float, bool, bool]] = ()
+    family: Family, ends: Arrivals, reads: Iterable[Arrival] = ()
 ) -> tuple[list[int], dict[int, int]]:
     """How full the family's window was as each answer arrived (at one of
     its `ends`), replayed through its model with a count no answer reaches;
@@ -454,17 +459,16 @@ def _held(
     limiter = family.at(room, alone=True).limiter()
     left, replay = limiter.room, limiter.replay
     held, read = [0] * len(ends), {}
-    pending = iter(reads)
-    then = next(pending, None)
+    pending = deque(reads)
     for index, moment, said, accepted in ends:
-        while then is not None and (then[1], then[0]) < (moment, index):
-            read[then[0]] = room - left("", "", then[1])
-            then = next(pending, None)
+        while pending and (pending[0][1], pending[0][0]) < (moment, index):
+            first, then, *_ = pending.popleft()
+            read[first] = room - left("", "", then)
         held[index] = room - left("", "", moment)
         if not said:
             replay("", "", moment, accepted=accepted)
-    for later in [] if then is None else [then, *pending]:
-        read[later[0]] = room - left("", "", later[1])
+    for first, then, *_ in pending:
+        read[first] = room - left("", "", then)
     return held, read
 
 
