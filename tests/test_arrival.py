@@ -278,25 +278,32 @@ def test_without_a_trip_a_request_counts_until_its_answer():
 
 
 @pytest.mark.parametrize(
-    ("refused_at", "factor"),
+    ("sent", "refused_at", "factor"),
     [
-        pytest.param(1.05, 2, id="within-a-window-of-a-bounded-request"),
-        pytest.param(10.0, 1, id="long-after"),
+        pytest.param(5, 1.05, 2, id="a-slot-only-a-floor-opened"),
+        pytest.param(4, 1.05, 1, id="a-slot-open-without-the-floor"),
+        pytest.param(5, 10.0, 1, id="long-after"),
     ],
 )
-def test_a_refusal_while_the_bound_was_in_play_widens_it(refused_at, factor):
-    """A 429 for a request that left within the rule's reach of a request
-    counted by a floor (the fourth of four slow answers) doubles the bound; a
-    429 long after only adds its round trip as a sample."""
-    made, ledger, clock = pacer("5/1s")
-    first, *floored = (grant(made, ledger, clock) for _ in range(4))
+@pytest.mark.anyio
+async def test_a_refusal_widens_the_bound_where_only_a_floor_opened_its_slot(
+    sent, refused_at, factor
+):
+    """Under 5/1s, `sent` requests leave at 0 and are answered at 0.1; the
+    fourth and fifth count until 0.03 (the floor). A 429 at 1.05 doubles the
+    bound when its slot was open only as the floor shortened those counts (five
+    sent: until their answers they fill the window until 1.1); not when the
+    window had room anyway (four sent), nor long after. Otherwise it only adds
+    its round trip as a sample."""
+    made, _, clock = pacer("5/1s")
+    first, *floored = [await made.acquire(KEY) for _ in range(sent)]
     clock.advance(0.1)
     connect = Trip(written=0.0, round_trip=0.010, accepted=True)
     made.release(KEY, first, trip=connect)
     for ticket in floored:
         made.release(KEY, ticket, trip=Trip(written=0.0, accepted=True))
     clock.set(refused_at)
-    second = grant(made, ledger, clock)
+    second = await made.acquire(KEY)
     clock.advance(0.001)
     refusal = Trip(written=refused_at, refused=True)
     made.release(KEY, second, trip=refusal)
@@ -305,6 +312,31 @@ def test_a_refusal_while_the_bound_was_in_play_widens_it(refused_at, factor):
     alone.observe(KEY.value, refusal, answered=refused_at + 0.001)
     assert alone.bound is not None
     assert made.arrival.bound == pytest.approx(alone.bound * factor)
+
+
+def test_without_the_floor_a_count_ends_at_its_answer_and_another_process_is_unknown():
+    """`unfloored` puts back at its answer each count this process shortened;
+    a count within reach that this process did not make (another process's,
+    whose answer it cannot know) makes it say nothing (None: assume the floor
+    may have opened the slot)."""
+    bound = ArrivalBound()
+    connect = Trip(written=0.0, round_trip=0.010, accepted=True)
+    ends = [
+        bound.counts_until(KEY.value, connect, 0.1, 1.0, 1.0),
+        *(
+            bound.counts_until(
+                KEY.value, Trip(written=0.0, accepted=True), 0.1, 1.0, 1.0
+            )
+            for _ in range(3)
+        ),
+    ]
+    assert ends[:3] == [0.1, 0.1, 0.1]
+    assert ends[3] < 0.1  # the fourth is counted short by the floor
+    assert bound.shortened(KEY.value, 1.05)
+    assert not bound.shortened(KEY.value, 1.2)
+    assert bound.unfloored(KEY.value, sorted(ends), 1.05) == [0.1] * 4
+    assert bound.unfloored(KEY.value, [*sorted(ends), 0.5], 1.05) is None
+    assert bound.unfloored(KEY.value, [-1.0, *sorted(ends)], 1.05) == [-1.0, *[0.1] * 4]
 
 
 # --- what the client reports of an exchange ---------------------------------

@@ -15,7 +15,12 @@ TCP's retransmission timeout (RFC 6298: the smoothed round trip plus four mean
 deviations) over round trips that hold no server work, the TCP connect of each
 new connection (the kernel answers the SYN) and each refusal (a 429 is refused
 before any work); a refusal the floor may have caused doubles it (as TCP
-doubles its timeout) for the rest of the run, lowering every floor.
+doubles its timeout) for the rest of the run, lowering every floor. The floor
+may have caused it when its slot was open only as the floor shortened some
+count: counting this process's requests until their answers, the slot rule
+would not have opened it yet, or a count in the window may be another
+process's (whose answer is not known here). A refusal of a slot open anyway (a
+stricter server, a stray 429, an outage) says nothing of the floor.
 
 Why it is safe: an exchange is its way to the count (the network, and any
 queue before the limiter), then the work and the way back. The least an
@@ -66,7 +71,13 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from batchrun.core.limits import Pace, Rule
+from batchrun.pacing.slots import Usage, earliest_slot
 
 # RFC 6298 section 2: the gains of the smoothed round trip and of its deviation,
 # and K, the deviations added to make the timeout.
@@ -138,6 +149,43 @@ class _Exchanges:
         self.seen += 1
 
 
+class Paced(Protocol):
+    """How a key is paced: its rule, exactly or evenly."""
+
+    @property
+    def rule(self) -> Rule: ...
+
+    @property
+    def pace(self) -> Pace: ...
+
+
+@dataclass(slots=True)
+class _Counted:
+    """One key's recent answered requests of this process: the moment each
+    counts until, mapped to its answer, while within `reach` of its answer
+    (in the order answered)."""
+
+    answers: dict[float, float] = field(default_factory=dict)
+    order: deque[tuple[float, float]] = field(default_factory=deque)
+    reach: float = 0.0
+    last_short: float = -math.inf
+
+    def add(self, counted: float, answered: float, reach: float) -> None:
+        self.reach = reach
+        self.answers[counted] = answered
+        self.order.append((answered, counted))
+        if counted < answered:
+            self.last_short = answered
+        while self.order and self.order[0][0] < answered - reach:
+            _, old = self.order.popleft()
+            if self.answers.get(old, math.inf) < answered - reach:
+                del self.answers[old]
+
+    def shortened(self, now: float) -> bool:
+        """Whether a request counted short may still hold a window."""
+        return self.last_short + self.reach > now
+
+
 class ArrivalBound:
     """D, a bound on a round trip of the network, from the round trips seen
     that hold no server work, and each key's floor, from its accepted
@@ -148,9 +196,10 @@ class ArrivalBound:
         self._factor = 1.0
         self._widened = -math.inf
         self._exchanges: dict[str, _Exchanges] = {}
-        # Per key, the latest answer of a request counted until before it: until
-        # then plus the rule's reach, a refusal may say the bound is too tight.
-        self._bounded: dict[str, float] = {}
+        # Per key, this process's answered requests while they may still hold a
+        # window (within the rule's reach of their answers): what each counts
+        # until, and its answer.
+        self._counted: dict[str, _Counted] = {}
 
     @property
     def bound(self) -> float | None:
@@ -188,20 +237,68 @@ class ArrivalBound:
         return seen.times.mean + _K * seen.times.deviation
 
     def counts_until(
-        self, key: str, trip: Trip, now: float, reach: float, shortest: float
+        self,
+        key: str,
+        trip: Trip,
+        now: float,
+        reach: float,
+        shortest: float,
+        floored: bool = False,
     ) -> float:
         """Until when a request of `key` answered `now` counts (`counted_by`,
         with the rule's `shortest` window), having learnt from it (`observe`).
-        A refusal of a request that left while a floor was in play (until
-        `reach`, the rule's, after the last answer counted short) widens D,
-        lowering every floor."""
-        if trip.refused and trip.written < self._bounded.get(key, -math.inf) + reach:
+        A refusal of a request whose slot a floor opened (`floored`:
+        `unfloored`) widens D, lowering every floor; the rule's `reach` is how
+        long a count may hold a window."""
+        if trip.refused and floored:
             self.widen(trip, now)
         self.observe(key, trip, now)
         counted = self.counted_by(key, trip, now, shortest * _QUEUE_SHARE)
-        if counted < now:
-            self._bounded[key] = now
+        self._counted.setdefault(key, _Counted()).add(counted, now, reach)
         return counted
+
+    def shortened(self, key: str, now: float) -> bool:
+        """Whether a request of `key` this process counted short (until before
+        its answer) may still hold a window at `now`."""
+        counted = self._counted.get(key)
+        return counted is not None and counted.shortened(now)
+
+    def floored(
+        self, key: str, paced: Paced, now: float, usage: Callable[[str, Rule], Usage]
+    ) -> bool:
+        """Whether the slot of `key` open at `now` is open only as the floor
+        shortened some count (a refusal of its request widens D): with this
+        process's requests counted until their answers, the slot rule of
+        `paced` would not open it yet, or a count in the window may be another
+        process's. `usage`: the ledger's, asked only while a count this
+        process shortened may still hold a window."""
+        if not self.shortened(key, now):
+            return False
+        found = usage(key, paced.rule)
+        unfloored = self.unfloored(key, found.finished, now)
+        if unfloored is None:
+            return True
+        answered = Usage(found.in_flight, unfloored, found.last_start)
+        slot = earliest_slot(answered, paced.rule, paced.pace)
+        return slot is None or slot > now
+
+    def unfloored(
+        self, key: str, finished: Sequence[float], now: float
+    ) -> list[float] | None:
+        """The moments `finished` requests of `key` count until (ascending), as
+        they would have with no floor: each of this process's until its answer.
+        None when one within reach may be another process's (whose answer is
+        not known here)."""
+        counted = self._counted.get(key)
+        if counted is None:
+            return sorted(finished)
+        found = []
+        for end in finished:
+            answer = counted.answers.get(end)
+            if answer is None and end > now - counted.reach:
+                return None  # another process's, or one this one forgot
+            found.append(end if answer is None else answer)
+        return sorted(found)
 
     def counted_by(
         self, key: str, trip: Trip, answered: float, queue: float = math.inf

@@ -67,6 +67,7 @@ class Pacer:
         # Made only while a sender sleeps on the key (at most one: turns are FIFO).
         self._answers: dict[LimitKey, anyio.Event] = {}
         self.arrival = ArrivalBound()
+        self._floored: set[int] = set()  # tickets only a floor let go (`arrival`)
         self.gate: Gate | None = None
 
     @property
@@ -114,9 +115,11 @@ class Pacer:
         ends = now
         if trip is not None:
             rule = self._keys[key].rule
+            floored = ticket in self._floored
             ends = self.arrival.counts_until(
-                key.value, trip, now, reach(rule), rule.shortest.seconds
+                key.value, trip, now, reach(rule), rule.shortest.seconds, floored
             )
+        self._floored.discard(ticket)
         self.ledger.release(ticket, ends, sent=sent)
         self._keys[key].answered(ticket, sent=sent)
         self._wake(key)
@@ -168,8 +171,11 @@ class Pacer:
             opens = self.gate.opens(key, now, reach, answer if reach is None else reach)
             if opens is not None:
                 return Wait(None if math.isinf(opens) else opens)
+        floored = self.arrival.floored(key.value, sending, now, self.ledger.usage)
         grant = self.ledger.reserve(key.value, sending.rule, sending.pace, now)
         sending.granted(grant)
+        if floored and isinstance(grant, Grant):
+            self._floored.add(grant.ticket)
         return grant
 
     def _wake(self, key: LimitKey) -> None:
