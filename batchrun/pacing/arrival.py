@@ -247,9 +247,9 @@ class ArrivalBound:
     ) -> float:
         """Until when a request of `key` answered `now` counts (`counted_by`,
         with the rule's `shortest` window), having learnt from it (`observe`).
-        A refusal of a request whose slot a floor opened (`floored`:
-        `unfloored`) widens D, lowering every floor; the rule's `reach` is how
-        long a count may hold a window."""
+        A refusal of a request whose slot only a floor opened (`floored`: what
+        the method `floored` said at its grant) widens D, lowering every floor.
+        `reach`, the rule's: how long a count may hold a window."""
         if trip.refused and floored:
             self.widen(trip, now)
         self.observe(key, trip, now)
