@@ -266,20 +266,22 @@ class ArrivalBound:
     def floored(
         self, key: str, paced: Paced, now: float, usage: Callable[[str, Rule], Usage]
     ) -> bool:
-        """Whether the slot of `key` open at `now` is open only as the floor
-        shortened some count (a refusal of its request widens D): with this
-        process's requests counted until their answers, the slot rule of
-        `paced` would not open it yet, or a count in the window may be another
-        process's. `usage`: the ledger's, asked only while a count this
-        process shortened may still hold a window."""
+        """Whether the slot of `key` just granted at `now` was open only as the
+        floor shortened some count (a refusal of its request widens D): with
+        this process's requests counted until their answers, the slot rule of
+        `paced` would not have opened it yet, or a count in the window may be
+        another process's. `usage`: the ledger's, the grant in it, asked only
+        while a count this process shortened may still hold a window. (Its
+        spacing of starts, if `paced` spreads them, held at the grant and
+        does not depend on when requests count until.)"""
         if not self.shortened(key, now):
             return False
         found = usage(key, paced.rule)
         unfloored = self.unfloored(key, found.finished, now)
         if unfloored is None:
             return True
-        answered = Usage(found.in_flight, unfloored, found.last_start)
-        slot = earliest_slot(answered, paced.rule, paced.pace)
+        before = Usage(found.in_flight - 1, unfloored)  # the grant not yet made
+        slot = earliest_slot(before, paced.rule, paced.pace)
         return slot is None or slot > now
 
     def unfloored(
@@ -289,9 +291,7 @@ class ArrivalBound:
         they would have with no floor: each of this process's until its answer.
         None when one within reach may be another process's (whose answer is
         not known here)."""
-        counted = self._counted.get(key)
-        if counted is None:
-            return sorted(finished)
+        counted = self._counted.get(key, _Counted())
         found = []
         for end in finished:
             answer = counted.answers.get(end)

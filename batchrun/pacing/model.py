@@ -291,6 +291,23 @@ def families(
     return found
 
 
+def _last_refused(a: Answer) -> float:
+    """A refusal at its latest arrival, an acceptance at its send."""
+    return a.sent if a.accepted else a.latest
+
+
+# Where each answer is replayed as arriving: every one at its send (early), every
+# one at its latest (late), and each refusal at its latest with each acceptance
+# at its send (the window as full as it can be when a refusal comes: a refusal,
+# answered before any work, has a shorter interval than the acceptances that
+# left with it, and at either of the other two ends arrives before them).
+ENDS: tuple[Callable[[Answer], float], ...] = (
+    lambda a: a.sent,
+    lambda a: a.latest,
+    _last_refused,
+)
+
+
 class Judge:
     """A family's verdicts on the evidence, for any count: whether an
     acceptance rules the count out (the candidate refuses it at both ends of
@@ -324,11 +341,13 @@ class Judge:
             self._accepts = [min(e, lt) for e, lt in zip(early, late, strict=True)]
             self._explains = [max(at) for at in zip(*fills, strict=True)]
 
-    def _bucket_refusals(self, count: int) -> list[tuple[bool, ...]]:
-        """Whether the bucket of `count` refuses each answer, at each of
-        `ENDS` (early, late, a refusal's latest)."""
+    def _bucket_refusals(
+        self, count: int, ends: Sequence[Callable[[Answer], float]] = ENDS
+    ) -> list[tuple[bool, ...]]:
+        """Whether the bucket of `count` refuses each answer, at each of `ends`
+        (all of `ENDS`: early, late, a refusal's latest)."""
         candidate = self.family.at(count, alone=True)
-        accepts = [_accepted(candidate, self._answers, at) for at in ENDS]
+        accepts = [_accepted(candidate, self._answers, at) for at in ends]
         return [tuple(not ok for ok in oks) for oks in zip(*accepts, strict=True)]
 
     def ruled_out(self, count: int) -> bool:
@@ -339,7 +358,7 @@ class Judge:
         if self._accepts is not None:
             pairs = zip(self._accepts, answers, strict=True)
             return any(a.accepted and count < n for n, a in pairs)
-        ends = self._bucket_refusals(count)
+        ends = self._bucket_refusals(count, ENDS[:2])
         return any(
             a.accepted and ref[0] and ref[1]
             for ref, a in zip(ends, answers, strict=True)
@@ -412,23 +431,6 @@ def arrivals(answers: Sequence[Answer], at: Callable[[Answer], float]) -> Arriva
     """The answers in the order they arrived at `at(answer)` (one end)."""
     ends = ((i, at(a), a.said, a.accepted) for i, a in enumerate(answers))
     return sorted(ends, key=lambda arrival: arrival[1])
-
-
-def _last_refused(a: Answer) -> float:
-    """A refusal at its latest arrival, an acceptance at its send."""
-    return a.sent if a.accepted else a.latest
-
-
-# Where each answer is replayed as arriving: every one at its send (early), every
-# one at its latest (late), and each refusal at its latest with each acceptance
-# at its send (the window as full as it can be when a refusal comes: a refusal,
-# answered before any work, has a shorter interval than the acceptances that
-# left with it, and at either of the other two ends arrives before them).
-ENDS: tuple[Callable[[Answer], float], ...] = (
-    lambda a: a.sent,
-    lambda a: a.latest,
-    _last_refused,
-)
 
 
 def all_ends(answers: Sequence[Answer]) -> tuple[Arrivals, ...]:

@@ -171,10 +171,11 @@ class Pacer:
             opens = self.gate.opens(key, now, reach, answer if reach is None else reach)
             if opens is not None:
                 return Wait(None if math.isinf(opens) else opens)
-        floored = self.arrival.floored(key.value, sending, now, self.ledger.usage)
         grant = self.ledger.reserve(key.value, sending.rule, sending.pace, now)
         sending.granted(grant)
-        if floored and isinstance(grant, Grant):
+        if isinstance(grant, Grant) and self.arrival.floored(
+            key.value, sending, now, self.ledger.usage
+        ):
             self._floored.add(grant.ticket)
         return grant
 
