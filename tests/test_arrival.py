@@ -319,24 +319,25 @@ def test_without_the_floor_a_count_ends_at_its_answer_and_another_process_is_unk
     a count within reach that this process did not make (another process's,
     whose answer it cannot know) makes it say nothing (None: assume the floor
     may have opened the slot)."""
-    bound = ArrivalBound()
+    bound, rule = ArrivalBound(), parse_rule("5/1s")
     connect = Trip(written=0.0, round_trip=0.010, accepted=True)
+    quick = Trip(written=0.0, accepted=True)
     ends = [
-        bound.counts_until(KEY.value, connect, 0.1, 1.0, 1.0),
-        *(
-            bound.counts_until(
-                KEY.value, Trip(written=0.0, accepted=True), 0.1, 1.0, 1.0
-            )
-            for _ in range(3)
-        ),
+        bound.counts_until(KEY.value, ticket, trip, 0.1, rule)
+        for ticket, trip in enumerate([connect, quick, quick, quick])
     ]
     assert ends[:3] == [0.1, 0.1, 0.1]
+    assert ends[3] is not None
     assert ends[3] < 0.1  # the fourth is counted short by the floor
     assert bound.shortened(KEY.value, 1.05)
     assert not bound.shortened(KEY.value, 1.2)
-    assert bound.unfloored(KEY.value, sorted(ends), 1.05) == [0.1] * 4
-    assert bound.unfloored(KEY.value, [*sorted(ends), 0.5], 1.05) is None
-    assert bound.unfloored(KEY.value, [-1.0, *sorted(ends)], 1.05) == [-1.0, *[0.1] * 4]
+    finished = sorted(end for end in ends if end is not None)
+    assert bound.unfloored(KEY.value, finished, 1.05) == ([0.1] * 4, 0)
+    assert bound.unfloored(KEY.value, [*finished, 0.5], 1.05) is None
+    assert bound.unfloored(KEY.value, [-1.0, *finished], 1.05) == (
+        [-1.0, *[0.1] * 4],
+        0,
+    )
 
 
 # --- what the client reports of an exchange ---------------------------------

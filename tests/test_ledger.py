@@ -21,8 +21,9 @@ from batchrun.core.errors import LedgerLost
 from batchrun.core.limits import Pace, parse_rule
 from batchrun.ledgers import sqlite_ledger as ledger_module
 from batchrun.ledgers.lost import HistoryLost
+from batchrun.ledgers.redis_ledger import RedisLedger
 from batchrun.ledgers.sqlite_ledger import SqliteLedger
-from batchrun.pacing.ledger import MemoryLedger
+from batchrun.pacing.ledger import Ledger, MemoryLedger
 from batchrun.pacing.slots import Grant, Usage, Wait, earliest_slot
 from batchrun.store.database import open_database
 
@@ -128,6 +129,51 @@ def test_an_answer_after_the_expiry_replaces_the_expiry(tmp_path):
     # One answered (at 3 s) and one in flight: a third request may go.
     assert isinstance(other.reserve("k", rule, Pace.EXACT, 4.0), Grant)
     assert other.reserve("k", rule, Pace.EXACT, 4.0) == Wait(13.0)
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def timed_ledger(request, tmp_path) -> tuple[Ledger, list[float]]:
+    """Each kind of ledger, with the virtual clock it reads (`clock[0]`);
+    requests time out after 30 s."""
+    clock = [0.0]
+    if request.param == "memory":
+        return MemoryLedger(), clock
+    if request.param == "sqlite":
+        path = tmp_path / "l.db"
+        return SqliteLedger(path, client="c", hold=30.0, now=lambda: clock[0]), clock
+    url = request.getfixturevalue("redis_url")
+    made = RedisLedger(
+        url, client="c", hold=30.0, now=lambda: clock[0], server_clock=lambda: clock[0]
+    )
+    return made, clock
+
+
+def test_a_lease_given_at_a_grant_lapses_then_until_its_answer(
+    timed_ledger: tuple[Ledger, list[float]],
+) -> None:
+    """Under 2/10s, a request granted at 0 with a lease of 0.5 s and one at
+    0.2 with none fill the window: the next waits for the lease, not an
+    answer. Lapsed, the first counts until 0.5 (the next slot 10.5), until its
+    answer says it counts until 0.4 (10.4)."""
+    ledger, clock = timed_ledger
+    rule = parse_rule("2/10s")
+
+    def reserve(at: float, hold: float | None = None) -> Grant | Wait:
+        clock[0] = at
+        return ledger.reserve("k", rule, Pace.EXACT, at, hold)
+
+    leased = reserve(0.0, hold=0.5)
+    assert isinstance(leased, Grant)
+    assert isinstance(reserve(0.2), Grant)
+    assert reserve(0.3) == Wait(0.5)
+    lapsed = reserve(0.6)
+    assert isinstance(lapsed, Wait)
+    assert lapsed.until == pytest.approx(10.5)
+    ledger.release(leased.ticket, 0.4)
+    answered = reserve(0.7)
+    assert isinstance(answered, Wait)
+    assert answered.until == pytest.approx(10.4)
+    ledger.close()
 
 
 def test_old_rows_are_pruned_but_sequence_numbers_never_reused(tmp_path, monkeypatch):

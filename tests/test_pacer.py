@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from batchrun.core.clock import LoopClock
 from batchrun.core.events import SlotWait
 from batchrun.core.limits import LimitKey, Pace, Rule, Window, parse_rule
+from batchrun.pacing.arrival import Trip
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import make_limiter
 from batchrun.pacing.pacer import Pacer
@@ -314,6 +316,42 @@ async def test_pace_by_ends_a_backoff_guess():
     pacer.cool_down(KEY, now + 3.0, asked=True)  # a Retry-After
     pacer.pace_by(KEY, parse_rule("4/2s"), Pace.EXACT)
     assert pacer.cooling(KEY)[1] == now + 3.0
+
+
+@pytest.mark.parametrize(
+    ("quickest", "gaps"),
+    [
+        pytest.param(0.2, [1.11, 1.11], id="work-lapses-at-grant-2D-allowance"),
+        pytest.param(0.01, [2.5, 2.5], id="no-work-counts-until-the-answer"),
+    ],
+)
+async def test_a_request_in_flight_lapses_where_the_server_works(quickest, gaps):
+    """At 1/1s, over a network of 10 ms round trips (D = 30 ms), a key whose
+    quickest four exchanges took `quickest`, requests answered 1.5 s after
+    they leave. Where the floor shows work (0.17 s), one in flight counts as
+    answered at its grant plus two D plus the queue allowance (50 ms), and
+    the next leaves a window after that, its answer still to come; where it
+    shows none, each counts until its answer, and the next waits a window
+    more."""
+    pacer = make_pacer("1/1s")
+    began = anyio.current_time()
+    pacer.arrival.observe(KEY.value, Trip(0.0, round_trip=0.010), answered=0.010)
+    for _ in range(4):
+        pacer.arrival.observe(KEY.value, Trip(0.0, accepted=True), answered=quickest)
+    starts: list[float] = []
+
+    async def one() -> None:
+        ticket = await pacer.acquire(KEY)
+        starts.append(anyio.current_time())
+        await anyio.sleep(1.5)
+        pacer.release(KEY, ticket, trip=Trip(starts[-1], accepted=True))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(3):
+            tg.start_soon(one)
+            await anyio.lowlevel.checkpoint()
+    assert starts[0] == began
+    assert [b - a for a, b in itertools.pairwise(starts)] == pytest.approx(gaps)
 
 
 # A leaky bucket's reading: `paced` adds windows for its burst.

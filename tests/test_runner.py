@@ -546,12 +546,12 @@ class LosingLedger(MemoryLedger):
         super().__init__()
         self.left = grants
 
-    def reserve(self, key, rule, pace, now):
+    def reserve(self, key, rule, pace, now, hold=None):
         if self.left == 0:
             msg = "cannot use the ledger at redis://h:6379/0: gone"
             raise LedgerLost(msg)
         self.left -= 1
-        return super().reserve(key, rule, pace, now)
+        return super().reserve(key, rule, pace, now, hold)
 
 
 async def test_a_ledger_lost_mid_run_stops_starting_requests():

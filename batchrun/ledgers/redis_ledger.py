@@ -9,7 +9,8 @@ Lua script (`_RESERVE`), which Redis runs atomically: one round trip per grant.
 Keys, per client fingerprint (never the token) and limit key; the `{client}` hash
 tag puts one client's keys on one Redis Cluster slot:
 
-    batchrun:{client}:KEY:open     sorted set: request → lease expiry (start + hold)
+    batchrun:{client}:KEY:open     sorted set: request → lease expiry (start + hold,
+                                   or the shorter one `reserve` is given)
     batchrun:{client}:KEY:done     sorted set: request → counts until (its answer,
                                    or its bounded arrival: `pacing.arrival`)
     batchrun:{client}:KEY:meta     hash: `last` start (for `spread`), `keep` seconds
@@ -240,12 +241,16 @@ class RedisLedger:
         except LedgerLost as exc:
             raise StateError(exc.message) from None  # never worked: not "lost"
 
-    def reserve(self, key: str, rule: Rule, pace: Pace, now: float) -> Grant | Wait:
-        """Decide and record in one script run; see the module docstring."""
+    def reserve(
+        self, key: str, rule: Rule, pace: Pace, now: float, hold: float | None = None
+    ) -> Grant | Wait:
+        """Decide and record in one script run; see the module docstring. The
+        lease lasts `hold`, if shorter than the request timeout."""
         ticket = self._last_ticket + 1
+        lease = self._hold if hold is None else min(hold, self._hold)
         keys, args = self._answer_args(now)
         keys += [self._key(key, part) for part in ("open", "done", "meta")]
-        args += [self._hold, reach(rule), _interval(rule, pace)]
+        args += [lease, reach(rule), _interval(rule, pace)]
         windows = paced(rule)
         args += [f"{self._name}:{ticket}", len(windows)]
         args += [n for w in windows for n in (w.count, w.seconds)]
@@ -253,12 +258,12 @@ class RedisLedger:
         if reply[0] == _AGAIN:
             # The history was lost: this host's leases are written again, then
             # the script decides with every window full since the loss.
-            return self.reserve(key, rule, pace, now)
+            return self.reserve(key, rule, pace, now, hold)
         if reply[0] != 1:
             return Wait(now + float(reply[1]) if reply[1] else None)
         self._last_ticket = ticket
         ttl = _ttl_ms(reach(rule) + self._hold)
-        self._tickets[ticket] = (key, ttl, now + self._hold)
+        self._tickets[ticket] = (key, ttl, now + lease)
         return Grant(ticket)
 
     def release(self, ticket: int, now: float, *, sent: bool = True) -> None:

@@ -23,20 +23,18 @@ shared it can no longer meet in one file, and the next run reads the horizon.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import json
-import math
 import os
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchrun.core.clock import boot_id
 from batchrun.core.errors import LedgerLost, StateError
 from batchrun.core.limits import Pace, Rule
 from batchrun.ledgers.lost import HistoryLost, Loss
+from batchrun.pacing.ledger import KeyHistory
 from batchrun.pacing.slots import Grant, Usage, Wait, earliest_slot, reach
 from batchrun.store.database import open_database, write_transaction
 from batchrun.store.generation import (
@@ -81,54 +79,6 @@ CREATE TABLE IF NOT EXISTS ledger_meta (name TEXT PRIMARY KEY, value TEXT NOT NU
 _KEEP = 3600.0
 _PRUNE_EVERY = 500
 _PRUNE_BATCH = 2000
-
-
-@dataclass(slots=True)
-class _SharedLog:
-    """One key's requests as this process last read them from the shared log.
-
-    `open` maps each unanswered request to its expiry; one past its expiry counts
-    as answered then (`lapsed`) until its real answer, if any, replaces it.
-    """
-
-    open: dict[int, float] = field(default_factory=dict)
-    lapsed: dict[int, float] = field(default_factory=dict)
-    finished: list[float] = field(default_factory=list)
-    last_start: float = -math.inf
-
-    def sent(self, ticket: int, start: float, expires: float) -> None:
-        self.open[ticket] = expires
-        self.last_start = max(self.last_start, start)
-
-    def answered(self, ticket: int, end: float) -> None:
-        self.open.pop(ticket, None)
-        expired = self.lapsed.pop(ticket, None)
-        if expired is not None:
-            at = bisect.bisect_left(self.finished, expired)
-            if at < len(self.finished) and self.finished[at] == expired:
-                del self.finished[at]
-        bisect.insort(self.finished, end)
-
-    def withdrawn(self, ticket: int) -> None:
-        """The request of `ticket` never reached the server: it holds no room
-        (unless its lease already lapsed into the history: then it stays)."""
-        self.open.pop(ticket, None)
-
-    def usage(self, rule: Rule, now: float, horizon: float | None) -> Usage:
-        for ticket, expires in list(self.open.items()):
-            if expires <= now:
-                del self.open[ticket]
-                self.lapsed[ticket] = expires
-                bisect.insort(self.finished, expires)
-        # Twice the depth: a key's rule changes as the learner decides, and
-        # a deeper one after a shallower still finds its window's requests.
-        del self.finished[: -2 * rule.deepest]
-        last = self.last_start if self.last_start > -math.inf else None
-        finished: list[float] = self.finished
-        if horizon is not None and now < horizon + reach(rule):
-            # Before the horizon the history is lost: read it as full windows.
-            finished = sorted([horizon] * rule.deepest + finished)[-rule.deepest :]
-        return Usage(len(self.open), finished, last)
 
 
 class SqliteLedger:
@@ -182,7 +132,7 @@ class SqliteLedger:
         self._seen = 0
         # (key, ticket, answered at, never sent: the same moment, keep until)
         self._answers: list[tuple[str, int, float, float | None, float]] = []
-        self._logs: defaultdict[str, _SharedLog] = defaultdict(_SharedLog)
+        self._logs: defaultdict[str, KeyHistory] = defaultdict(KeyHistory)
         self._keys: dict[int, tuple[str, float]] = {}
         self.lost_history = False
         try:
@@ -210,8 +160,11 @@ class SqliteLedger:
         finally:
             self._db.close()
 
-    def reserve(self, key: str, rule: Rule, pace: Pace, now: float) -> Grant | Wait:
-        """Grant and record a slot, or say when (see the class docstring).
+    def reserve(
+        self, key: str, rule: Rule, pace: Pace, now: float, hold: float | None = None
+    ) -> Grant | Wait:
+        """Grant and record a slot, or say when (see the class docstring); its
+        lease lasts `hold`, if shorter than the request timeout.
 
         Raises:
             LedgerLost: the file was deleted or replaced since it was opened.
@@ -226,7 +179,7 @@ class SqliteLedger:
             raise LedgerLost(msg)
         with write_transaction(self._db):
             self._check_whole(now)
-            return self._reserve(key, rule, pace, now)
+            return self._reserve(key, rule, pace, now, hold)
 
     def _check_whole(self, now: float) -> None:
         """Notice a log emptied in place since the last look (its newest row read
@@ -254,7 +207,9 @@ class SqliteLedger:
         if self._notice is not None:
             self._notice(HistoryLost(str(self._path), Loss.EMPTIED))
 
-    def _reserve(self, key: str, rule: Rule, pace: Pace, now: float) -> Grant | Wait:
+    def _reserve(
+        self, key: str, rule: Rule, pace: Pace, now: float, hold: float | None
+    ) -> Grant | Wait:
         keep = max(_KEEP, reach(rule))
         self._reserves += 1
         if self._reserves % _PRUNE_EVERY == 1:
@@ -264,12 +219,12 @@ class SqliteLedger:
         log = self._logs[key]
         slot = earliest_slot(log.usage(rule, now, self._horizon), rule, pace)
         if slot is None:
-            # Every slot waits on an answer; one from another process may come
-            # only as its expiry.
-            return Wait(min(log.open.values(), default=None))
+            # Every slot waits on an answer, or on a lease's expiry (one of
+            # another process may come only so).
+            return Wait(log.next_expiry())
         if slot > now:
             return Wait(slot)
-        expires = now + self._hold
+        expires = now + (self._hold if hold is None else min(hold, self._hold))
         ticket = self._db.insert(
             "INSERT INTO send_log (client, key, at, expires, keep_until, boot) "
             "VALUES (?, ?, ?, ?, ?, ?)",

@@ -60,6 +60,15 @@ doubles it. Where answers hold no work, a late one waited in a queue (a
 loopback server sharing the client's CPU: an e2e run got one 429 with the
 allowance applied to it), and counts until its answer.
 
+A request in flight counts until its answer, or, on a key whose floor shows
+work, until its lease lapses (`hold`): at its grant plus two D (a new
+connection's connect, then its way) plus the allowance, its answer not come.
+The ledger counts it until then, until its answer replaces that moment with
+the one above; a refusal of a request whose slot only a lapse opened widens D,
+as one only a floor opened does (`floored`). Where the floor shows work,
+that bounds the count as the allowance does, if the request's last byte
+left within D of its grant (none waits for a pooled connection).
+
 A refusal or an error (no work to take off), an exchange the transport did not
 trace, and every exchange before a round trip has been seen count until their
 answers. The learner places an arrival by the network alone (`latest`): an
@@ -78,6 +87,7 @@ from typing import Protocol
 
 from batchrun.core.limits import Pace, Rule
 from batchrun.pacing.slots import Usage, earliest_slot
+from batchrun.pacing.slots import reach as reach_of
 
 # RFC 6298 section 2: the gains of the smoothed round trip and of its deviation,
 # and K, the deviations added to make the timeout.
@@ -186,6 +196,17 @@ class _Counted:
         return self.last_short + self.reach > now
 
 
+@dataclass(slots=True)
+class _Flight:
+    """A request of this process in flight: its key, when its lease lapses
+    (`ArrivalBound.hold`; `math.inf`: never), and whether only a floor or a
+    lapse opened its slot (`ArrivalBound.floored`)."""
+
+    key: str
+    lapses: float
+    floored: bool
+
+
 class ArrivalBound:
     """D, a bound on a round trip of the network, from the round trips seen
     that hold no server work, and each key's floor, from its accepted
@@ -200,6 +221,8 @@ class ArrivalBound:
         # window (within the rule's reach of their answers): what each counts
         # until, and its answer.
         self._counted: dict[str, _Counted] = {}
+        # This process's requests in flight, by ticket.
+        self._flights: dict[int, _Flight] = {}
 
     @property
     def bound(self) -> float | None:
@@ -236,69 +259,120 @@ class ArrivalBound:
             return None
         return seen.times.mean + _K * seen.times.deviation
 
+    def hold(self, key: str, rule: Rule) -> float | None:
+        """How long a request of `key` granted now counts as in flight at most,
+        its answer not come (its lease: then it counts until the moment the
+        lease lapsed, until its answer says when it counts until): where the
+        floor shows the server works after its count (half the queue allowance
+        or more), two D (its way to the server, after a new connection's
+        connect, as the pacer's probe gate assumes) plus the allowance; else
+        None (until its answer)."""
+        floor, bound = self.floor(key), self.bound
+        queue = rule.shortest.seconds * _QUEUE_SHARE
+        if floor is None or bound is None or floor < queue / 2:
+            return None
+        return 2 * bound + queue
+
+    def granted(
+        self,
+        key: str,
+        ticket: int,
+        paced: Paced,
+        now: float,
+        usage: Callable[[str, Rule], Usage],
+        hold: float | None = None,
+    ) -> None:
+        """A request of `key` was granted `ticket` at `now`, paced by `paced`,
+        with a lease of `hold` (None: none); `usage`: the ledger's, the grant in
+        it. Notes whether only a floor or a lapse opened its slot (`floored`)."""
+        floored = self.floored(key, paced, now, usage)
+        lapses = math.inf if hold is None else now + hold
+        self._flights[ticket] = _Flight(key, lapses, floored)
+
     def counts_until(
         self,
         key: str,
-        trip: Trip,
+        ticket: int,
+        trip: Trip | None,
         now: float,
-        reach: float,
-        shortest: float,
-        floored: bool = False,
+        rule: Rule,
+        sent: bool = True,
     ) -> float:
-        """Until when a request of `key` answered `now` counts (`counted_by`,
-        with the rule's `shortest` window), having learnt from it (`observe`).
-        A refusal of a request whose slot only a floor opened (`floored`: what
-        the method `floored` said at its grant) widens D, lowering every floor.
-        `reach`, the rule's: how long a count may hold a window."""
-        if trip.refused and floored:
-            self.widen(trip, now)
-        self.observe(key, trip, now)
-        counted = self.counted_by(key, trip, now, shortest * _QUEUE_SHARE)
-        self._counted.setdefault(key, _Counted()).add(counted, now, reach)
+        """Until when the request of `key` granted `ticket`, answered `now`,
+        counts (`counted_by`, with `rule`'s shortest window), having learnt
+        from `trip`, what the client saw of it (`observe`; None: nothing, and
+        it counts until its answer). A refusal of a request whose slot only a
+        floor or a lapse opened (`floored`) widens D, lowering every floor.
+        `sent=False`: it never reached the server."""
+        flight = self._flights.pop(ticket, None)
+        counted = now
+        if trip is not None:
+            if trip.refused and flight is not None and flight.floored:
+                self.widen(trip, now)
+            self.observe(key, trip, now)
+            queue = rule.shortest.seconds * _QUEUE_SHARE
+            counted = self.counted_by(key, trip, now, queue)
+        if sent:
+            self._counted.setdefault(key, _Counted()).add(counted, now, reach_of(rule))
         return counted
 
     def shortened(self, key: str, now: float) -> bool:
         """Whether a request of `key` this process counted short (until before
-        its answer) may still hold a window at `now`."""
+        its answer, or a lease that lapsed) may still hold a window at `now`."""
         counted = self._counted.get(key)
-        return counted is not None and counted.shortened(now)
+        return bool(self._lapsed(key, now)) or (
+            counted is not None and counted.shortened(now)
+        )
+
+    def _lapsed(self, key: str, now: float) -> list[float]:
+        """The moments the leases of `key`'s requests in flight lapsed, by `now`."""
+        flights = self._flights.values()
+        return [f.lapses for f in flights if f.key == key and f.lapses <= now]
 
     def floored(
         self, key: str, paced: Paced, now: float, usage: Callable[[str, Rule], Usage]
     ) -> bool:
         """Whether the slot of `key` just granted at `now` was open only as the
-        floor shortened some count (a refusal of its request widens D): with
-        this process's requests counted until their answers, the slot rule of
-        `paced` would not have opened it yet, or a count in the window may be
-        another process's. `usage`: the ledger's, the grant in it, asked only
-        while a count this process shortened may still hold a window. (Its
-        spacing of starts, if `paced` spreads them, held at the grant and
-        does not depend on when requests count until.)"""
+        floor, or a lapse, shortened some count (a refusal of its request
+        widens D): with this process's requests counted until their answers
+        (a lapsed one still in flight), the slot rule of `paced` would not have
+        opened it yet, or a count in the window may be another process's.
+        `usage`: the ledger's, the grant in it, asked only while a count this
+        process shortened may still hold a window. (Its spacing of starts, if
+        `paced` spreads them, held at the grant and does not depend on when
+        requests count until.)"""
         if not self.shortened(key, now):
             return False
         found = usage(key, paced.rule)
         unfloored = self.unfloored(key, found.finished, now)
         if unfloored is None:
             return True
-        before = Usage(found.in_flight - 1, unfloored)  # the grant not yet made
+        finished, flying = unfloored
+        before = Usage(found.in_flight - 1 + flying, finished)  # the grant not yet made
         slot = earliest_slot(before, paced.rule, paced.pace)
         return slot is None or slot > now
 
     def unfloored(
         self, key: str, finished: Sequence[float], now: float
-    ) -> list[float] | None:
+    ) -> tuple[list[float], int] | None:
         """The moments `finished` requests of `key` count until (ascending), as
-        they would have with no floor: each of this process's until its answer.
-        None when one within reach may be another process's (whose answer is
-        not known here)."""
+        they would have with no floor: each of this process's until its
+        answer; and how many of them are leases that lapsed, in flight still
+        (their answers to come). None when one within reach may be another
+        process's (whose answer is not known here)."""
         counted = self._counted.get(key, _Counted())
-        found = []
+        lapsed = self._lapsed(key, now)
+        found, flying = [], 0
         for end in finished:
+            if end in lapsed:
+                lapsed.remove(end)
+                flying += 1
+                continue
             answer = counted.answers.get(end)
             if answer is None and end > now - counted.reach:
                 return None  # another process's, or one this one forgot
             found.append(end if answer is None else answer)
-        return sorted(found)
+        return sorted(found), flying
 
     def counted_by(
         self, key: str, trip: Trip, answered: float, queue: float = math.inf

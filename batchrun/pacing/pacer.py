@@ -29,7 +29,7 @@ from batchrun.core.limits import LimitKey, Pace, Rule
 from batchrun.pacing.arrival import ArrivalBound, Trip
 from batchrun.pacing.ledger import Ledger
 from batchrun.pacing.sending import Sending
-from batchrun.pacing.slots import Grant, Wait, earliest_slot, reach
+from batchrun.pacing.slots import Grant, Wait, earliest_slot
 
 
 class Gate(Protocol):
@@ -67,7 +67,6 @@ class Pacer:
         # Made only while a sender sleeps on the key (at most one: turns are FIFO).
         self._answers: dict[LimitKey, anyio.Event] = {}
         self.arrival = ArrivalBound()
-        self._floored: set[int] = set()  # tickets only a floor let go (`arrival`)
         self.gate: Gate | None = None
 
     @property
@@ -112,14 +111,8 @@ class Pacer:
         its rule again, unless the answer was a 429 and `cool_down` follows. A probe
         that never reached the server proves nothing: another goes."""
         now = self._clock.now()
-        ends = now
-        if trip is not None:
-            rule = self._keys[key].rule
-            floored = ticket in self._floored
-            ends = self.arrival.counts_until(
-                key.value, trip, now, reach(rule), rule.shortest.seconds, floored
-            )
-        self._floored.discard(ticket)
+        rule = self._keys[key].rule
+        ends = self.arrival.counts_until(key.value, ticket, trip, now, rule, sent)
         self.ledger.release(ticket, ends, sent=sent)
         self._keys[key].answered(ticket, sent=sent)
         self._wake(key)
@@ -171,12 +164,13 @@ class Pacer:
             opens = self.gate.opens(key, now, reach, answer if reach is None else reach)
             if opens is not None:
                 return Wait(None if math.isinf(opens) else opens)
-        grant = self.ledger.reserve(key.value, sending.rule, sending.pace, now)
+        rule, pace = sending.rule, sending.pace
+        hold = self.arrival.hold(key.value, rule)
+        grant = self.ledger.reserve(key.value, rule, pace, now, hold)
         sending.granted(grant)
-        if isinstance(grant, Grant) and self.arrival.floored(
-            key.value, sending, now, self.ledger.usage
-        ):
-            self._floored.add(grant.ticket)
+        if isinstance(grant, Grant):
+            usage = self.ledger.usage
+            self.arrival.granted(key.value, grant.ticket, sending, now, usage, hold)
         return grant
 
     def _wake(self, key: LimitKey) -> None:
