@@ -14,7 +14,9 @@ start (a key sends one request at a time beyond what the server has been seen to
 accept, removed by issue 24 item 3) is turned off in every case here: it is not
 what this measures. Policy headers: the server enforces 10/2s, the client is told
 30/2s, the sandbox states its policy in each header style; 429s after the first
-answer are counted. Virtual clock: support/simulation.py, seeded, no real time.
+answer are counted. Stock slowapi (moving window 2/1s) answering 1.5 s after each
+arrival: work longer than the window, where requests in flight fill it. Virtual
+clock: support/simulation.py, seeded, no real time.
 """
 
 from __future__ import annotations
@@ -35,11 +37,15 @@ from batchrun.sandbox.faults import Faults
 from batchrun.sandbox.policy_headers import HeaderStyle
 from batchrun.sandbox.serving import running
 from bench.drivers import drive_batchrun
+from support import slowapi_server
+from support.case_server import Behaviour
 from support.simulation import Network, Server, simulate
 from support.stock import limits_server
 
 RULE = "30/2s"
 CONCURRENCY = 32
+# Work longer than the window: 2/1s with every answer 1.5 s after its arrival.
+SLOW_RULE, SLOW_WORK, SLOW_JOBS = "2/1s", 1.5, 40
 
 
 def _serial_start(on: bool) -> Callable[[], None]:
@@ -109,6 +115,23 @@ def _stock_run(jobs: int, *, bound: bool) -> tuple[float, int, int]:
     return _ratio(accepted, parse_rule(RULE)), refused, refused
 
 
+def _slowapi_run(jobs: int, *, bound: bool) -> tuple[float, int, int]:
+    """One run against stock slowapi (moving window `SLOW_RULE`) answering every
+    accepted request `SLOW_WORK` after its arrival: work longer than the
+    window, so that requests in flight fill it (`arrival`: their leases)."""
+    undo = _bound(bound)
+    try:
+        with slowapi_server.serving(SLOW_RULE, Behaviour(latency=SLOW_WORK)) as app:
+            client = {LimitKey.RUN_QUERY: parse_rule(SLOW_RULE)}
+            anyio.run(drive_batchrun, app.url, client, jobs, CONCURRENCY, None)
+            seen = list(app.log)
+    finally:
+        undo()
+    accepted = [a.at for a in seen if a.status == 200]
+    refused = sum(1 for a in seen if a.status == 429)
+    return _ratio(accepted, parse_rule(SLOW_RULE)), refused, refused
+
+
 def _virtual(jobs: int, work: float, latency: tuple[float, float], traced: bool) -> str:
     server = Server(LimiterKind.SLIDING, parse_rule(RULE))
     network = Network(work=work, traced=traced, connections=CONCURRENCY)
@@ -156,6 +179,11 @@ def main() -> None:
         rows = [_stock_run(jobs, bound=bound) for _ in range(rounds)]
         how = "bounded" if bound else "until the answer"
         print(f"- limits moving-window {RULE}, {how}: {_median(rows)}")
+    for bound in (False, True):
+        rows = [_slowapi_run(SLOW_JOBS, bound=bound) for _ in range(rounds)]
+        how = "bounded" if bound else "until the answer"
+        name = f"slowapi moving-window {SLOW_RULE}, {SLOW_WORK:g} s answers"
+        print(f"- {name}, {SLOW_JOBS} jobs, {how}: {_median(rows)}")
     undo()  # the first request goes alone, as a run without a record sends it
     print("\n### policy headers (server 10/2s, told 30/2s, 60 jobs)")
     for style in (HeaderStyle.IETF, HeaderStyle.DRAFT7, HeaderStyle.X_RATELIMIT):
