@@ -80,7 +80,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -361,11 +361,11 @@ class ArrivalBound:
         (their answers to come). None when one within reach may be another
         process's (whose answer is not known here)."""
         counted = self._counted.get(key, _Counted())
-        lapsed = self._lapsed(key, now)
+        lapsed = Counter(self._lapsed(key, now))
         found, flying = [], 0
         for end in finished:
-            if end in lapsed:
-                lapsed.remove(end)
+            if lapsed[end] > 0:
+                lapsed[end] -= 1
                 flying += 1
                 continue
             answer = counted.answers.get(end)
