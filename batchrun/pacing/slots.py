@@ -9,7 +9,9 @@ counted at arrival, whatever the network latency):
 
 A request counts until its answer, or, when the server's work on it is taken to
 last at least F, until F before its answer (`arrival`: the key's floor, and the
-assumptions it rests on); either way no earlier than the server counted it.
+assumptions it rests on); either way no earlier than the server counted it. On
+such a key, one still in flight counts as in flight until its lease lapses, then
+until that moment (`ledger`: a lease per request).
 
 Why: two requests that fall in one server window arrived less than WINDOW apart; the
 earlier one counted until no earlier than its arrival, so the later one counted it.
