@@ -267,11 +267,18 @@ class ArrivalBound:
         or more), two D (its way to the server, after a new connection's
         connect, as the pacer's probe gate assumes) plus the allowance; else
         None (until its answer)."""
-        floor, bound = self.floor(key), self.bound
-        queue = rule.shortest.seconds * _QUEUE_SHARE
-        if floor is None or bound is None or floor < queue / 2:
+        queue, bound = self._allowance(key, rule), self.bound
+        if queue is None or bound is None:
             return None
         return 2 * bound + queue
+
+    def _allowance(self, key: str, rule: Rule) -> float | None:
+        """The wait before the count allowed for on `key` under `rule` (a
+        twentieth of its shortest window, `_QUEUE_SHARE`), where the key's
+        floor shows the server works after its count (half of it or more);
+        None where it shows none, or no floor is known yet."""
+        floor, queue = self.floor(key), rule.shortest.seconds * _QUEUE_SHARE
+        return None if floor is None or floor < queue / 2 else queue
 
     def granted(
         self,
@@ -310,8 +317,7 @@ class ArrivalBound:
             if trip.refused and flight is not None and flight.floored:
                 self.widen(trip, now)
             self.observe(key, trip, now)
-            queue = rule.shortest.seconds * _QUEUE_SHARE
-            counted = self.counted_by(key, trip, now, queue)
+            counted = self.counted_by(key, trip, now, rule)
         if sent:
             self._counted.setdefault(key, _Counted()).add(counted, now, reach_of(rule))
         return counted
@@ -375,20 +381,21 @@ class ArrivalBound:
         return sorted(found), flying
 
     def counted_by(
-        self, key: str, trip: Trip, answered: float, queue: float = math.inf
+        self, key: str, trip: Trip, answered: float, rule: Rule | None = None
     ) -> float:
         """The latest moment the server can have counted a request of `key`
         answered at `answered` (`observe`d): for an acceptance once the key has
         a floor, the answer less the floor, and, where the floor shows the
-        server works after its count (half `queue` or more), no later than its
-        send plus D plus `queue` (the wait before its count allowed for); else
-        the answer. Never before the send plus D, as the floor is at most this
+        server works after its count (`_allowance` under `rule`; None: not
+        asked), no later than its send plus D plus that allowance; else the
+        answer. Never before the send plus D, as the floor is at most this
         exchange less D."""
         floor = self.floor(key) if trip.accepted else None
         bound = self.bound
         if floor is None or bound is None:
             return answered
-        if floor < queue / 2:
+        queue = None if rule is None else self._allowance(key, rule)
+        if queue is None:
             # Answers that hold no work: one that came late waited in a queue.
             return answered - floor
         return min(answered - floor, trip.written + bound + queue)
