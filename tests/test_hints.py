@@ -324,9 +324,46 @@ def test_x_reset_forms(reset, seconds):
 
 
 def test_x_limit_states_no_window():
-    """X-RateLimit-Limit has no window, so it gives no policy, yet remaining counts."""
+    """X-RateLimit-Limit has no window, so it gives no policy, yet remaining counts,
+    and the count is stated beside them (the learner reads its window)."""
     found = hints(x_ratelimit_limit="60", x_ratelimit_remaining="59")
-    assert (found.policy, found.remaining) == ((), 59)
+    assert (found.policy, found.remaining, found.limit) == ((), 59, 60)
+
+
+@pytest.mark.parametrize(
+    ("headers", "limit"),
+    [
+        ({"ratelimit_limit": "100", "ratelimit_remaining": "3"}, 100),
+        ({"ratelimit": "limit=10, remaining=0, reset=2"}, 10),
+        ({"x_rate_limit_limit": "15", "x_rate_limit_remaining": "4"}, 15),
+        (
+            {"x_ratelimit_limit_requests": "60", "x_ratelimit_remaining_requests": "9"},
+            60,
+        ),
+    ],
+)
+def test_each_dialect_states_its_count_with_its_quota(headers, limit):
+    """The count of the quota `remaining` and `reset` describe, in each dialect."""
+    assert hints(**headers).limit == limit
+
+
+def test_the_count_goes_with_the_quota_with_fewest_left():
+    """Two quotas: the count stated is that of the one with the fewest left."""
+    found = hints(
+        ratelimit_limit="100",
+        ratelimit_remaining="50",
+        x_ratelimit_limit="10",
+        x_ratelimit_remaining="2",
+    )
+    assert (found.remaining, found.limit) == (2, 10)
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many"])
+def test_a_count_below_one_or_no_count_is_ignored_with_a_note(value):
+    """A count of no requests states nothing; the note names the header."""
+    found = hints(x_ratelimit_limit=value, x_ratelimit_remaining="0")
+    assert (found.limit, found.remaining) == (None, 0)
+    assert any("X-RateLimit-Limit" in note for note in found.notes), found.notes
 
 
 def test_x_reset_after_is_read():
@@ -397,6 +434,7 @@ _NAMES = st.sampled_from(
         "ratelimit-limit",
         "ratelimit-remaining",
         "ratelimit-reset",
+        "x-ratelimit-limit",
         "x-ratelimit-remaining",
         "x-ratelimit-reset",
         "x-ratelimit-reset-after",
@@ -421,3 +459,4 @@ def test_read_hints_never_raises(headers):
     found = read_hints(headers, now=NOW, cap=CAP)
     for wait in (found.retry_after, found.reset):
         assert wait is None or (math.isfinite(wait) and 0 <= wait <= CAP)
+    assert found.limit is None or found.limit >= 1

@@ -7,6 +7,8 @@ import json
 from dataclasses import replace
 
 import anyio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from batchrun.core.clock import LoopClock, wall_time
 from batchrun.core.events import Because, Evidence, RuleLearned
@@ -18,7 +20,7 @@ from batchrun.pacing.kept import (
     lesson_text,
     read_lesson,
 )
-from batchrun.pacing.learner import Learner
+from batchrun.pacing.learner import Learner, _holds, _joined
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.model import Candidate
@@ -135,6 +137,48 @@ async def test_a_stated_policy_joins_the_given_rule_and_caps_the_record():
     assert sink.of(RuleLearned)
     record = json.loads(ledger.recall(f"{KEY.value}{RECORD_SUFFIX}") or "{}")
     assert max(count for count, _ in record["seen"]) <= 10
+
+
+async def test_a_stated_count_is_paced_in_the_window_its_reset_names():
+    """X-RateLimit's count of 10 with a reset of 1.999 s, said 0.1 s after the
+    send, paces the key by 10/2s from that answer; a fixed window's later,
+    shorter reset (its countdown) leaves it so."""
+    pacer, learner, sink = _learner(MemoryLedger())
+    learner.recall([KEY])
+    learner.stated(KEY, (), limit=10, reset=1.999, trip=0.1)
+    assert pacer.rules[KEY] == parse_rule("10/2s")
+    assert [e.evidence.because for e in sink.of(RuleLearned)] == [Because.STATED]
+    learner.stated(KEY, (), limit=10, reset=0.45, trip=0.1)
+    assert pacer.rules[KEY] == parse_rule("10/2s")
+
+
+async def test_the_latest_statement_stands_so_a_looser_one_is_followed():
+    """A server that states a looser policy later (a plan raised mid-run) is
+    followed, in every dialect; never past the given rule."""
+    pacer, learner, _ = _learner(MemoryLedger())
+    learner.recall([KEY])
+    learner.stated(KEY, (Window(10, 2.0),))
+    learner.stated(KEY, (Window(20, 2.0),))
+    assert pacer.rules[KEY] == parse_rule("20/2s")
+    learner.stated(KEY, (), limit=5, reset=2.0, trip=0.01)
+    assert pacer.rules[KEY] == parse_rule("5/2s")
+    learner.stated(KEY, (), limit=25, reset=2.0, trip=0.01)
+    assert pacer.rules[KEY] == parse_rule("25/2s")
+    learner.stated(KEY, (Window(90, 2.0),))
+    assert pacer.rules[KEY] == GIVEN
+
+
+@given(
+    policy=st.lists(
+        st.builds(Window, st.integers(1, 100), st.sampled_from([0.5, 1.0, 2.0, 7.0])),
+        max_size=3,
+    )
+)
+def test_a_stated_policy_never_allows_more_than_the_given_rule(policy):
+    """Whatever the server states, every window of the given rule still holds."""
+    joined = _joined(GIVEN, tuple(policy))
+    assert all(any(_holds(w, g) for w in joined.windows) for g in GIVEN.windows)
+    assert all(any(_holds(w, p) for w in joined.windows) for p in policy)
 
 
 async def test_none_remaining_teaches_the_count_without_a_429():

@@ -27,6 +27,7 @@ from batchrun.pacing.model import (
     choose,
     explains,
     lengths,
+    named_window,
     phases_of,
     said,
 )
@@ -404,3 +405,39 @@ def test_a_window_between_the_usual_lengths_is_paced_within_twice(server, seed):
     _, accepted, _ = paced(model, limiter, seed, lambda now, _: now < 60.0)
     late = sum(moment > 40.0 for moment in accepted) / 20.0
     assert late >= 0.5 / rule.interval
+
+
+@given(
+    given_rule=st.sampled_from(["30/2s", "120/60s", "15/60s+500/3600s"]),
+    data=st.data(),
+)
+def test_a_stated_count_is_read_in_the_window_of_its_first_reset(given_rule, data):
+    """A sliding log's first answer states its reset `elapsed` after the request
+    arrived (up to a tenth of the window), and the answer comes `trip` after
+    the send: for every candidate length, that reset names that window."""
+    rule = parse_rule(given_rule)
+    found = lengths(rule)
+    window = data.draw(st.sampled_from(found))
+    elapsed = data.draw(st.floats(0.0, 0.1)) * window
+    trip = elapsed + data.draw(st.floats(0.0, 0.1)) * window
+    named = named_window(10, window - elapsed, trip, found)
+    assert named == Window(10, window)
+
+
+@pytest.mark.parametrize(
+    ("given_rule", "reset", "trip", "seconds"),
+    [
+        ("120/60s", 61.0, 0.05, 60.0),  # slowapi: a second late, in whole seconds
+        ("30/2s", 2.93, 0.01, 2.0),  # the same, with windows scaled
+        ("30/2s", 2.0, 0.1, 2.0),  # stamped as it arrived, read at the answer
+        ("30/2s", 0.067, 0.02, None),  # a bucket's: until one more fits
+        ("120/60s", 45.0, 0.2, None),  # a window of no length tried
+    ],
+)
+def test_a_reset_names_a_window_only_where_a_length_is_tried(
+    given_rule, reset, trip, seconds
+):
+    """Within its rounding below, or its answer's time above, a reset names a
+    candidate length; where it names none, the count joins no rule."""
+    named = named_window(10, reset, trip, lengths(parse_rule(given_rule)))
+    assert named == (None if seconds is None else Window(10, seconds))

@@ -74,6 +74,8 @@ class Hints:
     `retry_after` and `reset` are seconds from now, capped. `policy` holds the
     windows the server states it enforces; `remaining` and `reset` describe the
     quota with the fewest requests left (for 0 left, the one that refills last).
+    `limit` is that quota's stated count, where no window is stated with it
+    (`X-RateLimit-Limit`, `RateLimit-Limit` without `w`, draft 07's `limit`).
     The caller decides whether `retry_after` applies: slowapi sends it on 2xx
     answers too, where it only repeats the window's reset.
     """
@@ -83,14 +85,17 @@ class Hints:
     remaining: int | None = None
     reset: float | None = None
     notes: tuple[str, ...] = ()
+    limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class _Quota:
-    """One stated quota's state: requests left and seconds until it refills."""
+    """One stated quota's state: requests left and seconds until it refills,
+    and its count where one is stated."""
 
     remaining: int | None
     reset: float | None
+    limit: int | None = None
 
 
 class _Reading:
@@ -143,6 +148,7 @@ def read_hints(headers: Mapping[str, str], *, now: float, cap: float) -> Hints:
         remaining=quota.remaining,
         reset=quota.reset,
         notes=tuple(reading.notes),
+        limit=quota.limit,
     )
 
 
@@ -226,7 +232,10 @@ def _read_ratelimit(value: str | None, reading: _Reading) -> None:
     if any(member.key is not None for member in items):
         fields = {m.key: m.value for m in items if m.key is not None}
         remaining, reset = fields.get("remaining"), fields.get("reset")
-        _add_quota("ratelimit", remaining, reset, reading, reset_name=_RESET)
+        limit = fields.get("limit")
+        _add_quota(
+            "ratelimit", remaining, reset, reading, reset_name=_RESET, limit=limit
+        )
     for member in items:
         if member.key is None:
             r, t = member.params.get("r"), member.params.get("t")
@@ -235,13 +244,16 @@ def _read_ratelimit(value: str | None, reading: _Reading) -> None:
 
 def _read_separate(headers: Mapping[str, str], reading: _Reading) -> None:
     """Drafts up to 06: `RateLimit-Limit` (may carry `;w=`), `-Remaining`, `-Reset`."""
+    limit = None
     for member in members(headers.get("ratelimit-limit", "")):
         if "w" in member.params:
             _add_window(member.value, member.params["w"], member, reading)
+        else:
+            limit = member.value
     remaining = headers.get("ratelimit-remaining")
     reset = headers.get("ratelimit-reset")
     if remaining is not None or reset is not None:
-        _add_quota("ratelimit-remaining", remaining, reset, reading)
+        _add_quota("ratelimit-remaining", remaining, reset, reading, limit=limit)
 
 
 def _read_family(
@@ -250,13 +262,14 @@ def _read_family(
     resets: tuple[str, ...],
     reading: _Reading,
 ) -> None:
-    """One `X-RateLimit-*` family; its `-Limit` states no window, so no rule."""
+    """One `X-RateLimit-*` family; its `-Limit` is a count with no window."""
     text = headers.get(remaining)
     reset_name = next((name for name in resets if name in headers), None)
     if text is None and reset_name is None:
         return
     reset = None if reset_name is None else headers[reset_name]
-    _add_quota(remaining, text, reset, reading, reset_name=reset_name)
+    limit = headers.get(remaining.replace("remaining", "limit"))
+    _add_quota(remaining, text, reset, reading, reset_name=reset_name, limit=limit)
 
 
 def _add_quota(
@@ -266,12 +279,23 @@ def _add_quota(
     reading: _Reading,
     *,
     reset_name: str | None = None,
+    limit: str | None = None,
 ) -> None:
     left = None if remaining is None else _smallest_count(name, remaining, reading)
     reset_name = reset_name or name.replace("remaining", "reset")
     seconds = None if reset is None else _reset(reset_name, reset, reading)
+    count = None if limit is None else _stated_count(name, limit, reading)
     if left is not None or seconds is not None:
-        reading.quotas.append(_Quota(left, seconds))
+        reading.quotas.append(_Quota(left, seconds, count))
+
+
+def _stated_count(name: str, text: str, reading: _Reading) -> int | None:
+    """A quota's stated count (1 or more), or None with a note."""
+    count = _smallest_count(name.replace("remaining", "limit"), text, reading)
+    if count is not None and count < 1:
+        reading.ignore(name.replace("remaining", "limit"), text, "a limit below 1")
+        return None
+    return count
 
 
 def _smallest_count(name: str, text: str, reading: _Reading) -> int | None:

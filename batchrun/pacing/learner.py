@@ -24,7 +24,15 @@ from batchrun.pacing.kept import (
 )
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.log import KeyLog, Sent, latest
-from batchrun.pacing.model import USUAL, Answer, Candidate, KeyModel, Lesson, lengths
+from batchrun.pacing.model import (
+    USUAL,
+    Answer,
+    Candidate,
+    KeyModel,
+    Lesson,
+    lengths,
+    named_window,
+)
 from batchrun.pacing.pacer import Pacer
 
 
@@ -38,6 +46,8 @@ class _Key:
     # The latest send of a refused request not yet read: it is read once every
     # request sent before it has its answer.
     unread: float | None = None
+    # The window the stated count was last read in (`Learner.stated`).
+    named: Window | None = None
 
 
 class Learner:
@@ -161,25 +171,41 @@ class Learner:
         if refused is False:
             self._keep_record(key)
 
-    def stated(self, key: LimitKey, policy: tuple[Window, ...]) -> None:
-        """A policy the server states joins the given rule outright: nothing
-        looser is chosen from then on in this run, and it paces the key (kept
-        in the ledger as a lesson) unless what paces it already holds to it."""
+    def stated(
+        self,
+        key: LimitKey,
+        policy: tuple[Window, ...],
+        *,
+        limit: int | None = None,
+        reset: float | None = None,
+        trip: float = 0.0,
+    ) -> None:
+        """The policy the server states last joins the given rule outright:
+        nothing looser is chosen while it stands, and it paces the key (kept in
+        the ledger as a lesson) unless what paces it already holds to it. With
+        no policy, a stated `limit` is read in the window its `reset`, said
+        `trip` after the request left, names among the candidate lengths
+        (`model.named_window`): the longest named since the count was first
+        stated (a fixed window's reset counts down)."""
+        state, now = self._keys[key], self._clock.now()
+        if not policy and limit is not None and reset:
+            named = named_window(limit, reset, trip, state.model.lengths)
+            last = state.named if state.named and state.named.count == limit else None
+            if named is not None and (last is None or named.seconds > last.seconds):
+                last = named
+            state.named = last
+            policy = () if last is None else (last,)
         if not policy:
             return
-        state, now = self._keys[key], self._clock.now()
         model = state.model
-        windows = [*model.given.windows]
-        for window in policy:
-            if not any(_holds(w, window) for w in windows):
-                windows = [w for w in windows if not _holds(window, w)] + [window]
-        rule = Rule(tuple(sorted(windows, key=lambda w: w.seconds)))
+        rule = _joined(self._given[key], policy)
         if rule == model.given:
             return
-        held = model.current(now)
+        held, lesson = model.current(now), model.lesson
         model.given = rule
         candidate = Candidate(LimiterKind.SLIDING, rule)
-        if candidate.speed <= held.speed:
+        restated = lesson is not None and lesson.why.because is Because.STATED
+        if candidate.speed <= held.speed and not restated:
             return
         why = Evidence(Because.STATED, rule=Rule(tuple(policy)))
         self._pace(key, model.adopt(candidate, why, now))
@@ -253,6 +279,15 @@ class Learner:
         state.kept_record = record
         text = record_text(record, given=self._given[key], at=self._wall())
         self._pacer.ledger.remember(f"{key.value}{RECORD_SUFFIX}", text)
+
+
+def _joined(given: Rule, policy: tuple[Window, ...]) -> Rule:
+    """`given` with the windows of `policy` that it does not already hold to."""
+    windows = [*given.windows]
+    for window in policy:
+        if not any(_holds(w, window) for w in windows):
+            windows = [w for w in windows if not _holds(window, w)] + [window]
+    return Rule(tuple(sorted(windows, key=lambda w: w.seconds)))
 
 
 def _holds(strict: Window, loose: Window) -> bool:

@@ -44,7 +44,11 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
     fastest such candidate (as fast: a log, then a fixed window, a weighted
     counter, a bucket); kept exactly, a weighted counter evenly, a bucket as
     a bucket. What paces the key stays while it explains
-    the answers and is no slower. A policy the server states joins G outright.
+    the answers and is no slower. A policy the server states joins G outright;
+    a count stated with no window (X-RateLimit-Limit) joins in the window its
+    reset names (`named_window`): the shortest candidate length from the
+    reset to the reset plus the answer's time, else the longest within its
+    rounding below it.
 
     Lifetime. A lesson (a choice other than G) lives `FIRST_LIFE` of the
     longest of its own windows (those not G's), or of G's shortest if
@@ -151,6 +155,22 @@ def lengths(given: Rule, *, usual: Iterable[float] = USUAL) -> tuple[float, ...]
         if all(abs(math.log(seconds / s, GRID)) >= 0.5 for s in found):
             found.add(seconds)
     return tuple(sorted(found))
+
+
+def named_window(
+    count: int, reset: float, trip: float, lengths: Iterable[float]
+) -> Window | None:
+    """The window a count stated without one (`X-RateLimit-Limit`) is read in,
+    if any. A reset is no longer than the window: said `trip` after the
+    request left, it names the shortest candidate length (`lengths`) in
+    [reset, reset + trip]. Else, as a reset may be rounded up by `ROUNDING`
+    (slowapi adds a second), the longest in [reset - ROUNDING, reset). Else
+    none (a bucket's reset is the time until one more fits, no window)."""
+    above = [s for s in lengths if reset <= s <= reset + trip]
+    below = [s for s in lengths if reset - ROUNDING <= s < reset]
+    if above:
+        return Window(count, min(above))
+    return Window(count, max(below)) if below else None
 
 
 @dataclass(frozen=True, slots=True)

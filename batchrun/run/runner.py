@@ -333,7 +333,7 @@ class Runner:
             # so the next run resends the job if safe, else leaves it unknown.
             self.stop(Stop.failing(exc))
         with self._stopping():
-            self._heed(key, outcome.hints)
+            self._heed(key, outcome.hints, latency)
         if self._idle:
             self._notify()  # an answer may free a slot, or end the run
 
@@ -356,13 +356,15 @@ class Runner:
         by = None if trip is None else self._pacer.arrival.latest(trip.written)
         return outcome, by
 
-    def _heed(self, key: LimitKey, hints: Hints | None) -> None:
-        """Follow what an answer's headers say: a stated policy is the learner's
-        (`Learner.stated`); a spent budget waits for its reset, unless the
-        client's own record already waits (a reset is often rounded up)."""
+    def _heed(self, key: LimitKey, hints: Hints | None, latency: float) -> None:
+        """Follow what an answer's headers say: a stated policy or limit is the
+        learner's (`Learner.stated`); a spent budget waits for its reset, unless
+        the client's own record already waits (a reset is often rounded up)."""
         if hints is None:
             return
-        self._learner.stated(key, hints.policy)
+        self._learner.stated(
+            key, hints.policy, limit=hints.limit, reset=hints.reset, trip=latency
+        )
         if hints.remaining == 0 and hints.reset and not self._pacer.full(key):
             self._pacer.hold(key, self._clock.now() + hints.reset)
 
