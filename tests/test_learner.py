@@ -168,6 +168,20 @@ async def test_the_latest_statement_stands_so_a_looser_one_is_followed():
     assert pacer.rules[KEY] == GIVEN
 
 
+async def test_a_policy_the_server_loosens_ends_what_was_learned_under_it():
+    """A lesson learned from refusals (10/2s) outlives a stricter statement
+    that it already holds to (20/2s), but not the server loosening it (back to
+    30/2s): what the refusals showed is old news, and the given rule paces."""
+    ledger = MemoryLedger()
+    ledger.remember(KEY.value, lesson_text(kept(began=wall_time()), given=GIVEN))
+    pacer, learner, _ = _learner(ledger)
+    learner.recall([KEY])
+    learner.stated(KEY, (Window(20, 2.0),))
+    assert pacer.rules[KEY] == parse_rule("10/2s")
+    learner.stated(KEY, (Window(30, 2.0),))
+    assert pacer.rules[KEY] == GIVEN
+
+
 @given(
     policy=st.lists(
         st.builds(Window, st.integers(1, 100), st.sampled_from([0.5, 1.0, 2.0, 7.0])),

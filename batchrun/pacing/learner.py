@@ -182,33 +182,45 @@ class Learner:
     ) -> None:
         """The policy the server states last joins the given rule outright:
         nothing looser is chosen while it stands, and it paces the key (kept in
-        the ledger as a lesson) unless what paces it already holds to it. With
-        no policy, a stated `limit` is read in the window its `reset`, said
-        `trip` after the request left, names among the candidate lengths
-        (`model.named_window`): the longest named since the count was first
-        stated (a fixed window's reset counts down)."""
+        the ledger as a lesson) unless what paces it already holds to it. A
+        policy it loosens ends what was learned under the stricter one. With no
+        policy, a stated `limit` is read in the window its `reset`, said `trip`
+        after the request left, names (`_named`)."""
         state, now = self._keys[key], self._clock.now()
+        loosens = bool(policy)  # a stated policy names all its windows
         if not policy and limit is not None and reset:
-            named = named_window(limit, reset, trip, state.model.lengths)
-            last = state.named if state.named and state.named.count == limit else None
-            if named is not None and (last is None or named.seconds > last.seconds):
-                last = named
-            state.named = last
-            policy = () if last is None else (last,)
+            policy = self._named(state, limit, reset, trip)
         if not policy:
             return
         model = state.model
         rule = _joined(self._given[key], policy)
         if rule == model.given:
             return
-        held, lesson = model.current(now), model.lesson
+        held, lesson, before = model.current(now), model.lesson, model.plain
         model.given = rule
         candidate = Candidate(LimiterKind.SLIDING, rule)
         restated = lesson is not None and lesson.why.because is Because.STATED
+        if loosens and candidate.speed < before.speed:
+            model.forget(now)  # refusals under the stricter policy are old news
+            restated = True
         if candidate.speed <= held.speed and not restated:
             return
         why = Evidence(Because.STATED, rule=Rule(tuple(policy)))
         self._pace(key, model.adopt(candidate, why, now))
+
+    @staticmethod
+    def _named(
+        state: _Key, limit: int, reset: float, trip: float
+    ) -> tuple[Window, ...]:
+        """The window a stated count is read in among the candidate lengths
+        (`model.named_window`): the longest named since the count was first
+        stated (a fixed window's reset counts down); none if none was."""
+        named = named_window(limit, reset, trip, state.model.lengths)
+        last = state.named if state.named and state.named.count == limit else None
+        if named is not None and (last is None or named.seconds > last.seconds):
+            last = named
+        state.named = last
+        return () if last is None else (last,)
 
     def opens(
         self, key: LimitKey, now: float, reach: float | None, round_: float | None

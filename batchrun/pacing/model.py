@@ -44,7 +44,8 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
     fastest such candidate (as fast: a log, then a fixed window, a weighted
     counter, a bucket); kept exactly, a weighted counter evenly, a bucket as
     a bucket. What paces the key stays while it explains
-    the answers and is no slower. A policy the server states joins G outright;
+    the answers and is no slower. The policy the server states last joins G
+    outright (one it loosens ends what was learned under the stricter one);
     a count stated with no window (X-RateLimit-Limit) joins in the window its
     reset names (`named_window`): the shortest candidate length from the
     reset to the reset plus the answer's time, else the longest within its
@@ -662,6 +663,11 @@ class KeyModel:
             self.accepted_since_read, self.refused_since_read = False, 0
             return None  # what paces the key stays
         return self.adopt(candidate, Evidence(Because.REFUSED, refusals), now)
+
+    def forget(self, now: float) -> None:
+        """No lesson, and no refusal before `now` is evidence (what G stands
+        for changed: the server loosened the policy it states)."""
+        self.lesson, self.expired, self.since, self.read = None, None, now, False
 
     def lesson_ends(self, now: float) -> None:
         """The lesson in force ends at `now`, as if it expired."""
