@@ -168,6 +168,34 @@ async def test_the_latest_statement_stands_so_a_looser_one_is_followed():
     assert pacer.rules[KEY] == GIVEN
 
 
+async def test_a_server_stating_its_tightest_quota_keeps_each_it_named():
+    """X-RateLimit names one quota an answer, the one with the fewest left: a
+    server enforcing 10/2s and 25/1s names each in turn. Both hold, and the
+    key is not paced again at each turn."""
+    pacer, learner, sink = _learner(MemoryLedger())
+    learner.recall([KEY])
+    for _ in range(5):
+        learner.stated(KEY, (), limit=10, reset=1.999, trip=0.01)
+        learner.stated(KEY, (), limit=25, reset=0.999, trip=0.01)
+    assert pacer.rules[KEY] == parse_rule("10/2s")
+    assert len(sink.of(RuleLearned)) == 1
+
+
+async def test_a_count_no_longer_stated_stands_two_of_its_windows():
+    """A count read in 2 s stands while stated, and for two of its windows
+    after: a server that loosened (3 to 7) is followed once the old count
+    has gone unsaid that long, though the new one names a shorter window."""
+    pacer, learner, _ = _learner(MemoryLedger())
+    learner.recall([KEY])
+    learner.stated(KEY, (), limit=3, reset=1.999, trip=0.01)
+    await anyio.sleep(1.0)
+    learner.stated(KEY, (), limit=7, reset=0.999, trip=0.01)
+    assert pacer.rules[KEY] == parse_rule("3/2s")
+    await anyio.sleep(3.5)
+    learner.stated(KEY, (), limit=7, reset=0.999, trip=0.01)
+    assert pacer.rules[KEY] == parse_rule("7/1s+30/2s")
+
+
 async def test_a_policy_the_server_loosens_ends_what_was_learned_under_it():
     """A lesson learned from refusals (10/2s) outlives a stricter statement
     that it already holds to (20/2s), but not the server loosening it (back to

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from batchrun.core.clock import Clock, wall_time
 from batchrun.core.events import Because, EventSink, Evidence, RuleLearned
@@ -25,6 +25,7 @@ from batchrun.pacing.kept import (
 from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.log import KeyLog, Sent, latest
 from batchrun.pacing.model import (
+    FIRST_LIFE,
     USUAL,
     Answer,
     Candidate,
@@ -46,8 +47,9 @@ class _Key:
     # The latest send of a refused request not yet read: it is read once every
     # request sent before it has its answer.
     unread: float | None = None
-    # The window the stated count was last read in (`Learner.stated`).
-    named: Window | None = None
+    # The window each stated count was read in, and when it was last stated
+    # (`Learner._named`).
+    named: dict[int, tuple[Window, float]] = field(default_factory=dict)
 
 
 class Learner:
@@ -189,8 +191,8 @@ class Learner:
         state, now = self._keys[key], self._clock.now()
         loosens = bool(policy)  # a stated policy names all its windows
         if not policy and limit is not None and reset:
-            policy = self._named(state, limit, reset, trip)
-        if not policy:
+            policy = self._named(state, limit, reset, trip, now)
+        elif not policy:
             return
         model = state.model
         rule = _joined(self._given[key], policy)
@@ -204,23 +206,36 @@ class Learner:
             model.forget(now)  # refusals under the stricter policy are old news
             restated = True
         if candidate.speed <= held.speed and not restated:
+            if model.current(now) != state.paced:
+                self._pace_plain(key)  # no lesson: the given rule, as joined now
             return
-        why = Evidence(Because.STATED, rule=Rule(tuple(policy)))
+        why = Evidence(Because.STATED, rule=Rule(tuple(policy)) if policy else rule)
         self._pace(key, model.adopt(candidate, why, now))
 
     @staticmethod
     def _named(
-        state: _Key, limit: int, reset: float, trip: float
+        state: _Key, limit: int, reset: float, trip: float, now: float
     ) -> tuple[Window, ...]:
-        """The window a stated count is read in among the candidate lengths
-        (`model.named_window`): the longest named since the count was first
-        stated (a fixed window's reset counts down); none if none was."""
+        """The windows stated counts are read in (`model.named_window`), one
+        per count: the longest named for it (a fixed window's reset counts
+        down), standing for `FIRST_LIFE` of its window since last stated (a
+        server that states its tightest quota names each in turn; one that
+        loosens stops naming the old count). A count named in the window of
+        another replaces it (the server restated that window)."""
         named = named_window(limit, reset, trip, state.model.lengths)
-        last = state.named if state.named and state.named.count == limit else None
-        if named is not None and (last is None or named.seconds > last.seconds):
-            last = named
-        state.named = last
-        return () if last is None else (last,)
+        alive = {
+            count: (window, said)
+            for count, (window, said) in state.named.items()
+            if now - said <= FIRST_LIFE * window.seconds
+        }
+        last = alive.get(limit)
+        if named is not None and (last is None or named.seconds > last[0].seconds):
+            alive = {c: ws for c, ws in alive.items() if ws[0].seconds != named.seconds}
+            last = (named, now)
+        if last is not None:
+            alive[limit] = (last[0], now)
+        state.named = alive
+        return tuple(window for window, _ in alive.values())
 
     def opens(
         self, key: LimitKey, now: float, reach: float | None, round_: float | None

@@ -49,7 +49,8 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
     a count stated with no window (X-RateLimit-Limit) joins in the window its
     reset names (`named_window`): the shortest candidate length from the
     reset to the reset plus the answer's time, else the longest within its
-    rounding below it.
+    rounding below it; each count stands `FIRST_LIFE` of its window after
+    it was last stated.
 
     Lifetime. A lesson (a choice other than G) lives `FIRST_LIFE` of the
     longest of its own windows (those not G's), or of G's shortest if
