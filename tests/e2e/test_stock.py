@@ -2,7 +2,8 @@
 
 The server is Python `limits` (moving window, as slowapi runs it), not batchrun's
 own sandbox: when the client's rule equals the server's, every job is accepted once
-and nothing is refused. Windows are scaled down (10/1s) so the run takes seconds.
+and nothing is refused; with slowapi's headers, a stricter server's stated count is
+kept from its first answer. Windows are scaled down (10/1s) so the run takes seconds.
 The nginx and express-rate-limit servers of support/stock_programs.py need programs the test
 extra lacks (nginx; node and `npm ci`): their tests check only that each limiter
 is what bench/stricter.py assumes, and are skipped, saying why, without them.
@@ -68,6 +69,32 @@ def test_equal_rules_against_limits_moving_window_are_done_once_with_no_429(
     assert len(set(accepted)) == JOBS
     # Ideal 2.0 s (two full windows after the first ten); slack for a busy machine.
     assert elapsed < 5.0, elapsed
+
+
+def test_slowapi_headers_name_a_stricter_limit_from_the_first_answer(tmp_path):
+    """Told 30/2s, a stock `limits` moving window of 10/2s with slowapi's
+    headers: X-RateLimit-Limit 10 and a reset a whole second late (3 s) name
+    the 2 s window, so the key is paced by 10/2s from the first answer. Each
+    job 200 once; at most the one 429 a busy machine may cause (above)."""
+    with limits_server("10/2s", strategy="moving-window", headers=True) as server:
+        result = CliRunner().invoke(
+            app,
+            [
+                "submit",
+                str(query_jobs(tmp_path, 20)),
+                "--base-url",
+                server.url,
+                "--limit",
+                "run-query=30/2s",
+            ],
+        )
+        arrivals = server.arrivals()
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert "the server states 10/2s in its rate-limit headers" in result.stdout
+    statuses = Counter(a.status for a in arrivals)
+    assert statuses[200] == 20
+    assert statuses[429] <= 1, statuses
+    assert len({a.key for a in arrivals if a.status == 200}) == 20
 
 
 def burst(server: Server, count: int) -> list[httpx.Response]:
