@@ -358,7 +358,7 @@ def test_the_count_goes_with_the_quota_with_fewest_left():
     assert (found.remaining, found.limit) == (2, 10)
 
 
-@pytest.mark.parametrize("value", ["0", "-3", "many"])
+@pytest.mark.parametrize("value", ["0", "-3", "many", "10, 1000"])
 def test_a_count_below_one_or_no_count_is_ignored_with_a_note(value):
     """A count of no requests states nothing; the note names the header."""
     found = hints(x_ratelimit_limit=value, x_ratelimit_remaining="0")

@@ -7,6 +7,8 @@ import json
 from dataclasses import replace
 
 import anyio
+import pytest
+import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -26,6 +28,13 @@ from batchrun.pacing.limiters import LimiterKind
 from batchrun.pacing.model import Candidate
 from batchrun.pacing.pacer import Pacer
 from support.doubles import ListSink
+
+
+@pytest.fixture
+def anyio_backend():
+    """Virtual time: the lifetimes these tests wait out cost nothing."""
+    return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
+
 
 KEY = LimitKey.RUN_QUERY
 GIVEN = parse_rule("30/2s")
@@ -152,33 +161,42 @@ async def test_a_stated_count_is_paced_in_the_window_its_reset_names():
     assert pacer.rules[KEY] == parse_rule("10/2s")
 
 
-async def test_the_latest_statement_stands_so_a_looser_one_is_followed():
-    """A server that states a looser policy later (a plan raised mid-run) is
-    followed, in every dialect; never past the given rule."""
+async def test_a_statement_stands_two_of_its_windows_then_a_looser_one_is_followed():
+    """What the server states stands for two of its windows after it last
+    said it: a stricter statement joins at once, a looser one (a plan raised
+    mid-run) once the stricter has gone unsaid that long; in every dialect,
+    and never past the given rule."""
     pacer, learner, _ = _learner(MemoryLedger())
     learner.recall([KEY])
     learner.stated(KEY, (Window(10, 2.0),))
     learner.stated(KEY, (Window(20, 2.0),))
+    assert pacer.rules[KEY] == parse_rule("10/2s")
+    await anyio.sleep(4.1)
+    learner.stated(KEY, (Window(20, 2.0),))
     assert pacer.rules[KEY] == parse_rule("20/2s")
     learner.stated(KEY, (), limit=5, reset=2.0, trip=0.01)
     assert pacer.rules[KEY] == parse_rule("5/2s")
+    await anyio.sleep(4.1)
     learner.stated(KEY, (), limit=25, reset=2.0, trip=0.01)
     assert pacer.rules[KEY] == parse_rule("25/2s")
+    learner.stated(KEY, (Window(90, 2.0),))
+    assert pacer.rules[KEY] == parse_rule("25/2s")
+    await anyio.sleep(4.1)
     learner.stated(KEY, (Window(90, 2.0),))
     assert pacer.rules[KEY] == GIVEN
 
 
 async def test_a_server_stating_its_tightest_quota_keeps_each_it_named():
     """X-RateLimit names one quota an answer, the one with the fewest left: a
-    server enforcing 10/2s and 25/1s names each in turn. Both hold, and the
+    server enforcing 10/2s and 8/1s names each in turn. Both hold, and the
     key is not paced again at each turn."""
     pacer, learner, sink = _learner(MemoryLedger())
     learner.recall([KEY])
     for _ in range(5):
         learner.stated(KEY, (), limit=10, reset=1.999, trip=0.01)
-        learner.stated(KEY, (), limit=25, reset=0.999, trip=0.01)
-    assert pacer.rules[KEY] == parse_rule("10/2s")
-    assert len(sink.of(RuleLearned)) == 1
+        learner.stated(KEY, (), limit=8, reset=0.999, trip=0.01)
+    assert pacer.rules[KEY] == parse_rule("8/1s+10/2s")
+    assert len(sink.of(RuleLearned)) == 2
 
 
 async def test_a_count_no_longer_stated_stands_two_of_its_windows():
@@ -199,15 +217,31 @@ async def test_a_count_no_longer_stated_stands_two_of_its_windows():
 async def test_a_policy_the_server_loosens_ends_what_was_learned_under_it():
     """A lesson learned from refusals (10/2s) outlives a stricter statement
     that it already holds to (20/2s), but not the server loosening it (back to
-    30/2s): what the refusals showed is old news, and the given rule paces."""
+    30/2s, once 20/2s has gone unsaid two of its windows): what the refusals
+    showed is old news, and the given rule paces."""
     ledger = MemoryLedger()
-    ledger.remember(KEY.value, lesson_text(kept(began=wall_time()), given=GIVEN))
+    lesson = kept(began=wall_time(), life=60.0)
+    ledger.remember(KEY.value, lesson_text(lesson, given=GIVEN))
     pacer, learner, _ = _learner(ledger)
     learner.recall([KEY])
     learner.stated(KEY, (Window(20, 2.0),))
     assert pacer.rules[KEY] == parse_rule("10/2s")
+    await anyio.sleep(4.1)
     learner.stated(KEY, (Window(30, 2.0),))
     assert pacer.rules[KEY] == GIVEN
+
+
+async def test_a_statement_holds_a_lesson_that_paces_slower_but_bursts_more():
+    """A lesson of 15/2s paces slower than a stated 5/250ms, yet sends 15 at
+    once: the statement joins it, and the key keeps both."""
+    ledger = MemoryLedger()
+    fifteen = Candidate(LimiterKind.SLIDING, parse_rule("15/2s"))
+    lesson = kept(fifteen, began=wall_time(), life=60.0)
+    ledger.remember(KEY.value, lesson_text(lesson, given=GIVEN))
+    pacer, learner, _ = _learner(ledger)
+    learner.recall([KEY])
+    learner.stated(KEY, (Window(5, 0.25),))
+    assert pacer.rules[KEY] == parse_rule("5/250ms+15/2s")
 
 
 @given(

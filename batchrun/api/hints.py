@@ -248,7 +248,7 @@ def _read_separate(headers: Mapping[str, str], reading: _Reading) -> None:
     for member in members(headers.get("ratelimit-limit", "")):
         if "w" in member.params:
             _add_window(member.value, member.params["w"], member, reading)
-        else:
+        elif limit is None:  # the first, the quota `-Remaining` describes
             limit = member.value
     remaining = headers.get("ratelimit-remaining")
     reset = headers.get("ratelimit-reset")
@@ -290,10 +290,15 @@ def _add_quota(
 
 
 def _stated_count(name: str, text: str, reading: _Reading) -> int | None:
-    """A quota's stated count (1 or more), or None with a note."""
-    count = _smallest_count(name.replace("remaining", "limit"), text, reading)
+    """A quota's stated count (1 or more), or None with a note; a repeated
+    header's several counts are not paired with its resets, so none is."""
+    name = name.replace("remaining", "limit")
+    if "," in text:
+        reading.ignore(name, text, "several counts, none paired with a reset")
+        return None
+    count = _smallest_count(name, text, reading)
     if count is not None and count < 1:
-        reading.ignore(name.replace("remaining", "limit"), text, "a limit below 1")
+        reading.ignore(name, text, "a limit below 1")
         return None
     return count
 

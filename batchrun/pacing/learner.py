@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from batchrun.core.clock import Clock, wall_time
 from batchrun.core.events import Because, EventSink, Evidence, RuleLearned
@@ -47,8 +47,9 @@ class _Key:
     # The latest send of a refused request not yet read: it is read once every
     # request sent before it has its answer.
     unread: float | None = None
-    # The window each stated count was read in, and when it was last stated
-    # (`Learner._named`).
+    # Each window the server stated, and when it last stated it; each stated
+    # count, the window it was read in and when (`Learner.stated`).
+    stated: dict[Window, float] = field(default_factory=dict)
     named: dict[int, tuple[Window, float]] = field(default_factory=dict)
 
 
@@ -182,60 +183,57 @@ class Learner:
         reset: float | None = None,
         trip: float = 0.0,
     ) -> None:
-        """The policy the server states last joins the given rule outright:
-        nothing looser is chosen while it stands, and it paces the key (kept in
-        the ledger as a lesson) unless what paces it already holds to it. A
-        policy it loosens ends what was learned under the stricter one. With no
-        policy, a stated `limit` is read in the window its `reset`, said `trip`
-        after the request left, names (`_named`)."""
+        """What the server states joins the given rule outright, each window
+        for `FIRST_LIFE` of its length after it was last stated: `policy`'s
+        windows, or with none, a stated `limit` in the window its `reset`, said
+        `trip` after the request left, names (`_name`). Nothing looser is
+        chosen while they stand; they pace the key (kept in the ledger as a
+        lesson) unless what paces it already holds to them. Once one lapses
+        and the joined rule loosens, what was learned under it ends."""
         state, now = self._keys[key], self._clock.now()
-        loosens = bool(policy)  # a stated policy names all its windows
-        if not policy and limit is not None and reset:
-            policy = self._named(state, limit, reset, trip, now)
-        elif not policy:
+        if policy:
+            state.stated.update(dict.fromkeys(policy, now))
+        elif limit is not None and reset:
+            self._name(state, limit, reset, trip, now)
+        else:
             return
+        standing = _standing(state, now)
         model = state.model
-        rule = _joined(self._given[key], policy)
+        rule = _joined(self._given[key], standing)
         if rule == model.given:
             return
-        held, lesson, before = model.current(now), model.lesson, model.plain
-        model.given = rule
-        candidate = Candidate(LimiterKind.SLIDING, rule)
-        restated = lesson is not None and lesson.why.because is Because.STATED
-        if loosens and candidate.speed < before.speed:
-            model.forget(now)  # refusals under the stricter policy are old news
-            restated = True
-        if candidate.speed <= held.speed and not restated:
-            if model.current(now) != state.paced:
-                self._pace_plain(key)  # no lesson: the given rule, as joined now
+        model.current(now)  # a lesson whose life ran out ends
+        before, model.given = model.plain, rule
+        if model.plain.speed < before.speed:
+            model.forget(now)  # a statement lapsed: its refusals are old news
+        lesson = model.lesson
+        if lesson is None and rule == self._given[key]:
+            self._pace_plain(key)  # nothing stated stands: the given rule
             return
-        why = Evidence(Because.STATED, rule=Rule(tuple(policy)) if policy else rule)
+        if lesson is None:
+            candidate = model.plain
+        elif _holds_all(lesson.candidate.rule, rule):
+            return  # what paces the key holds to what was stated
+        else:  # the lesson, held to what was stated too (a bucket keeps its burst)
+            held = lesson.candidate.rule
+            windows = _joined(held, rule.windows).windows
+            candidate = replace(lesson.candidate, rule=replace(held, windows=windows))
+        why = Evidence(Because.STATED, rule=Rule(standing) if standing else rule)
         self._pace(key, model.adopt(candidate, why, now))
 
     @staticmethod
-    def _named(
-        state: _Key, limit: int, reset: float, trip: float, now: float
-    ) -> tuple[Window, ...]:
-        """The windows stated counts are read in (`model.named_window`), one
-        per count: the longest named for it (a fixed window's reset counts
-        down), standing for `FIRST_LIFE` of its window since last stated (a
-        server that states its tightest quota names each in turn; one that
-        loosens stops naming the old count). A count named in the window of
-        another replaces it (the server restated that window)."""
+    def _name(state: _Key, limit: int, reset: float, trip: float, now: float) -> None:
+        """Read a stated count in the window its reset names among the candidate
+        lengths (`model.named_window`), the longest named for that count (a
+        fixed window's reset counts down); stated again now."""
         named = named_window(limit, reset, trip, state.model.lengths)
-        alive = {
-            count: (window, said)
-            for count, (window, said) in state.named.items()
-            if now - said <= FIRST_LIFE * window.seconds
-        }
-        last = alive.get(limit)
-        if named is not None and (last is None or named.seconds > last[0].seconds):
-            alive = {c: ws for c, ws in alive.items() if ws[0].seconds != named.seconds}
-            last = (named, now)
-        if last is not None:
-            alive[limit] = (last[0], now)
-        state.named = alive
-        return tuple(window for window, _ in alive.values())
+        last = state.named.get(limit)
+        if last is not None and now - last[1] > FIRST_LIFE * last[0].seconds:
+            last = None  # lapsed: the count is read afresh
+        if last is not None and (named is None or named.seconds <= last[0].seconds):
+            named = last[0]
+        if named is not None:
+            state.named[limit] = (named, now)
 
     def opens(
         self, key: LimitKey, now: float, reach: float | None, round_: float | None
@@ -308,6 +306,23 @@ class Learner:
         self._pacer.ledger.remember(f"{key.value}{RECORD_SUFFIX}", text)
 
 
+def _standing(state: _Key, now: float) -> tuple[Window, ...]:
+    """The stated windows that stand at `now`, each for `FIRST_LIFE` of its
+    length after it was last stated (a server that states a different quota
+    on different answers keeps each); the others are dropped."""
+    state.stated = {
+        w: said
+        for w, said in state.stated.items()
+        if now - said <= FIRST_LIFE * w.seconds
+    }
+    state.named = {
+        count: (w, said)
+        for count, (w, said) in state.named.items()
+        if now - said <= FIRST_LIFE * w.seconds
+    }
+    return (*state.stated, *(w for w, _ in state.named.values()))
+
+
 def _joined(given: Rule, policy: tuple[Window, ...]) -> Rule:
     """`given` with the windows of `policy` that it does not already hold to."""
     windows = [*given.windows]
@@ -315,6 +330,11 @@ def _joined(given: Rule, policy: tuple[Window, ...]) -> Rule:
         if not any(_holds(w, window) for w in windows):
             windows = [w for w in windows if not _holds(window, w)] + [window]
     return Rule(tuple(sorted(windows, key=lambda w: w.seconds)))
+
+
+def _holds_all(strict: Rule, loose: Rule) -> bool:
+    """Holding to `strict` also holds to every window of `loose`."""
+    return all(any(_holds(s, w) for s in strict.windows) for w in loose.windows)
 
 
 def _holds(strict: Window, loose: Window) -> bool:

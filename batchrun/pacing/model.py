@@ -44,13 +44,14 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
     fastest such candidate (as fast: a log, then a fixed window, a weighted
     counter, a bucket); kept exactly, a weighted counter evenly, a bucket as
     a bucket. What paces the key stays while it explains
-    the answers and is no slower. The policy the server states last joins G
-    outright (one it loosens ends what was learned under the stricter one);
-    a count stated with no window (X-RateLimit-Limit) joins in the window its
-    reset names (`named_window`): the shortest candidate length from the
-    reset to the reset plus the answer's time, else the longest within its
-    rounding below it; each count stands `FIRST_LIFE` of its window after
-    it was last stated.
+    the answers and is no slower. What the server states joins G outright,
+    each window for `FIRST_LIFE` of its length after it was last stated (so
+    the quotas or routes it names in turn all hold): a policy's windows, or
+    a count stated with no window (X-RateLimit-Limit) in the window its reset
+    names (`named_window`: the shortest candidate length from the reset to
+    the reset plus the answer's time, else the longest within its rounding
+    below it). When one lapses and G as joined loosens, what was learned
+    under it ends.
 
     Lifetime. A lesson (a choice other than G) lives `FIRST_LIFE` of the
     longest of its own windows (those not G's), or of G's shortest if
