@@ -207,7 +207,10 @@ class Learner:
         if model.plain.speed < before.speed:
             model.forget(now)  # a statement lapsed: its refusals are old news
         lesson = model.lesson
+        if lesson is not None and lesson.why.because is Because.STATED:
+            lesson = None  # what was stated before is `rule` now
         if lesson is None and rule == self._given[key]:
+            model.forget(now)
             self._pace_plain(key)  # nothing stated stands: the given rule
             return
         if lesson is None:
