@@ -22,10 +22,10 @@ from batchrun.pacing.kept import (
     lesson_text,
     read_lesson,
 )
-from batchrun.pacing.learner import Learner, _holds, _joined
+from batchrun.pacing.learner import Learner
 from batchrun.pacing.ledger import MemoryLedger
 from batchrun.pacing.limiters import LimiterKind
-from batchrun.pacing.model import Candidate
+from batchrun.pacing.model import Candidate, holds, joined
 from batchrun.pacing.pacer import Pacer
 from support.doubles import ListSink
 
@@ -252,9 +252,9 @@ async def test_a_statement_holds_a_lesson_that_paces_slower_but_bursts_more():
 )
 def test_a_stated_policy_never_allows_more_than_the_given_rule(policy):
     """Whatever the server states, every window of the given rule still holds."""
-    joined = _joined(GIVEN, tuple(policy))
-    assert all(any(_holds(w, g) for w in joined.windows) for g in GIVEN.windows)
-    assert all(any(_holds(w, p) for w in joined.windows) for p in policy)
+    rule = joined(GIVEN, tuple(policy))
+    assert all(any(holds(w, g) for w in rule.windows) for g in GIVEN.windows)
+    assert all(any(holds(w, p) for w in rule.windows) for p in policy)
 
 
 async def test_none_remaining_teaches_the_count_without_a_429():

@@ -31,6 +31,8 @@ from batchrun.pacing.model import (
     Candidate,
     KeyModel,
     Lesson,
+    holds_all,
+    joined,
     lengths,
     named_window,
 )
@@ -199,7 +201,7 @@ class Learner:
             return
         standing = _standing(state, now)
         model = state.model
-        rule = _joined(self._given[key], standing)
+        rule = joined(self._given[key], standing)
         if rule == model.given:
             return
         model.current(now)  # a lesson whose life ran out ends
@@ -215,12 +217,11 @@ class Learner:
             return
         if lesson is None:
             candidate = model.plain
-        elif _holds_all(lesson.candidate.rule, rule):
+        elif holds_all(lesson.candidate.rule, rule):
             return  # what paces the key holds to what was stated
-        else:  # the lesson, held to what was stated too (a bucket keeps its burst)
-            held = lesson.candidate.rule
-            windows = _joined(held, rule.windows).windows
-            candidate = replace(lesson.candidate, rule=replace(held, windows=windows))
+        else:  # the lesson, held to what was stated too
+            held = joined(lesson.candidate.rule, rule.windows)
+            candidate = replace(lesson.candidate, rule=held)
         why = Evidence(Because.STATED, rule=Rule(standing) if standing else rule)
         self._pace(key, model.adopt(candidate, why, now))
 
@@ -231,7 +232,7 @@ class Learner:
         fixed window's reset counts down); stated again now."""
         named = named_window(limit, reset, trip, state.model.lengths)
         last = state.named.get(limit)
-        if last is not None and now - last[1] > FIRST_LIFE * last[0].seconds:
+        if last is not None and not _stands(*last, now):
             last = None  # lapsed: the count is read afresh
         if last is not None and (named is None or named.seconds <= last[0].seconds):
             named = last[0]
@@ -314,32 +315,13 @@ def _standing(state: _Key, now: float) -> tuple[Window, ...]:
     length after it was last stated (a server that states a different quota
     on different answers keeps each); the others are dropped."""
     state.stated = {
-        w: said
-        for w, said in state.stated.items()
-        if now - said <= FIRST_LIFE * w.seconds
+        w: said for w, said in state.stated.items() if _stands(w, said, now)
     }
-    state.named = {
-        count: (w, said)
-        for count, (w, said) in state.named.items()
-        if now - said <= FIRST_LIFE * w.seconds
-    }
+    named = state.named.items()
+    state.named = {c: (w, said) for c, (w, said) in named if _stands(w, said, now)}
     return (*state.stated, *(w for w, _ in state.named.values()))
 
 
-def _joined(given: Rule, policy: tuple[Window, ...]) -> Rule:
-    """`given` with the windows of `policy` that it does not already hold to."""
-    windows = [*given.windows]
-    for window in policy:
-        if not any(_holds(w, window) for w in windows):
-            windows = [w for w in windows if not _holds(window, w)] + [window]
-    return Rule(tuple(sorted(windows, key=lambda w: w.seconds)))
-
-
-def _holds_all(strict: Rule, loose: Rule) -> bool:
-    """Holding to `strict` also holds to every window of `loose`."""
-    return all(any(_holds(s, w) for s in strict.windows) for w in loose.windows)
-
-
-def _holds(strict: Window, loose: Window) -> bool:
-    """Holding to `strict` also holds to `loose`: fewer in a longer time."""
-    return strict.seconds >= loose.seconds and strict.count <= loose.count
+def _stands(window: Window, said: float, now: float) -> bool:
+    """A window stated at `said` still stands at `now` (`FIRST_LIFE` of it)."""
+    return now - said <= FIRST_LIFE * window.seconds

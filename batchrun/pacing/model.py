@@ -76,7 +76,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from batchrun.core.events import Because, Evidence
@@ -262,11 +262,7 @@ class Family:
         if self.kind is LimiterKind.LEAKY:
             return Candidate(self.kind, Rule(self.given.windows, burst=count - 1))
         window = Window(count, self.seconds)
-        windows = [] if alone else list(self.given.windows)
-        windows = [w for w in windows if not _implies(window, w)]
-        if not any(_implies(w, window) for w in windows):
-            windows.append(window)
-        rule = Rule(tuple(sorted(windows, key=lambda w: w.seconds)))
+        rule = Rule((window,)) if alone else joined(self.given, (window,))
         return Candidate(self.kind, rule, self.origin, self.counts_refused)
 
     @property
@@ -278,9 +274,25 @@ class Family:
         )
 
 
-def _implies(strict: Window, loose: Window) -> bool:
+def joined(rule: Rule, windows: Iterable[Window]) -> Rule:
+    """`rule` held to `windows` too: each window joins unless one already
+    holds to it, and the windows it holds to leave (a bucket keeps its burst)."""
+    found = list(rule.windows)
+    for window in windows:
+        found = [w for w in found if not holds(window, w)]
+        if not any(holds(w, window) for w in found):
+            found.append(window)
+    return replace(rule, windows=tuple(sorted(found, key=lambda w: w.seconds)))
+
+
+def holds(strict: Window, loose: Window) -> bool:
     """Holding to `strict` also holds to `loose`: fewer in a longer time."""
     return strict.seconds >= loose.seconds and strict.count <= loose.count
+
+
+def holds_all(strict: Rule, loose: Rule) -> bool:
+    """Holding to `strict` also holds to every window of `loose`."""
+    return all(any(holds(s, w) for s in strict.windows) for w in loose.windows)
 
 
 class Phases(NamedTuple):
