@@ -24,6 +24,7 @@ from batchrun.pacing.model import (
     Family,
     Judge,
     KeyModel,
+    bursts,
     choose,
     explains,
     lengths,
@@ -390,6 +391,33 @@ def test_paced_by_its_choices_a_stricter_log_stops_refusing(count, seconds, seed
     )
     assert now < 40.0, "still refused after 40 s"
     assert len(refused_at) <= TAU + 1 + len(LENGTHS) * 2
+
+
+@pytest.mark.parametrize(("rate", "burst"), [(15, 0), (10, 1), (12, 5), (7, 2)])
+@pytest.mark.parametrize("seed", range(2))
+def test_a_bucket_slower_than_g_is_read_as_a_bucket(rate, burst, seed):
+    """Closed loop against an nginx bucket that drains `rate` per 2 s, slower
+    than G's 30/2s: the key is paced by a bucket at that rate, or at no less
+    than half of it, with a burst no larger than the server's; and it sends a
+    further window with no refusal."""
+    server = make_limiter(LimiterKind.LEAKY, Rule((Window(rate, 2.0),)), burst=burst)
+    model = KeyModel(GIVEN, LENGTHS)
+    now, _, _ = paced(
+        model,
+        server,
+        seed,
+        lambda now, refused: now < 40.0 and (not refused or now < refused[-1] + 4.0),
+    )
+    assert now < 40.0, "still refused after 40 s"
+    model.current(now)
+    last = model.lesson or model.expired  # what paced the window with none
+    assert last is not None
+    chosen = last.candidate
+    assert chosen.kind is LimiterKind.LEAKY
+    assert rate / 2 <= chosen.rule.shortest.count <= rate
+    assert chosen.rule.shortest.seconds == 2.0
+    assert (chosen.rule.burst or 0) <= burst
+    assert bursts(GIVEN) == [0, 1, 2, 4, 8, 16]
 
 
 @pytest.mark.parametrize("server", ["3/2.5s", "4/3s", "2/1.5s", "3/3.5s"])
