@@ -417,7 +417,13 @@ def test_a_bucket_slower_than_g_is_read_as_a_bucket(rate, burst, seed):
     assert rate / 2 <= chosen.rule.shortest.count <= rate
     assert chosen.rule.shortest.seconds == 2.0
     assert (chosen.rule.burst or 0) <= burst
+
+
+def test_a_slower_bucket_is_tried_at_bursts_of_0_and_powers_of_two():
+    """Below G's shortest count: 30 gives six bursts, 10 gives five, 1 one."""
     assert bursts(GIVEN) == [0, 1, 2, 4, 8, 16]
+    assert bursts(parse_rule("10/10s+500/1h")) == [0, 1, 2, 4, 8]
+    assert bursts(parse_rule("1/1s")) == [0]
 
 
 @pytest.mark.parametrize("server", ["3/2.5s", "4/3s", "2/1.5s", "3/3.5s"])
