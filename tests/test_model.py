@@ -393,7 +393,7 @@ def test_paced_by_its_choices_a_stricter_log_stops_refusing(count, seconds, seed
     assert len(refused_at) <= TAU + 1 + len(LENGTHS) * 2
 
 
-@pytest.mark.parametrize(("rate", "burst"), [(15, 0), (10, 1), (12, 5), (7, 2)])
+@pytest.mark.parametrize(("rate", "burst"), [(15, 1), (10, 1), (12, 5), (7, 2)])
 @pytest.mark.parametrize("seed", range(2))
 def test_a_bucket_slower_than_g_is_read_as_a_bucket(rate, burst, seed):
     """Closed loop against an nginx bucket that drains `rate` per 2 s, slower
@@ -419,11 +419,12 @@ def test_a_bucket_slower_than_g_is_read_as_a_bucket(rate, burst, seed):
     assert (chosen.rule.burst or 0) <= burst
 
 
-def test_a_slower_bucket_is_tried_at_bursts_of_0_and_powers_of_two():
-    """Below G's shortest count: 30 gives six bursts, 10 gives five, 1 one."""
-    assert bursts(GIVEN) == [0, 1, 2, 4, 8, 16]
-    assert bursts(parse_rule("10/10s+500/1h")) == [0, 1, 2, 4, 8]
-    assert bursts(parse_rule("1/1s")) == [0]
+def test_a_slower_bucket_is_tried_at_bursts_that_are_powers_of_two():
+    """Below G's shortest count: 30 gives five bursts, 10 four, 1 none (a
+    bucket of no burst is a window of one, a length on the grid)."""
+    assert bursts(GIVEN) == [1, 2, 4, 8, 16]
+    assert bursts(parse_rule("10/10s+500/1h")) == [1, 2, 4, 8]
+    assert bursts(parse_rule("1/1s")) == []
 
 
 @pytest.mark.parametrize("server", ["3/2.5s", "4/3s", "2/1.5s", "3/3.5s"])

@@ -6,7 +6,7 @@ This docstring is the model's one screen (docs/design/learner.md says the same).
     G's windows and one window of some length and count, in some shape (a
     sliding log, counting refusals or not; a fixed window or a weighted counter
     at a phase; a leaky bucket at G's rate with some burst, or at a slower
-    rate with a burst of 0 or a power of two, `BURSTS`).
+    rate with a burst that is a power of two, `BURSTS`).
     Lengths: G's, a tenth of its shortest, the usual ones (1 s, 10 s, 1 m,
     5 m, 1 h, 1 d, divided as G is by --time-scale) up to half the horizon,
     and a grid down from G's shortest (halves, to that tenth); none longer
@@ -124,12 +124,16 @@ SHAPES = (
     LimiterKind.LEAKY,
 )
 # A bucket at G's rate is searched in its burst; one slower than G (nginx's
-# rate below the rule's) is searched in its rate at each of the bursts 0 and
-# the powers of this below G's shortest count: two, so a burst between two
+# rate below the rule's) is searched in its rate at each of the bursts that
+# are powers of this below G's shortest count: two, so a burst between two
 # tried is read as the lower, at most half of it (a bucket of 7/10s with a
 # burst of 1 under 15/10s was read as logs and windows in turn, each refused
-# again: bench.draws seed 10142, 1.16 x; read as its bucket, 1.08 x). Each is
-# a bucket family, replayed once per count tried (CPU).
+# again: bench.draws seed 10142, 1.16 x; read as its bucket, 1.08 x). No burst
+# of 0: that bucket is a window of one per its interval, on the grid of
+# lengths already, and a rate searched count by count walked down a refusal
+# at a time against it (26, 23, 19 ... 11 per second, each refused, against
+# a bucket of 10/s). Each is a bucket family, replayed once per count tried
+# (CPU).
 BURSTS = 2
 # The window lengths, in seconds, that the API description uses or that common
 # servers count in.
@@ -347,9 +351,9 @@ def families(
 
 
 def bursts(given: Rule) -> list[int]:
-    """The bursts a bucket slower than G is tried with: 0, and the powers of
+    """The bursts a bucket slower than G is tried with: the powers of
     `BURSTS` below G's shortest count."""
-    found, burst = [0], 1
+    found, burst = [], 1
     while burst < given.shortest.count:
         found.append(burst)
         burst *= BURSTS
