@@ -267,8 +267,8 @@ class Family:
     seconds: float
     origin: float = 0.0
     counts_refused: bool = False
-    # A bucket's burst, where its count is its rate (None: its count is how
-    # many it lets through at once, and it drains at G's rate).
+    # A bucket's burst, when the count searched is its rate per window (None:
+    # the count is how many it lets through at once, at G's rate).
     burst: int | None = None
 
     def at(self, count: int, *, alone: bool = False) -> Candidate:
