@@ -170,6 +170,21 @@ def test_a_refusal_doubles_the_bound_once_per_episode():
     assert bound.bound == pytest.approx(0.120)
 
 
+def test_a_doubling_is_undone_two_windows_after_the_last_refusal():
+    """Under 5/1s, D doubled twice by refusals at 1.1 and 1.4 halves once
+    two windows pass after the last (an answer at 3.4 finds it doubled twice
+    still, one at 3.5 once), and again two windows later; never below D."""
+    bound, rule = ArrivalBound(), parse_rule("5/1s")
+    bound.observe("k", Trip(written=0.0, round_trip=0.010), answered=0.5)
+    bound.widen(Trip(written=1.0, refused=True), now=1.1)
+    bound.widen(Trip(written=1.3, refused=True), now=1.4)
+    seen = []
+    for ticket, now in enumerate((3.4, 3.5, 5.4, 5.6, 9.0)):
+        bound.counts_until("k", ticket, None, now, rule)
+        seen.append(bound.bound)
+    assert seen == pytest.approx([0.120, 0.060, 0.060, 0.030, 0.030])
+
+
 def test_widening_without_a_bound_does_nothing():
     """No bound, nothing to widen: requests count until their answers."""
     bound = ArrivalBound()

@@ -275,8 +275,9 @@ def test_a_queue_past_the_allowance_costs_a_few_429s_not_one_a_window(queue, que
     shortest window (0.1 s of 2 s): a server that holds some requests up to
     0.3-1 s before its limiter counts them (answers 0.2-0.8 s after) may refuse
     one that the bound let through. The refusal's whole trip holds the queue
-    and raises D, and its 429 doubles D: 600 jobs (20 windows) cost a few 429s,
-    not one a window (1-4 in five seeds of each; 1-8 without either)."""
+    and raises D, and its 429 doubles D for two windows: 600 jobs (20
+    windows) cost a few 429s, not one a window (2-6 in five seeds of each;
+    1-4 with D doubled for the whole run; 1-8 without either)."""
     server = Server(LimiterKind.SLIDING, parse_rule("30/2s"), work=0.2, work_spread=0.6)
     network = Network(traced=True, connections=32, queue=queue, queued=queued)
     for seed in range(5):
@@ -289,7 +290,7 @@ def test_a_queue_past_the_allowance_costs_a_few_429s_not_one_a_window(queue, que
             network=network,
         )
         assert run.finished
-        assert run.tally.rate_limited <= 4, seed
+        assert run.tally.rate_limited <= 6, seed
 
 
 def test_answers_of_0_2_to_0_8_s_keep_most_of_the_least_work(monkeypatch):
