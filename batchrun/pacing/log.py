@@ -6,13 +6,13 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from batchrun.core.limits import Rule
 
 # Requests older than the longest candidate window cannot bear on a lesson; past
-# this many the oldest are dropped, which keeps `infer` cheap (quadratic in it).
+# this many the oldest are dropped, which bounds the log's memory.
 _KEPT = 2000
 
 
@@ -191,17 +191,6 @@ def _bounded_insort(values: list[float], value: float) -> None:
     bisect.insort(values, value)
     if len(values) > 2 * _KEPT:
         del values[:_KEPT]
-
-
-def with_answers(log: Sequence[Sent]) -> list[Sent]:
-    """The requests of `log` that have an answer, 2xx or 429."""
-    return [s for s in log if s.end is not None and s.refused is not None]
-
-
-def arrival_leeway(entry: Sent) -> float:
-    """How far a request's arrival may be from `arrived`'s estimate: anywhere
-    between its send and the latest moment it can have arrived (`Sent.by`)."""
-    return (latest(entry) - entry.start) / 2
 
 
 def arrived(entry: Sent) -> float:
