@@ -138,6 +138,9 @@ class Draw:
     fallback: str | None = None
     # The script's rule, where it is not `told` (under auto: statement B).
     script_told: str | None = None
+    # What the server does beyond the round trip (a queue before its limiter);
+    # batchrun's transport is traced, the script reads no trace.
+    network: Network = TRACED
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,7 +442,7 @@ def runs(d: Draw, cap: float = math.inf) -> Runs:
     # batchrun as `submit` runs it with no --concurrency; the script keeps 8.
     ours: dict[str, Any] = {
         "client": d.told,
-        "network": TRACED,
+        "network": d.network,
         "fallback": fallback,
         "concurrency": None,
     }
@@ -452,8 +455,11 @@ def runs(d: Draw, cap: float = math.inf) -> Runs:
         simulate, server=d.then, ledger=carried(ledger), wall=wall, **ours, **common
     )
     b2 = capped(then, cap)
-    s1 = capped(partial(script, client=told, server=d.first, **common), cap)
-    s2 = capped(partial(script, client=told, server=d.then, **common), cap)
+    # The script reads no trace: its transport gives none.
+    untraced = replace(d.network, traced=False)
+    theirs = partial(script, client=told, network=untraced, **common)
+    s1 = capped(partial(theirs, server=d.first), cap)
+    s2 = capped(partial(theirs, server=d.then), cap)
     return b1, b2, s1, s2
 
 
@@ -704,6 +710,13 @@ def named_cases() -> list[Draw]:
             replace(right, rival_every=2 / 15, rival_from=2.0, rival_for=6.0),
             240,
             then=right,
+        ),
+        case(
+            "a queue before the limiter: 10 % wait up to 1 s; answers 0.2-0.8 s",
+            "30/2s",
+            replace(right, work=0.2, work_spread=0.6),
+            240,
+            network=replace(TRACED, queue=1.0, queued=0.1),
         ),
         case(
             "told 30/2s, weighted 10/2s",

@@ -19,9 +19,11 @@ import trio.testing
 
 from batchrun.core.events import Tally
 from batchrun.core.limits import Rule, parse_rule
-from support.simulation import BOUND, Server, Simulated, ideal, jobs, sender
+from support.simulation import BOUND, Network, Server, Simulated, ideal, jobs, sender
 
 BACKOFF = (0.5, 1.0, 2.0, 4.0)
+# A server that does nothing beyond the round trip, over an untraced transport.
+PLAIN = Network()
 
 
 def script(
@@ -33,11 +35,13 @@ def script(
     latency: tuple[float, float] = (0.005, 0.05),
     seed: int = 0,
     bound: float = BOUND,
+    network: Network = PLAIN,
 ) -> Simulated:
-    """One run of `count` jobs by the script, told `client`'s rule."""
+    """One run of `count` jobs by the script, told `client`'s rule (`network`:
+    what the server does beyond the round trip, over an untraced transport)."""
     rule = parse_rule(client) if isinstance(client, str) else client
     trio._core._run._r.seed(seed)
-    run = _Script(rule, server, count, concurrency, latency, seed, bound)
+    run = _Script(rule, server, count, concurrency, latency, seed, bound, network)
     clock = trio.testing.MockClock(autojump_threshold=0)
     result: Simulated = anyio.run(
         run.main, backend="trio", backend_options={"clock": clock}
@@ -54,9 +58,12 @@ class _Script:
     latency: tuple[float, float]
     seed: int
     bound: float
+    network: Network
 
     async def main(self) -> Simulated:
-        fake = sender(self.server, latency=self.latency, seed=self.seed)
+        fake = sender(
+            self.server, latency=self.latency, seed=self.seed, network=self.network
+        )
         start = anyio.current_time()
         todo, sends = deque(jobs(self.count)), deque[float]()
         tally = Tally(total=self.count)
