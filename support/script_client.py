@@ -38,7 +38,7 @@ def script(
     network: Network = PLAIN,
 ) -> Simulated:
     """One run of `count` jobs by the script, told `client`'s rule (`network`:
-    what the server does beyond the round trip, over an untraced transport)."""
+    what the server does beyond the round trip; the script reads no trace)."""
     rule = parse_rule(client) if isinstance(client, str) else client
     trio._core._run._r.seed(seed)
     run = _Script(rule, server, count, concurrency, latency, seed, bound, network)
