@@ -277,9 +277,9 @@ class Family:
         no `burst` lets `count` through at once and drains at G's rate; one
         of a `burst` drains `count` per window (as nginx's, its burst may be
         more than that count: the pacer sends no more than the window's)."""
-        window = Window(count, self.seconds)
         if self.kind is LimiterKind.LEAKY and self.burst is None:
             return Candidate(self.kind, Rule(self.given.windows, burst=count - 1))
+        window = Window(count, self.seconds)
         rule = Rule((window,)) if alone else joined(self.given, (window,))
         if self.kind is LimiterKind.LEAKY:
             return Candidate(self.kind, replace(rule, burst=self.burst))
